@@ -71,3 +71,24 @@ def ref_mean_var(values: list[float]) -> tuple[float, float]:
         return 0.0, 0.0
     m = sum(values) / len(values)
     return m, sum((v - m) ** 2 for v in values) / len(values)
+
+
+def ref_stats(
+    rewards: list[list[float]], signals: list[list[list[float]]], plans: list[list[list[bool]]],
+    signals_after: list[list[list[float]]], kind: str = "surprisal", clamp: float = 50.0,
+) -> dict[str, float]:
+    """The batch diagnostics, token by token: skipped groups and exec/plan mean and variance before/after."""
+    stats = {"groups_skipped": float(sum(all(r == g[0] for r in g) for g in rewards))}
+    for name, want_plan in (("exec", False), ("plan", True)):
+        before, after = [], []
+        for n in range(len(signals)):
+            for g in range(len(signals[n])):
+                for t in range(len(signals[n][g])):
+                    if plans[n][g][t] == want_plan:
+                        before.append(min(signals[n][g][t], clamp))
+                        after.append(signals_after[n][g][t])
+        for when, vals in (("", before), ("_after", after)):
+            m, v = ref_mean_var(vals)
+            stats[f"{name}_{kind}_mean{when}"] = m
+            stats[f"{name}_{kind}_var{when}"] = v
+    return stats

@@ -68,51 +68,69 @@ def episode_advantages(rewards: Tensor, config: CreditConfig) -> Tensor:
 def apply_token_stages(
     ep_adv: Tensor, signal: Tensor, mask: Tensor, planning: Tensor, config: CreditConfig, sepa_lambda: float
 ) -> tuple[Tensor, Tensor]:
-    """Built-in stages over flat `[B, T]` tensors; `ep_adv` is `[B]`. Returns (token_adv, signal_after)."""
-    adv = torch.where(mask, ep_adv[:, None].expand_as(signal), torch.zeros_like(signal))
+    """Built-in stages over flat `[B, T]` tensors; `ep_adv` is `[B]`; masks bool or 0/1 float.
+
+    Returns (token advantages, signal after the stages).
+    """
+    w_mask, w_plan = token.as_weights(mask, signal), token.as_weights(planning, signal)
+    adv = ep_adv[:, None].to(signal.dtype) * w_mask
     sig = signal
-    plan = planning & mask
     for stage in config.stages:
         if stage == "sepa":
-            sig = token.sepa_pool(sig, mask, plan, sepa_lambda)
+            sig = token.sepa_pool(sig, w_mask, w_plan, sepa_lambda)
         elif stage == "gtpo":
-            adv = adv * token.gtpo_weights(sig, mask, config.gtpo_beta)
+            adv = adv.mul_(token.gtpo_weights(sig, w_mask, config.gtpo_beta))
         elif stage == "hicra":
-            adv = token.hicra(adv, plan, config.hicra_alpha)
+            adv = token.hicra(adv, w_plan, config.hicra_alpha)
         else:  # unreachable through CreditConfig validation
             raise CreditError(f"unknown token stage {stage!r}; allowed: sepa, gtpo, hicra")
     return adv, sig
 
 
-def _var_mean(x: Tensor, sel: Tensor) -> tuple[float, float]:
-    v = x[sel].double()
-    if v.numel() == 0:
-        return 0.0, 0.0
-    return float(v.mean()), float(v.var(unbiased=False))
+def _class_moments(x: Tensor, weights: dict[str, Tensor]) -> dict[str, tuple[float, float]]:
+    """Mean and population variance of `x` over each 0/1 weight mask (0, 0 when empty).
+
+    Fused dot products over one shared `x**2` keep this to a single `[B, T]` temporary: no boolean indexing.
+    """
+    flat, sq = x.reshape(-1), x.square().reshape(-1)
+    out = {}
+    for name, w in weights.items():
+        wf = w.reshape(-1)
+        n = float(wf.sum())
+        if n == 0:
+            out[name] = (0.0, 0.0)
+            continue
+        mean = float(torch.dot(flat, wf)) / n
+        out[name] = (mean, max(float(torch.dot(sq, wf)) / n - mean * mean, 0.0))
+    return out
 
 
 def batch_stats(
     rewards: Tensor, signal: Tensor, signal_after: Tensor, mask: Tensor, planning: Tensor,
     token_adv: Tensor, kind: str, sepa_lambda: float,
 ) -> dict[str, float]:
-    """Per-batch diagnostics (flat `[B, T]` token tensors, `[N, G]` rewards)."""
+    """Per-batch diagnostics. Flat `[B, T]` tensors (masks bool or 0/1 float, planning 0 on padding),
+    `[N, G]` rewards. Variances are population variances over all tokens of the class in the batch."""
     uniform, all_correct = episode.uniform_groups(rewards)
-    execution, plan = mask & ~planning, mask & planning
+    w_mask, w_plan = token.as_weights(mask, signal), token.as_weights(planning, signal)
+    w_exec = w_mask - w_plan
+    n_tok = max(float(w_mask.sum()), 1.0)
     stats: dict[str, float] = {
         "groups": float(rewards.shape[0]),
         "groups_skipped": float(uniform.sum()),
         "groups_skipped_all_correct": float(all_correct.sum()),
         "groups_skipped_all_wrong": float((uniform & ~all_correct).sum()),
-        "planning_token_frac": float(plan.sum()) / max(float(mask.sum()), 1.0),
-        "adv_token_mean": float(token_adv[mask].double().mean()) if mask.any() else 0.0,
-        "adv_token_abs_mean": float(token_adv[mask].double().abs().mean()) if mask.any() else 0.0,
+        "planning_token_frac": float(w_plan.sum()) / n_tok,
+        "adv_token_mean": float(token_adv.sum()) / n_tok,
+        "adv_token_abs_mean": float(token_adv.abs().sum()) / n_tok,
         "sepa_lambda": float(sepa_lambda),
     }
-    for name, sel in (("exec", execution), ("plan", plan)):
-        for when, sig in (("", signal), ("_after", signal_after)):
-            mean, var = _var_mean(sig, sel)
-            stats[f"{name}_{kind}_mean{when}"] = mean
-            stats[f"{name}_{kind}_var{when}"] = var
+    weights = {"exec": w_exec, "plan": w_plan}
+    before = _class_moments(signal, weights)
+    after = before if signal_after is signal else _class_moments(signal_after, weights)
+    for name in weights:
+        for when, moments in (("", before), ("_after", after)):
+            stats[f"{name}_{kind}_mean{when}"], stats[f"{name}_{kind}_var{when}"] = moments[name]
     return stats
 
 
@@ -161,8 +179,9 @@ def compute_advantages(
     flat_mask = mask.reshape(-1, n_tok)
     dtype = torch.float64 if signals.dtype == torch.float64 else torch.float32
     sig = signals.reshape(-1, n_tok).to(dtype)
-    sig = torch.where(flat_mask, sig.clamp(max=config.uncertainty_clamp), torch.zeros_like(sig))
+    sig = torch.where(flat_mask, sig, 0.0).clamp_(max=config.uncertainty_clamp)
     plan = (planning.reshape(-1, n_tok) if planning is not None else torch.zeros_like(flat_mask)) & flat_mask
+    w_mask, w_plan = flat_mask.to(dtype), plan.to(dtype)  # 0/1 weights, converted once for all stages
 
     if config.algorithm_mode is not None:
         fn = _plugin(config.algorithm_mode, "algorithm_mode")
@@ -185,9 +204,9 @@ def compute_advantages(
             )
             tok, sig_after = as_token_tensor(fn(ctx), flat_mask, "transform_mode"), sig
         else:
-            tok, sig_after = apply_token_stages(ep_flat, sig, flat_mask, plan, config, sepa_lambda)
+            tok, sig_after = apply_token_stages(ep_flat, sig, w_mask, w_plan, config, sepa_lambda)
 
-    stats = batch_stats(r, sig, sig_after, flat_mask, plan, tok, config.uncertainty_kind, sepa_lambda)
+    stats = batch_stats(r, sig, sig_after, w_mask, w_plan, tok, config.uncertainty_kind, sepa_lambda)
     return CreditResult(
         token_advantages=tok.to(torch.float32).reshape(shape),
         episode_advantages=ep.to(torch.float32).reshape(rewards.shape),
