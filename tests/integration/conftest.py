@@ -1,0 +1,30 @@
+"""Shared fixtures for integration tests: one local Ray per session, the tiny model built once."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per engine, so several engines fit
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    from workers.models import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny_model"), seed=0))
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A private local Ray (never joins a cluster already running on the machine)."""
+    import ray
+
+    ray.init(
+        address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+        runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}},
+    )
+    yield ray
+    ray.shutdown()
