@@ -1,0 +1,99 @@
+"""The one typed schema of a trial. YAML keys == field names; `extra="forbid"` everywhere.
+
+Defaults run the local default: the tiny locally built model on the arithmetic task, two vLLM-CPU rollout
+workers, a LoRA learner, on a local Ray.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from workers.credit.config import CreditConfig
+from workers.objectives import Aggregation
+from workers.tasks.config import TaskConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Strict):
+    name: str = Field("tiny", description="hub name, local path, or 'tiny' for the locally built tiny model")
+    tiny_seed: int = 0
+    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto: fp32 on CPU, bf16 on GPU")
+    max_model_len: int = Field(128, ge=16)
+
+
+class RolloutConfig(_Strict):
+    num_workers: int = Field(2, ge=1)
+    prompts_per_step: int = Field(16, ge=1)
+    n: int = Field(8, ge=1, description="rollouts per prompt (the group size G)")
+    temperature: float = Field(1.0, gt=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(6, ge=1)
+    skip_uninformative: bool = Field(True, description="drop groups whose rewards are all equal before training")
+
+
+class LoraSettings(_Strict):
+    rank: Literal[1, 8, 16, 32, 64, 128, 256] = 8
+    alpha: float = 16.0
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class OptimConfig(_Strict):
+    lr: float = Field(2e-3, gt=0.0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    micro_batch_size: int = Field(64, ge=1)
+
+
+class LossConfig(_Strict):
+    clip_low: float = Field(0.2, ge=0.0, lt=1.0)
+    clip_high: float = Field(0.2, ge=0.0)
+    dual_clip: float | None = Field(None, gt=1.0)
+    aggregation: Aggregation = "token-mean"
+
+
+class LearnerConfig(_Strict):
+    lora: LoraSettings = LoraSettings()
+    optim: OptimConfig = OptimConfig()
+    loss: LossConfig = LossConfig()
+
+
+class CheckpointSettings(_Strict):
+    every: int = Field(5, ge=1, description="report a checkpoint every this many steps (and at the end)")
+    keep: int = Field(2, ge=1)
+
+
+class ResourcesConfig(_Strict):
+    driver_cpus: float = Field(0.5, gt=0.0)
+    worker_cpus: float = Field(1.0, gt=0.0)
+    worker_gpus: float = Field(0.0, ge=0.0)
+    learner_cpus: float = Field(1.0, gt=0.0)
+    learner_gpus: float = Field(0.0, ge=0.0)
+
+
+class TrialConfig(_Strict):
+    name: str = "local"
+    seed: int = 0
+    steps: int = Field(30, ge=1)
+    output_dir: str | None = Field(None, description="absolute dir for metrics.jsonl; set by the launcher")
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    learner: LearnerConfig = LearnerConfig()
+    credit: CreditConfig = CreditConfig()
+    checkpoint: CheckpointSettings = CheckpointSettings()
+    resources: ResourcesConfig = ResourcesConfig()
+
+    @model_validator(mode="after")
+    def _fits(self) -> TrialConfig:
+        if self.rollout.max_tokens >= self.model.max_model_len:
+            raise ValueError("rollout.max_tokens must be smaller than model.max_model_len")
+        return self

@@ -1,0 +1,44 @@
+"""User-facing config errors: one line naming the file, the key path and what is allowed; exit code 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+
+class UserError(Exception):
+    """A mistake in what the user wrote. The CLI prints `str(err)` as one line and exits 2."""
+
+
+def format_validation(source: str, err: ValidationError) -> str:
+    first = err.errors()[0]
+    path = ".".join(str(p) for p in first["loc"]) or "<root>"
+    msg = first["msg"].replace("\n", " ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    extra = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{source}: {path}: {msg}{extra}"
+
+
+def load_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{p}: no such file")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"{p}:{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{p}: <root>: expected a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def validate(model: type[BaseModel], data: dict, source: str) -> BaseModel:
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise UserError(format_validation(source, err)) from None

