@@ -82,7 +82,7 @@ class ResourcesConfig(_Strict):
 class TrialConfig(_Strict):
     name: str = "local"
     seed: int = 0
-    steps: int = Field(30, ge=1)
+    steps: int = Field(40, ge=1)
     output_dir: str | None = Field(None, description="absolute dir for metrics.jsonl; set by the launcher")
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
