@@ -3,7 +3,8 @@
 16 prompts x n=16 x max_tokens 32, temperature 0.7, per-request seeds seed + i on both sides (so both sample the
 same tokens), tiny local model. The actor is timed from the driver (ray.get round trip, log-prob extraction and
 result transport included); the bare engine lives in this process beside it, both with a 1 GiB KV cache
-(VLLM_CPU_KVCACHE_SPACE), and the timed calls alternate worker / bare so both see the same background load.
+(VLLM_CPU_KVCACHE_SPACE), and the timed calls alternate worker / bare (order flipped every pair) so both see the
+same background load.
 One warm-up call each, then REPS timed pairs; the ratio is the median over pairs of bare_time / worker_time.
 Prints tokens/s of each and the worker/bare ratio last (target >= 0.95).
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-N_PROMPTS, N, MAX_TOKENS, TEMPERATURE, SEED, REPS = 16, 16, 32, 0.7, 1234, 9
+N_PROMPTS, N, MAX_TOKENS, TEMPERATURE, SEED, REPS = 16, 16, 32, 0.7, 1234, 10
 TEXTS = ["what is 1 + 2 ?", "what is 3 * 4 ?", "let me think", "the answer is", "wait let me check",
          "so the key insight is", "what is 7 - 5 ?", "notice that 2 + 2 = 4"]  # fmt: skip
 
@@ -62,9 +63,13 @@ def main(model_dir: str, prompts: list[list[int]]) -> None:
 
     run_worker(), run_bare()  # warm-up each
     w, b = [], []
-    for _ in range(REPS):  # interleaved, so both see the same background load on a shared machine
-        w.append(run_worker())
-        b.append(run_bare())
+    for rep in range(REPS):  # interleaved (order alternating), so both see the same background load
+        if rep % 2:
+            b.append(run_bare())
+            w.append(run_worker())
+        else:
+            w.append(run_worker())
+            b.append(run_bare())
     ray.kill(actor)
     w_tok, b_tok = w[-1][1], b[-1][1]
     w_t, b_t = statistics.median(x[0] for x in w), statistics.median(x[0] for x in b)

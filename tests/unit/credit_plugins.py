@@ -27,7 +27,7 @@ class _Out:
 
 def list_transform(ctx):
     lengths = ctx.mask.sum(-1).tolist()
-    return _Out([[float(a)] * n for a, n in zip(ctx.episode_advantages.tolist(), lengths)])
+    return _Out([[float(a)] * n for a, n in zip(ctx.episode_advantages.tolist(), lengths, strict=False)])
 
 
 def bad_shape_transform(ctx):

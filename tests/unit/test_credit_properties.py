@@ -111,7 +111,7 @@ def test_input_not_mutated():
     before = (sig.clone(), mask.clone(), plan.clone())
     cfg = CreditConfig(advantage_mode="maxrl", transform_mode="sepa_gtpo_hicra", sepa=SepaConfig())
     compute_advantages(torch.tensor([[1.0, 0, 0, 1], [1, 1, 0, 0]]), sig, mask, cfg, planning=plan, sepa_lambda=0.7)
-    assert all(torch.equal(a, b) for a, b in zip(before, (sig, mask, plan)))
+    assert all(torch.equal(a, b) for a, b in zip(before, (sig, mask, plan), strict=False))
 
 
 # The paper's worked example: 10 tokens, planning at positions 3 and 7 (1-based).
@@ -124,7 +124,7 @@ def test_paper_worked_example():
     mask = torch.ones(1, 10, dtype=torch.bool)
     plan = torch.tensor([PLAN])
     pooled = sepa_pool(sig, mask, plan, 1.0)[0]
-    exec_mean = sum(s for s, p in zip(S, PLAN) if not p) / 8  # 2.3 / 8 = 0.2875, "about 0.29"
+    exec_mean = sum(s for s, p in zip(S, PLAN, strict=False) if not p) / 8  # 2.3 / 8 = 0.2875, "about 0.29"
     assert exec_mean == pytest.approx(0.2875)
     assert round(pooled[4].item(), 2) == 0.29  # token 5: 0.9 -> 0.29
     assert pooled[2].item() == 1.8 and pooled[6].item() == 2.1  # planning unchanged

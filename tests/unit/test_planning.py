@@ -8,7 +8,7 @@ from workers.credit.planning import match_spans
 
 
 def marked(pieces, grams=None):
-    return [p for p, m in zip(pieces, planning_mask(pieces, grams)) if m]
+    return [p for p, m in zip(pieces, planning_mask(pieces, grams), strict=False) if m]
 
 
 def test_default_grams_are_the_papers_18():

@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from .config import SepaConfig
