@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 EXTRA := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo gpu; else echo cpu; fi)
 STAMP := $(VENV)/.installed-$(EXTRA)
 
-.PHONY: setup test unit integration bench lint demo clean
+.PHONY: setup test unit integration bench trial lint clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,10 @@ integration: setup
 
 bench: setup
 	$(BIN)/python benchmarks/credit.py
+	$(BIN)/python benchmarks/rollout.py
+
+trial: setup
+	$(BIN)/python -m orchestrator trial
 
 lint: setup
 	$(BIN)/ruff check orchestrator workers tests benchmarks
