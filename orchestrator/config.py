@@ -6,7 +6,7 @@ workers, a LoRA learner, on a local Ray.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -79,11 +79,33 @@ class ResourcesConfig(_Strict):
     learner_gpus: float = Field(0.0, ge=0.0)
 
 
+class WandbConfig(_Strict):
+    """What a user writes under `wandb:`. The API key never appears here: it comes from WANDB_API_KEY or
+    `api_key_file` (read on the node that runs the trial) and is never logged."""
+
+    mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="offline: files under `dir`, upload later with `wandb sync`")
+    project: str = "credit-orchestrator"
+    entity: str | None = None
+    tags: list[str] = []
+    dir: str | None = Field(None, description="local root for W&B files (default: the campaign directory)")
+    api_key_file: str | None = Field(None, description="file holding the API key (online mode)")
+
+
+class TrialWandb(WandbConfig):
+    """Per-trial W&B settings; a campaign fills group/job_type/run_id. A lone trial defaults to disabled."""
+
+    mode: Literal["offline", "online", "disabled"] = "disabled"
+    group: str | None = None
+    job_type: str | None = None
+    run_id: str | None = Field(None, description="stable id so a restored trial resumes its run")
+
+
 class TrialConfig(_Strict):
     name: str = "local"
     seed: int = 0
     steps: int = Field(40, ge=1)
-    output_dir: str | None = Field(None, description="absolute dir for metrics.jsonl; set by the launcher")
+    output_dir: str | None = Field(None, description="absolute dir or URI for metrics.jsonl; set by the launcher")
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
     rollout: RolloutConfig = RolloutConfig()
@@ -91,6 +113,9 @@ class TrialConfig(_Strict):
     credit: CreditConfig = CreditConfig()
     checkpoint: CheckpointSettings = CheckpointSettings()
     resources: ResourcesConfig = ResourcesConfig()
+    wandb: TrialWandb = TrialWandb()
+    labels: dict[str, Any] = Field(default_factory=dict, description=(
+        "extra top-level keys logged with the config (campaigns set condition, seed and every swept key)"))
 
     @model_validator(mode="after")
     def _fits(self) -> TrialConfig:

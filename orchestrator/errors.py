@@ -12,10 +12,16 @@ class UserError(Exception):
     """A mistake in what the user wrote. The CLI prints `str(err)` as one line and exits 2."""
 
 
+def first_error(err: ValidationError) -> dict:
+    """The error to show: an unknown key first (a typo usually explains the "missing" errors too)."""
+    errors = err.errors()
+    return next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+
+
 def format_validation(source: str, err: ValidationError) -> str:
-    first = err.errors()[0]
+    first = first_error(err)
     path = ".".join(str(p) for p in first["loc"]) or "<root>"
-    msg = first["msg"].replace("\n", " ")
+    msg = first["msg"].replace("\n", " ").removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
     extra = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""

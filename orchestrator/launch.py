@@ -1,52 +1,196 @@
-"""Tuner assembly. A single trial is a one-trial Tune experiment on the same path campaigns will use."""
+"""Tuner assembly: a campaign (or a lone trial) is one Tune experiment; each trial one placement group.
+
+Resume is Tune's: running a campaign whose experiment directory exists restores it (`Tuner.restore`), finished
+trials stay finished, errored and interrupted ones continue from their last checkpoint.
+"""
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import ray
 from ray import tune
 
+from orchestrator import storage as store
+from orchestrator.campaign import Campaign
 from orchestrator.config import TrialConfig
+from orchestrator.errors import UserError
 from orchestrator.trial import bundles, run_trial
 
+CAMPAIGN_FILE = "campaign.json"
 
-def ensure_ray(min_cpus: float) -> None:
-    """Start a private local Ray sized for the trial (logical CPUs may exceed the cores) unless one is up."""
+
+def ensure_ray(min_cpus: float, num_gpus: float | None = None) -> None:
+    """Connect to RAY_ADDRESS (or the job's cluster), else start a private local Ray sized for one trial
+    (logical CPUs may exceed the cores: trials are IO/latency bound at the tiny scale)."""
     if ray.is_initialized():
         return
-    if os.environ.get("RAY_ADDRESS"):
+    if os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_JOB_SUBMISSION_ID"):
         ray.init()
         return
     cpus = max(os.cpu_count() or 1, int(min_cpus + 0.999))
-    ray.init(address="local", num_cpus=cpus, include_dashboard=False,
+    ray.init(address="local", num_cpus=cpus, num_gpus=num_gpus, include_dashboard=False,
              runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+                                       "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
                                        "TOKENIZERS_PARALLELISM": "false"}})
 
 
-def trainable_for(cfg: TrialConfig):
-    return tune.with_resources(run_trial, tune.PlacementGroupFactory(bundles(cfg), strategy="PACK"))
+def _campaign_trial(config: dict, trials: dict[str, dict]) -> None:
+    """The campaign's trainable: the param space holds only the trial name, the configs travel alongside."""
+    run_trial(trials[config["trial"]])
 
 
-def run_single_trial(cfg: TrialConfig, storage: Path, max_failures: int = 0):
-    """Run one trial to completion; returns the Tune Result (None if it errored)."""
-    storage.mkdir(parents=True, exist_ok=True)
-    need = sum(b.get("CPU", 0) for b in bundles(cfg))
-    ensure_ray(need)
-    if cfg.output_dir is None:
-        cfg = cfg.model_copy(update={"output_dir": str(storage / cfg.name / "trial")})
-    tuner = tune.Tuner(
-        trainable_for(cfg),
-        param_space=cfg.model_dump(),
+def _factory(trials: dict[str, dict]):
+    def resources(config: dict) -> tune.PlacementGroupFactory:
+        return tune.PlacementGroupFactory(bundles(TrialConfig.model_validate(trials[config["trial"]])),
+                                          strategy="PACK")
+
+    return resources
+
+
+def _trainable(trials: dict[str, dict]):
+    return tune.with_resources(tune.with_parameters(_campaign_trial, trials=trials), _factory(trials))
+
+
+def _tuner(name: str, storage: str, trials: dict[str, dict], *, max_concurrent: int | None, max_failures: int,
+           keep: int) -> tune.Tuner:
+    directory = store.join(storage, name)
+    trainable = _trainable(trials)
+    if tune.Tuner.can_restore(directory):
+        return tune.Tuner.restore(directory, trainable=trainable, resume_unfinished=True, resume_errored=True)
+    return tune.Tuner(
+        trainable,
+        param_space={"trial": tune.grid_search(list(trials))},
+        tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent,
+                                    trial_name_creator=lambda t: t.config["trial"],
+                                    trial_dirname_creator=lambda t: t.config["trial"]),
         run_config=tune.RunConfig(
-            name=cfg.name, storage_path=str(storage),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
+            name=name, storage_path=storage,
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=keep),
             failure_config=tune.FailureConfig(max_failures=max_failures),
         ),
     )
-    results = tuner.fit()
-    result = results[0]
+
+
+# ------------------------------------------------------------------------------------------------ campaigns
+def check_cluster(campaign: Campaign) -> None:
+    """User errors a cluster can reveal before anything launches (exit 2, nothing started)."""
+    total = ray.cluster_resources()
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    src = campaign.source
+    for t in campaign.trials:
+        b = bundles(TrialConfig.model_validate(t.config))
+        gpus, cpus = sum(x.get("GPU", 0) for x in b), sum(x.get("CPU", 0) for x in b)
+        if gpus and not total.get("GPU"):
+            raise UserError(f"{src}: resources: trial {t.name} asks for {gpus:g} GPUs but the cluster has none; "
+                            "set worker_gpus/learner_gpus to 0 or run on a GPU cluster")
+        if gpus > total.get("GPU", 0):
+            raise UserError(f"{src}: resources: trial {t.name} asks for {gpus:g} GPUs; the cluster has "
+                            f"{total.get('GPU', 0):g}")
+        if cpus > total.get("CPU", 0):
+            raise UserError(f"{src}: resources: trial {t.name} asks for {cpus:g} CPUs; the cluster has "
+                            f"{total.get('CPU', 0):g}")
+    if len(nodes) > 1 and not store.is_uri(campaign.storage) and not campaign.config.storage_shared:
+        raise UserError(f"{src}: storage: {campaign.storage} is a node-local path on a {len(nodes)}-node cluster; "
+                        "a trial retried on another node would not find its checkpoint. Use a URI (s3://, gs://) "
+                        "or a shared filesystem path and set storage_shared: true")
+    job_dir = os.environ.get("RAY_JOB_SUBMISSION_ID") and Path.cwd().resolve()
+    if job_dir and not store.is_uri(campaign.storage) and Path(campaign.storage).is_relative_to(job_dir):
+        raise UserError(f"{src}: storage: {campaign.storage} lies inside the job's uploaded working dir, which "
+                        "is new for every job (a re-submit could not resume); use an absolute path or a URI")
+
+
+def _stable(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k not in ("wandb", "output_dir")}
+
+
+def check_same_campaign(campaign: Campaign) -> None:
+    """A resumed experiment must be the campaign that started it: same trials, same configs."""
+    text = store.read_text(store.join(campaign.directory, CAMPAIGN_FILE))
+    if text is None:
+        return
+    before = {t["name"]: _stable(t["config"]) for t in json.loads(text)["trials"]}
+    now = {t.name: _stable(t.config) for t in campaign.trials}
+    if before != now:
+        changed = sorted(set(before) ^ set(now)) or sorted(n for n in now if before[n] != now[n])
+        raise UserError(f"{campaign.source}: campaign '{campaign.config.name}' in {campaign.directory} was started "
+                        f"with different trials ({', '.join(changed[:3])}{'...' if len(changed) > 3 else ''} "
+                        "differ); restore the file, or change name/storage to start a new campaign")
+
+
+def write_campaign_file(campaign: Campaign) -> None:
+    store.write_text(store.join(campaign.directory, CAMPAIGN_FILE), json.dumps({
+        "name": campaign.config.name, "description": campaign.config.description, "source": campaign.source,
+        "campaign_id": campaign.directory, "trials": [t.row() for t in campaign.trials],
+    }, indent=1))
+
+
+@contextmanager
+def driver_lock(campaign: Campaign):
+    """One driver per campaign: a second `run` of a campaign that is running stops with exit code 2.
+
+    An OS lock, so a SIGKILLed driver releases it. Only for local/shared paths (URIs: Jobs' submit check)."""
+    if store.is_uri(campaign.directory):
+        yield
+        return
+    path = Path(campaign.directory) / ".driver.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise UserError(f"{campaign.source}: campaign '{campaign.config.name}' is already running "
+                            f"(driver {f.read().strip() or 'unknown'}); wait for it or stop it") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {os.uname().nodename}")
+        f.flush()
+        yield
+
+
+def run_campaign(campaign: Campaign) -> int:
+    """Run (or resume) every trial of the campaign; returns the number of trials that did not finish."""
+    need = max(sum(b.get("CPU", 0) for b in bundles(TrialConfig.model_validate(t.config)))
+               for t in campaign.trials)
+    ensure_ray(need)
+    check_cluster(campaign)
+    with driver_lock(campaign):
+        check_same_campaign(campaign)
+        resumed = tune.Tuner.can_restore(campaign.directory)
+        write_campaign_file(campaign)
+        cfg = campaign.config
+        keep = max(TrialConfig.model_validate(t.config).checkpoint.keep for t in campaign.trials)
+        print(f"{'resuming' if resumed else 'starting'} campaign {cfg.name}: {len(campaign.trials)} trials -> "
+              f"{campaign.directory}", flush=True)
+        tuner = _tuner(cfg.name, campaign.storage, {t.name: t.config for t in campaign.trials},
+                       max_concurrent=cfg.max_concurrent_trials, max_failures=cfg.max_failures, keep=keep)
+        results = tuner.fit()
+    failed = [r for r in results if r.error]
+    print(f"campaign {cfg.name}: {len(results) - len(failed)}/{len(results)} trials finished; "
+          f"results in {campaign.directory}")
+    if cfg.wandb.mode == "offline":
+        print(f"W&B offline runs: {cfg.wandb.dir or campaign.directory}/wandb (upload: wandb sync "
+              f"{cfg.wandb.dir or campaign.directory}/wandb/offline-run-*)")
+    for r in failed:
+        print(f"  failed: {r.metrics.get('trial', '?') if r.metrics else '?'}: {str(r.error).splitlines()[0]}")
+    return len(failed)
+
+
+# ------------------------------------------------------------------------------------------- a lone trial
+def run_single_trial(cfg: TrialConfig, storage: Path, max_failures: int = 0):
+    """Run one trial to completion as a one-trial experiment; returns the Tune Result (None if it errored)."""
+    storage.mkdir(parents=True, exist_ok=True)
+    ensure_ray(sum(b.get("CPU", 0) for b in bundles(cfg)))
+    if cfg.output_dir is None:
+        cfg = cfg.model_copy(update={"output_dir": str(storage / cfg.name / "trial")})
+    tuner = _tuner(cfg.name, str(storage), {cfg.name: cfg.model_dump(mode="json")}, max_concurrent=None,
+                   max_failures=max_failures, keep=cfg.checkpoint.keep)
+    result = tuner.fit()[0]
     if result.error:
         print(f"trial {cfg.name} failed: {result.error}")
         return None

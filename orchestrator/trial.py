@@ -19,7 +19,9 @@ from ray import tune
 from ray.util import get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from orchestrator import storage as store
 from orchestrator.config import ModelConfig, TrialConfig
+from orchestrator.tracking import TrialTracker
 from workers.credit import SepaConfig, SepaController
 from workers.learner import Learner
 from workers.models import build_tiny_model, load_tokenizer
@@ -27,6 +29,7 @@ from workers.rollout import RolloutWorker, shard
 from workers.tasks import make_task
 
 STATE_FILE, LEARNER_FILE, METRICS_FILE = "trial_state.json", "learner.pt", "metrics.jsonl"
+EVENTS_FILE, PLACEMENT_FILE = "events.jsonl", "placement.json"
 
 
 def resolve_model(cfg: ModelConfig) -> str:
@@ -37,16 +40,44 @@ def resolve_model(cfg: ModelConfig) -> str:
     return str(build_tiny_model(root, seed=cfg.tiny_seed))
 
 
+def _where() -> dict:
+    ctx = ray.get_runtime_context()
+    return {"placement_group": ctx.get_placement_group_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+
+def _engine_dtype(dtype: str) -> str:
+    """'auto' is decided where the engine runs: bf16 on a real GPU, fp32 on CPU (logical GPUs included)."""
+    if dtype != "auto":
+        return dtype
+    import torch
+
+    return "bfloat16" if torch.cuda.is_available() else "float32"
+
+
 @ray.remote
 class _RolloutActor(RolloutWorker):
-    def __init__(self, model_cfg: dict, **kw):
-        super().__init__(resolve_model(ModelConfig(**model_cfg)), **kw)
+    def __init__(self, model_cfg: dict, dtype: str, **kw):
+        super().__init__(resolve_model(ModelConfig(**model_cfg)), dtype=_engine_dtype(dtype), **kw)
+
+    def placement(self) -> dict:
+        return _where()
 
 
 @ray.remote
 class _LearnerActor(Learner):
     def __init__(self, model_cfg: dict, **kw):
         super().__init__(resolve_model(ModelConfig(**model_cfg)), **kw)
+
+    def placement(self) -> dict:
+        return _where()
+
+
+def sepa_settings(cfg: TrialConfig) -> SepaConfig:
+    """The schedule that drives lambda: the trial's `sepa:` where SEPA (or a plugin transform) runs, else off,
+    so conditions without SEPA log lambda 0 even when a shared base carries SEPA settings."""
+    c = cfg.credit
+    uses = "sepa" in c.stages or (isinstance(c.transform_mode, str) and "." in c.transform_mode)
+    return c.sepa if (c.sepa is not None and uses) else SepaConfig(steps=0)
 
 
 def step_seed(seed: int, step: int, shard_idx: int) -> int:
@@ -72,29 +103,47 @@ def bundles(cfg: TrialConfig) -> list[dict[str, float]]:
     ]
 
 
-def _load_metrics(path: Path, before_step: int) -> None:
-    """Keep only rows of steps < before_step (a restored trial re-runs the later ones)."""
-    if not path.exists():
-        return
-    rows = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] < before_step]
-    path.write_text("".join(r + "\n" for r in rows))
+def _placement_record(pg, workers, learner) -> dict:
+    """Where the trial's actors run: their placement group and GPU ids (checked by tests, handy on a cluster)."""
+    ctx = ray.get_runtime_context()
+    return {
+        "placement_group": pg.id.hex() if pg is not None else None,
+        "driver": {"placement_group": ctx.get_placement_group_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]},
+        "workers": ray.get([w.placement.remote() for w in workers]),
+        "learner": ray.get(learner.placement.remote()),
+        "node_id": ctx.get_node_id(),
+    }
 
 
 def run_trial(config: dict) -> None:
-    """Tune function trainable: runs `config` (a TrialConfig as a dict) to its last step."""
+    """Tune function trainable: runs `config` (a TrialConfig as a dict) to its last step.
+
+    Writes `metrics.jsonl` (whole, after every step: a restore rewinds it to the checkpoint, so the file never
+    has gaps or repeats), `events.jsonl` and `placement.json` to `output_dir` (a path or URI).
+    """
     cfg = TrialConfig.model_validate(config)
-    out_dir = Path(cfg.output_dir or tempfile.mkdtemp(prefix=f"trial-{cfg.name}-"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    metrics_path = out_dir / METRICS_FILE
+    out_dir = cfg.output_dir or tempfile.mkdtemp(prefix=f"trial-{cfg.name}-")
+    metrics_loc = store.join(out_dir, METRICS_FILE)
+    start, version, state, rows = 0, 0, None, []
+    ckpt = tune.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            state = json.loads((Path(d) / STATE_FILE).read_text())
+            learner_blob = (Path(d) / LEARNER_FILE).read_bytes()
+            rows = store.read_jsonl(str(Path(d) / METRICS_FILE))
+        start, version = state["step"] + 1, state["adapter_version"]
+    store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "start", "from_step": start, "time": time.time()})
+    store.write_text(metrics_loc, "".join(json.dumps(r) + "\n" for r in rows))
+    if start >= cfg.steps:
+        return  # restored from the final checkpoint: nothing left to run
+
     pg = get_current_placement_group()
     k = cfg.rollout.num_workers
     model_cfg = cfg.model.model_dump()
-    dtype = "float32" if cfg.model.dtype == "auto" and cfg.resources.worker_gpus == 0 else (
-        "bfloat16" if cfg.model.dtype == "auto" else cfg.model.dtype)
     workers = [
         _RolloutActor.options(num_cpus=cfg.resources.worker_cpus, num_gpus=cfg.resources.worker_gpus,
                               **_placement(pg, 1 + i)).remote(
-            model_cfg, dtype=dtype, seed=cfg.seed, max_model_len=cfg.model.max_model_len,
+            model_cfg, dtype=cfg.model.dtype, seed=cfg.seed, max_model_len=cfg.model.max_model_len,
             max_lora_rank=cfg.learner.lora.rank)
         for i in range(k)
     ]
@@ -104,41 +153,39 @@ def run_trial(config: dict) -> None:
         total_steps=cfg.steps, dtype=cfg.model.dtype)
     tokenizer = load_tokenizer(resolve_model(cfg.model))
     task = make_task(cfg.task, cfg.seed)
-    sepa = SepaController(cfg.credit.sepa or SepaConfig(steps=0))
-    start, version = 0, 0
-
-    ckpt = tune.get_checkpoint()
-    if ckpt is not None:
-        with ckpt.as_directory() as d:
-            state = json.loads((Path(d) / STATE_FILE).read_text())
-            ray.get(learner.load_state_dict.remote((Path(d) / LEARNER_FILE).read_bytes()))
+    sepa = SepaController(sepa_settings(cfg))
+    if state is not None:
+        ray.get(learner.load_state_dict.remote(learner_blob))
         task.load_state_dict(state["task"])
         sepa.load_state_dict(state["sepa"])
-        start, version = state["step"] + 1, state["adapter_version"]
         if version:
             files = ray.get(learner.export_adapter.remote(version))
             ray.get([w.load_adapter.remote(files, version) for w in workers])
-    _load_metrics(metrics_path, start)
     ray.get([w.ready.remote() for w in workers] + [learner.ready.remote()])
+    store.write_text(store.join(out_dir, PLACEMENT_FILE), json.dumps(_placement_record(pg, workers, learner)))
+    tracker = TrialTracker(cfg, out_dir)
 
     for step in range(start, cfg.steps):
         row = _one_step(cfg, step, workers, learner, tokenizer, task, sepa, version)
         version = int(row.pop("_version"))
-        with metrics_path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        rows.append(row)
+        store.write_text(metrics_loc, "".join(json.dumps(r) + "\n" for r in rows))
+        tracker.log(row)
         print(f"[{cfg.name}] step {step + 1}/{cfg.steps} correct {row['train/correct_rate']:.3f} "
               f"reward {row['train/reward_mean']:.3f} lambda {row['credit/sepa_lambda']:.3f} "
               f"gen {row['time/generate_s']:.1f}s train {row['time/train_s']:.1f}s", flush=True)
         if (step + 1) % cfg.checkpoint.every == 0 or step + 1 == cfg.steps:
             with tempfile.TemporaryDirectory() as d:
                 (Path(d) / LEARNER_FILE).write_bytes(ray.get(learner.state_dict.remote()))
+                (Path(d) / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
                 (Path(d) / STATE_FILE).write_text(json.dumps({
                     "step": step, "adapter_version": version, "task": task.state_dict(),
-                    "sepa": sepa.state_dict(), "config": cfg.model_dump(),
+                    "sepa": sepa.state_dict(), "config": cfg.model_dump(mode="json"),
                 }))
                 tune.report(row, checkpoint=tune.Checkpoint.from_directory(d))
         else:
             tune.report(row)
+    tracker.finish()
     task.close()
 
 

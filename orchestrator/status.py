@@ -1,0 +1,86 @@
+"""`python -m orchestrator status FILE`: each trial's state, step and latest key metrics, from storage alone.
+
+State comes from Tune's experiment state (PENDING / RUNNING / TERMINATED / ERROR) when the experiment exists;
+steps and metrics from each trial's metrics.jsonl, so it also works while the campaign runs elsewhere.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path
+
+from orchestrator import storage as store
+from orchestrator.campaign import Campaign
+
+KEY_METRICS = ("train/correct_rate", "eval/pass@1", "credit/sepa_lambda")
+
+
+def tune_states(directory: str) -> dict[str, str]:
+    """Trial name -> Tune status, read from the newest experiment_state file (local storage only)."""
+    if store.is_uri(directory):
+        return {}
+    files = sorted(glob.glob(str(Path(directory) / "experiment_state-*.json")))
+    if not files:
+        return {}
+    states = {}
+    for entry in json.loads(Path(files[-1]).read_text()).get("trial_data", []):
+        state = json.loads(entry[0]) if isinstance(entry, list | tuple) else entry
+        name = (state.get("config") or {}).get("trial") or state.get("custom_trial_name")
+        if name:
+            states[name] = state.get("status", "?")
+    return states
+
+
+def driver_alive(directory: str) -> bool | None:
+    """Whether a driver holds the campaign's lock (None: cannot tell, e.g. URI storage)."""
+    import fcntl
+
+    if store.is_uri(directory):
+        return None
+    path = Path(directory) / ".driver.lock"
+    if not path.exists():
+        return False
+    with path.open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
+
+
+def trial_rows(campaign: Campaign) -> list[dict]:
+    states = tune_states(campaign.directory)
+    if driver_alive(campaign.directory) is False:  # Tune's last snapshot says RUNNING, but nobody runs it
+        states = {k: ("INTERRUPTED" if v == "RUNNING" else v) for k, v in states.items()}
+    out = []
+    for t in campaign.trials:
+        tdir = store.trial_dir(campaign.directory, t.name)
+        rows = store.read_jsonl(store.join(tdir, "metrics.jsonl"))
+        starts = store.read_jsonl(store.join(tdir, "events.jsonl"))
+        steps = t.config["steps"]
+        last = rows[-1] if rows else {}
+        state = states.get(t.name) or ("NOT STARTED" if not starts else "UNKNOWN")
+        out.append({"trial": t.name, "state": state, "step": f"{len(rows)}/{steps}", "starts": len(starts),
+                    **{k: last[k] for k in KEY_METRICS if k in last}})
+    return out
+
+
+def render(campaign: Campaign) -> str:
+    rows = trial_rows(campaign)
+    cols = ["trial", "state", "step", "starts", *[k for k in KEY_METRICS if any(k in r for r in rows)]]
+
+    def cell(v) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    table = [cols] + [[cell(r.get(c, "-")) for c in cols] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    done = sum(r["state"] == "TERMINATED" for r in rows)
+    alive = driver_alive(campaign.directory)
+    driver = {True: "driver running", False: "no driver running (run the same command to resume)", None: ""}[alive]
+    head = (f"campaign {campaign.config.name}: {done}/{len(rows)} trials finished ({campaign.directory})"
+            + (f"; {driver}" if driver else ""))
+    return head + "\n" + "\n".join(lines)

@@ -1,0 +1,98 @@
+"""Campaign storage: one place that knows paths vs URIs and the layout of a campaign directory.
+
+Layout of `<storage>/<campaign>/` (the Tune experiment directory, plus our own files):
+    campaign.json                   expanded trial table, written on the first run, checked on every resume
+    trials/<trial>/metrics.jsonl    one row per step (rewritten whole each step: no gaps, no repeats)
+    trials/<trial>/events.jsonl     one line per (re)start of the trial: {"event": "start", "from_step": k}
+    trials/<trial>/placement.json   the placement group and GPUs each actor of the trial got
+    wandb/                          offline W&B runs (when storage is a local path)
+    report/                         `python -m orchestrator report` output
+Local paths are written atomically; URIs (s3://, gs://, ...) go through pyarrow.fs, which Tune also uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+_VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
+
+
+def is_uri(location: str) -> bool:
+    return "://" in location
+
+
+def expand(value: str) -> str:
+    """`~` and `${VAR}` / `${VAR:-default}`; an unset variable without default raises KeyError(VAR)."""
+
+    def sub(m: re.Match) -> str:
+        if m.group(1) in os.environ:
+            return os.environ[m.group(1)]
+        if m.group(2) is None:
+            raise KeyError(m.group(1))
+        return m.group(2)
+
+    return os.path.expanduser(_VAR.sub(sub, value))
+
+
+def resolve(value: str, relative_to: Path) -> str:
+    """A storage setting as an absolute path or a URI; relative paths are taken from `relative_to`."""
+    value = expand(value)
+    if is_uri(value):
+        return value.rstrip("/")
+    p = Path(value)
+    return str((p if p.is_absolute() else relative_to / p).resolve())
+
+
+def join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *parts])
+
+
+def _fs(location: str):
+    import pyarrow.fs
+
+    return pyarrow.fs.FileSystem.from_uri(location)
+
+
+def write_text(location: str, text: str) -> None:
+    if not is_uri(location):
+        p = Path(location)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, p)  # readers never see half a file
+        return
+    fs, path = _fs(location)
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path) as f:
+        f.write(text.encode())
+
+
+def read_text(location: str) -> str | None:
+    """The file's text, or None when it does not exist."""
+    if not is_uri(location):
+        p = Path(location)
+        return p.read_text() if p.is_file() else None
+    import pyarrow.fs
+
+    fs, path = _fs(location)
+    if fs.get_file_info(path).type != pyarrow.fs.FileType.File:
+        return None
+    with fs.open_input_stream(path) as f:
+        return f.read().decode()
+
+
+def append_line(location: str, obj: dict) -> None:
+    old = read_text(location) or ""
+    write_text(location, old + json.dumps(obj) + "\n")
+
+
+def read_jsonl(location: str) -> list[dict]:
+    text = read_text(location) or ""
+    return [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+
+
+def trial_dir(campaign_dir: str, trial: str) -> str:
+    return join(campaign_dir, "trials", trial)

@@ -1,0 +1,76 @@
+"""W&B for one trial: one run per trial, grouped by campaign, resumed (same id) when the trial restores.
+
+Logged from inside the trial (not from a Tune callback) so the step is the training step itself and a restored
+trial knows exactly what it already logged: steps up to `logged_through` (kept in the trial directory) are not
+logged again, so no step appears twice in a run even when a trial re-runs steps after its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from orchestrator import storage as store
+from orchestrator.config import TrialConfig
+
+LOGGED_FILE = "wandb_logged.json"
+
+
+def logged_config(cfg: TrialConfig) -> dict[str, Any]:
+    """The config a run shows: the full trial config plus condition, seed and swept keys at the top level.
+
+    Never contains secrets: the API key is not part of any config, and the key file's path is dropped too.
+    """
+    data = cfg.model_dump(mode="json")
+    data["wandb"] = {k: v for k, v in data["wandb"].items() if k != "api_key_file"}
+    return {**data, **cfg.labels}
+
+
+def _api_key(cfg: TrialConfig) -> str | None:
+    if os.environ.get("WANDB_API_KEY"):
+        return os.environ["WANDB_API_KEY"]
+    if cfg.wandb.api_key_file:
+        return Path(store.expand(cfg.wandb.api_key_file)).read_text().strip()
+    return None
+
+
+class TrialTracker:
+    """Wraps a wandb run for one trial; a no-op when `wandb.mode` is disabled."""
+
+    def __init__(self, cfg: TrialConfig, out_dir: str):
+        self.run = None
+        self._marker = store.join(out_dir, LOGGED_FILE)
+        prev = store.read_text(self._marker)
+        self.logged_through = json.loads(prev)["step"] if prev else -1
+        w = cfg.wandb
+        if w.mode == "disabled":
+            return
+        import wandb
+
+        os.environ["WANDB_MODE"] = w.mode  # offline must be an env var, or wandb still asks for a key
+        os.environ.setdefault("WANDB_SILENT", "true")
+        key = _api_key(cfg) if w.mode == "online" else None
+        root = Path(store.expand(w.dir or "~/orchestrator-wandb")).resolve()
+        root.mkdir(parents=True, exist_ok=True)
+        settings = wandb.Settings(api_key=key) if key else None
+        self.run = wandb.init(
+            project=w.project, entity=w.entity, group=w.group, job_type=w.job_type, name=cfg.name,
+            id=w.run_id, resume="allow" if w.run_id else None, tags=list(w.tags), dir=str(root),
+            config=logged_config(cfg), settings=settings, reinit="finish_previous",
+        )
+
+    def log(self, row: dict[str, Any]) -> None:
+        step = int(row["step"])
+        if step <= self.logged_through:
+            return  # logged before the restore; W&B keeps the first record of a step
+        self.logged_through = step
+        if self.run is not None:
+            self.run.log({k: v for k, v in row.items() if k != "step"}, step=step)
+            store.write_text(self._marker, json.dumps({"step": step}))
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None

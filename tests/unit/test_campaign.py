@@ -1,0 +1,148 @@
+"""Campaign files: expansion of the shipped campaigns, override semantics, and the malformed-file corpus."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator import cli
+from orchestrator.campaign import CampaignConfig, expand, load_campaign, sweep_points
+from orchestrator.config import TrialConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+BAD = sorted((Path(__file__).parent / "bad_campaigns").glob("*.yaml"))
+LEAN = ["C1", "C3", "C4", "C5", "C8"]
+
+
+@pytest.mark.parametrize(
+    "file, conditions, seeds, steps",
+    [
+        ("sepa_pilot.yaml", [f"C{i}" for i in range(1, 9)], [0, 1], 20),
+        ("sepa_lean.yaml", LEAN, [0, 1, 2, 3], 40),
+        ("sepa_conclusive.yaml", LEAN, list(range(8)), 100),
+        ("demo.yaml", LEAN, [0, 1], None),
+    ],
+)
+def test_shipped_campaigns_expand(file, conditions, seeds, steps):
+    c = load_campaign(ROOT / "campaigns" / file)
+    assert [t.name for t in c.trials] == [f"{cond}_s{s}" for cond in conditions for s in seeds]
+    for t in c.trials:
+        cfg = TrialConfig.model_validate(t.config)
+        assert cfg.wandb.group == c.config.name and cfg.wandb.job_type == t.condition
+        assert cfg.labels == {"condition": t.condition, "seed": t.seed}
+        assert cfg.output_dir == f"{c.directory}/trials/{t.name}"
+        assert ("sepa" in cfg.credit.stages) == (t.condition in ("C4", "C8"))
+        assert cfg.credit.advantage_mode == ("maxrl" if int(t.condition[1]) >= 5 else "grpo")
+        if steps is not None:  # the paper's setup
+            assert cfg.steps == steps and cfg.model.name == "Qwen/Qwen3-4B-Instruct-2507"
+            assert (cfg.learner.lora.rank, cfg.rollout.prompts_per_step, cfg.rollout.n) == (64, 16, 16)
+            assert (cfg.rollout.temperature, cfg.rollout.max_tokens, cfg.learner.optim.lr) == (0.7, 2048, 5e-5)
+            assert (cfg.credit.gtpo_beta, cfg.credit.hicra_alpha) == (0.1, 0.2)
+            s = cfg.credit.sepa
+            assert (s.schedule, s.steps, s.delay_steps, s.correct_rate_gate) == ("linear", 100, 10, 0.1)
+            assert cfg.task.name == "math" and cfg.task.dataset
+        else:
+            assert cfg.model.name == "tiny" and cfg.task.name == "arithmetic"
+
+
+def test_campaign_files_are_executable_entrypoints():
+    for f in (ROOT / "campaigns").glob("*.yaml"):
+        assert f.read_text().startswith("#!/usr/bin/env -S python -m orchestrator run\n"), f
+        assert f.stat().st_mode & 0o111, f"{f} lacks the run bit"
+
+
+def _campaign(**kw) -> CampaignConfig:
+    return CampaignConfig.model_validate({"name": "t", "seeds": [0, 1], "conditions": {"A": {}}, **kw})
+
+
+def test_expansion_is_deterministic_and_crosses_sweep():
+    cfg = _campaign(conditions={"A": {}, "B": {"credit": {"advantage_mode": "maxrl"}}},
+                    sweep={"learner.optim.lr": [0.001, 0.01], "rollout.temperature": [0.7, 1.0]})
+    a, b = expand(cfg, directory="/x/t"), expand(cfg, directory="/x/t")
+    assert [t.row() for t in a] == [t.row() for t in b]
+    assert len(a) == 2 * 2 * 2 * 2
+    assert a[0].name == "A_s0_lr0.001_temperature0.7"
+    names = {t.name for t in a}
+    assert len(names) == len(a)
+    for t in a:
+        cfg_t = TrialConfig.model_validate(t.config)
+        assert cfg_t.learner.optim.lr == t.sweep["learner.optim.lr"]
+        assert cfg_t.rollout.temperature == t.sweep["rollout.temperature"]
+        assert cfg_t.labels == {"condition": t.condition, "seed": t.seed, **t.sweep}  # top-level in W&B
+    assert {t.config["credit"]["advantage_mode"] for t in a if t.condition == "B"} == {"maxrl"}
+
+
+def test_table_and_list_overrides_survive_intact():
+    cfg = _campaign(
+        base={"task": {"ops": ["+"]}, "credit": {"gtpo_beta": 0.3}},
+        conditions={"A": {"task": {"ops": ["+", "-", "*"]},
+                          "credit": {"transform_mode": ["sepa", "gtpo", "hicra"],
+                                     "sepa": {"schedule": "auto", "warmup": 3},
+                                     "advantage_params": {"nested": {"k": [1, 2]}}}}},
+        sweep={"credit.strategic_grams": [["wait let me check"], ["let me", "check"]]},
+    )
+    trials = expand(cfg)
+    assert [t.name for t in trials] == ["A_s0_strategic_gramsv0", "A_s1_strategic_gramsv0",
+                                        "A_s0_strategic_gramsv1", "A_s1_strategic_gramsv1"]
+    c = trials[2].config
+    assert c["task"]["ops"] == ["+", "-", "*"]
+    assert c["credit"]["transform_mode"] == ["sepa", "gtpo", "hicra"]
+    assert c["credit"]["sepa"]["schedule"] == "auto" and c["credit"]["sepa"]["warmup"] == 3
+    assert c["credit"]["advantage_params"] == {"nested": {"k": [1, 2]}}
+    assert c["credit"]["gtpo_beta"] == 0.3  # the base table merged, not replaced
+    assert c["credit"]["strategic_grams"] == ["let me", "check"]
+
+
+def test_resources_section_sets_every_trial():
+    cfg = _campaign(resources={"rollout_workers": 3, "worker_gpus": 1, "learner_gpus": 2, "driver_cpus": 0.25})
+    t = TrialConfig.model_validate(expand(cfg)[0].config)
+    assert t.rollout.num_workers == 3
+    assert (t.resources.worker_gpus, t.resources.learner_gpus, t.resources.driver_cpus) == (1, 2, 0.25)
+
+
+def test_sweep_labels_are_short_and_distinct():
+    points = sweep_points({"a.x.lr": [0.1, 1e-4], "b.lr": [True, False]})
+    labels = [label for _, label in points]
+    assert labels == ["x.lr0.1_b.lrtrue", "x.lr0.1_b.lrfalse", "x.lr0.0001_b.lrtrue", "x.lr0.0001_b.lrfalse"]
+
+
+def test_relative_storage_resolves_against_the_campaign_file(tmp_path):
+    d = tmp_path / "sub"
+    d.mkdir()
+    (d / "c.yaml").write_text(yaml.safe_dump({"name": "c", "seeds": [0], "conditions": {"A": {}},
+                                              "storage": "../store"}))
+    c = load_campaign(d / "c.yaml")
+    assert c.directory == str(tmp_path / "store" / "c")
+
+
+def test_expand_cli_prints_the_table(capsys):
+    assert cli.main(["expand", str(ROOT / "campaigns" / "sepa_lean.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "20 trials" in out and "C8_s3" in out and "2 GPU" in out
+
+
+@pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
+def test_malformed_campaign_is_one_line_exit_2(path, capsys, monkeypatch):
+    monkeypatch.delenv("CAMPAIGN_TEST_UNSET_VAR", raising=False)
+    needle = path.read_text().splitlines()[0].removeprefix("# expect: ")
+    assert cli.main(["expand", str(path)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"error: {path}:") and needle in lines[0], lines[0]
+    assert captured.out == ""  # nothing printed as if it had worked
+
+
+def test_corpus_is_large_enough():
+    assert len(BAD) >= 20
+
+
+def test_malformed_campaign_exit_code_from_the_real_cli():
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(BAD[0])], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
