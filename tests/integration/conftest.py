@@ -19,11 +19,14 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """A private local Ray (never joins a cluster already running on the machine)."""
+    """A private local Ray (never joins a cluster already running on the machine).
+
+    4 logical GPUs on a CPU box: trials that ask for none never see them; the packing test asks for them.
+    """
     import ray
 
     ray.init(
-        address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+        address="local", num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False,
         runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}},
     )
     yield ray

@@ -223,3 +223,93 @@ def test_math_missing_file_and_bad_rows(tmp_path):
     bad.write_text(json.dumps({"question": "q", "answer": "1"}) + "\n")
     with pytest.raises(ValueError):
         make_task(TaskConfig(name="math", dataset=str(bad)), seed=0)
+
+
+# ---------------------------------------------------------------- arithmetic, multiple choice (arithmetic_mc)
+
+
+def _mc_options(prompt: str) -> dict[str, int]:
+    """{"A": 7, ...} parsed back from "what is a op b ? A: 7, B: 5, .... answer:"."""
+    listed = prompt.split("?", 1)[1].rsplit(". answer:", 1)[0]
+    return {k.strip(): int(v) for k, v in (item.split(":") for item in listed.split(","))}
+
+
+def test_mc_config_from_yaml():
+    import yaml
+
+    cfg = TaskConfig.model_validate(yaml.safe_load("name: arithmetic_mc\nmax_operand: 3\nops: ['+', '-']\nnum_choices: 3"))
+    assert cfg.name == "arithmetic_mc" and cfg.num_choices == 3
+    assert TaskConfig(name="arithmetic_mc").num_choices == 4
+    for bad in (1, 5):
+        with pytest.raises(ValidationError):
+            TaskConfig(name="arithmetic_mc", num_choices=bad)
+
+
+@pytest.mark.parametrize("num_choices", [2, 3, 4])
+def test_mc_problems_well_formed(num_choices):
+    cfg = TaskConfig(name="arithmetic_mc", max_operand=5, ops=["+", "-", "*"], num_choices=num_choices)
+    task = make_task(cfg, seed=0)
+    labels = ["A", "B", "C", "D"][:num_choices]
+    assert task.action_tokens == labels
+    plain = {p.id: p for p in all_problems(5, ["+", "-", "*"])}
+    seen = set()
+    for p in task.train + task.heldout():
+        opts = _mc_options(p.prompt)
+        assert list(opts) == labels and len(set(opts.values())) == num_choices  # distinct options, in label order
+        assert p.answer in labels and opts[p.answer] == int(plain[p.id].answer)  # exactly the right value
+        assert sum(v == int(plain[p.id].answer) for v in opts.values()) == 1
+        assert p.prompt.startswith(f"what is {plain[p.id].prompt[:-2]} ?") and p.prompt.endswith("answer:")
+        seen.add(p.answer)
+    assert seen == set(labels)  # the right answer is not always in the same place
+
+
+def test_mc_same_problem_split_as_arithmetic_and_seed_independent_content():
+    cfg = dict(max_operand=4, ops=["+", "*"], heldout_fraction=0.2)
+    mc, ar = make_task(TaskConfig(name="arithmetic_mc", **cfg), 0), make_task(TaskConfig(**cfg), 0)
+    assert [p.id for p in mc.heldout()] == [p.id for p in ar.heldout()]
+    assert sorted(p.id for p in mc.train) == sorted(p.id for p in ar.train)
+    other = make_task(TaskConfig(name="arithmetic_mc", **cfg), 99)
+    assert sorted(mc.train, key=lambda p: p.id) == sorted(other.train, key=lambda p: p.id)  # prompts fixed
+
+
+def test_mc_prompts_and_labels_are_tiny_vocab_tokens(tmp_path):
+    from workers.models import build_tiny_model, load_tokenizer
+
+    tok = load_tokenizer(str(build_tiny_model(tmp_path / "tiny")))
+    task = make_task(TaskConfig(name="arithmetic_mc", max_operand=4, ops=["+", "-", "*"]), 0)
+    for p in task.train + task.heldout():
+        assert tok.unk_token_id not in tok.encode(p.prompt, add_special_tokens=False)
+    ids = [tok.encode(label, add_special_tokens=False) for label in task.action_tokens]
+    assert all(len(i) == 1 for i in ids) and len({i[0] for i in ids}) == len(ids)
+
+
+def test_mc_scoring_first_label():
+    task = make_task(TaskConfig(name="arithmetic_mc"), 0)
+    p = task.train[0]
+    wrong = next(lbl for lbl in task.action_tokens if lbl != p.answer)
+    cases = {p.answer: 1.0, f" {p.answer} 7 .": 1.0, f"{p.answer}.": 1.0, wrong: 0.0, f"{wrong} {p.answer}": 0.0,
+             "": 0.0, "7": 0.0, f"{p.answer.lower()}": 0.0, f"{p.answer}nswer": 0.0}
+    res = task.score([p] * len(cases), list(cases))
+    assert res.rewards == list(cases.values())
+    with pytest.raises(ValueError):
+        task.score([p], [])
+
+
+def test_mc_seeded_order_and_resume():
+    cfg = TaskConfig(name="arithmetic_mc", max_operand=3, ops=["+", "-"])
+    a, b, c = make_task(cfg, 3), make_task(cfg, 3), make_task(cfg, 4)
+    n = len(a.train)
+    assert a.next_batch(n) == b.next_batch(n) and c.next_batch(n) != make_task(cfg, 3).next_batch(n)
+    a.next_batch(5)
+    state = json.loads(json.dumps(a.state_dict()))
+    assert state["task"] == "arithmetic_mc"
+    restored = make_task(cfg, 3)
+    restored.load_state_dict(state)
+    for k in (2, 9, 30):
+        assert restored.next_batch(k) == a.next_batch(k)
+    with pytest.raises(ValueError):  # an arithmetic cursor is not an arithmetic_mc cursor
+        restored.load_state_dict(dict(state, task="arithmetic"))
+
+
+def test_action_tokens_none_for_free_form_tasks():
+    assert make_task(TaskConfig(), 0).action_tokens is None

@@ -52,7 +52,8 @@ def gtpo_weights(signal: Tensor, mask: Tensor, beta: float) -> Tensor:
     mean, _ = masked_row_mean(signal, w_mask)
     zero = mean <= 0
     safe = torch.where(zero, torch.ones_like(mean), mean)
-    w = (signal / safe[:, None]).mul_(beta).add_(1.0 - beta).clamp_(min=0.0)
+    # padding is zeroed first: a huge pad signal over a tiny mean would overflow to inf, and inf * 0 is NaN
+    w = (signal * w_mask).div_(safe[:, None]).mul_(beta).add_(1.0 - beta).clamp_(min=0.0)
     if bool(zero.any()):
         w.masked_fill_(zero[:, None], 1.0)
     return w.mul_(w_mask)

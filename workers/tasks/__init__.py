@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .arithmetic import ArithmeticTask
+from .arithmetic import ArithmeticMCTask, ArithmeticTask
 from .base import Problem, ScoreResult, Task
 from .config import TaskConfig
 
@@ -11,6 +11,8 @@ def make_task(config: TaskConfig, seed: int) -> Task:
     """Build the task named by `config.name`; `seed` (the trial seed) fixes the training order."""
     if config.name == "arithmetic":
         return ArithmeticTask(config, seed)
+    if config.name == "arithmetic_mc":
+        return ArithmeticMCTask(config, seed)
     if config.name == "math":
         from .math import MathTask  # imports math_verify/sympy only when needed
 
@@ -18,4 +20,4 @@ def make_task(config: TaskConfig, seed: int) -> Task:
     raise ValueError(f"unknown task {config.name!r}")
 
 
-__all__ = ["ArithmeticTask", "Problem", "ScoreResult", "Task", "TaskConfig", "make_task"]
+__all__ = ["ArithmeticMCTask", "ArithmeticTask", "Problem", "ScoreResult", "Task", "TaskConfig", "make_task"]

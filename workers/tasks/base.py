@@ -95,12 +95,25 @@ class EpochCursor:
 
 
 class Task(ABC):
-    """A problem source with a reward function. Subclasses set `self.train`, `self.held` and `self.cursor`."""
+    """A problem source with a reward function. Subclasses set `self.train`, `self.held` and `self.cursor`.
+
+    Action position convention: a task whose answer is one choice from a declared set returns that set from
+    `action_tokens` (strings, each exactly one token of the policy's tokenizer), and the action is the *first
+    completion token*. The sampler restricts and floors that token's distribution over the set
+    (`RolloutWorker.generate(action_token_ids=...)`) and the learner recomputes it
+    (`workers.probability_floor.floored_token_logprobs` with positions = first completion token). Tasks with
+    free-form answers return None.
+    """
 
     name: str = "task"
     train: list[Problem]
     held: list[Problem]
     cursor: EpochCursor
+
+    @property
+    def action_tokens(self) -> list[str] | None:
+        """The valid first completion tokens (the action set), or None when the task declares none."""
+        return None
 
     def next_batch(self, n: int) -> list[Problem]:
         """The next n training problems in seeded order; advances the cursor."""

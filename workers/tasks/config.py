@@ -11,15 +11,21 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 
 class TaskConfig(BaseModel):
-    """Which task a trial trains on; `arithmetic` fields and `math` fields are ignored by the other task."""
+    """Which task a trial trains on; `arithmetic` fields and `math` fields are ignored by the other task.
+
+    `arithmetic_mc` is the multiple-choice form of `arithmetic` (same problem set and fields, plus `num_choices`):
+    the prompt lists labelled options and the first completion token is the chosen label (its action position).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Literal["arithmetic", "math"] = "arithmetic"
-    # arithmetic
+    name: Literal["arithmetic", "arithmetic_mc", "math"] = "arithmetic"
+    # arithmetic, arithmetic_mc
     max_operand: int = Field(4, ge=1, description="operands are drawn from 0..max_operand")
     ops: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["+"], min_length=1)
     heldout_fraction: float = Field(0.2, ge=0.0, lt=1.0, description="share of problems never trained on")
+    # arithmetic_mc
+    num_choices: int = Field(4, ge=2, le=4, description="options per question, labelled A, B, C, D in order")
     # math
     dataset: str | None = Field(None, description="local .jsonl path, or a Hugging Face dataset name")
     split: str = "train"

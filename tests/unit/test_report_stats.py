@@ -1,0 +1,216 @@
+"""Report statistics against independent implementations (scipy, statsmodels, numpy) and closed forms."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats as sps
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import TTestPower
+
+from orchestrator.report.stats import (
+    bootstrap_ci,
+    generations_per_arm,
+    holm,
+    minimum_detectable_effect,
+    normalized_auc,
+    paired_bootstrap_ci,
+    paired_comparison,
+    paired_t_power,
+    seeds_for_power,
+)
+
+# --- AUC -------------------------------------------------------------------------------------------------------
+
+
+def test_auc_matches_numpy_trapezoid_on_irregular_curve():
+    steps = np.array([0, 1, 2, 4, 7, 10, 12, 15])
+    values = np.array([0.30, 0.35, 0.31, 0.40, 0.44, 0.43, 0.50, 0.49])
+    for lo, hi in ((0, 10), (0, 15), (2, 12), (4, 7)):
+        sel = (steps >= lo) & (steps <= hi)
+        want = np.trapezoid(values[sel], steps[sel]) / (hi - lo)
+        assert normalized_auc(steps, values, (lo, hi)) == pytest.approx(want, rel=1e-12)
+    # order of the points does not matter
+    perm = np.random.default_rng(0).permutation(steps.size)
+    assert normalized_auc(steps[perm], values[perm], (0, 15)) == pytest.approx(normalized_auc(steps, values, (0, 15)))
+
+
+def test_auc_linear_ramp_closed_form():
+    steps = np.arange(0, 31)
+    a, b = 0.25, 0.01
+    for lo, hi in ((0, 10), (0, 15), (5, 30)):
+        assert normalized_auc(steps, a + b * steps, (lo, hi)) == pytest.approx(a + b * (lo + hi) / 2, rel=1e-12)
+    # unevenly sampled ramp: trapezoids are exact on a line
+    s = np.array([0, 3, 4, 9, 10])
+    assert normalized_auc(s, a + b * s, (0, 10)) == pytest.approx(a + b * 5)
+
+
+def test_auc_nan_when_window_not_covered():
+    steps, values = np.arange(8), np.linspace(0, 1, 8)
+    assert math.isnan(normalized_auc(steps, values, (0, 10)))  # run stopped at step 7
+    assert math.isnan(normalized_auc(np.array([0, 5, 15]), np.ones(3), (0, 10)))  # no point at 10
+    assert math.isnan(normalized_auc(np.array([1, 5, 10]), np.ones(3), (0, 10)))  # no point at 0
+    assert math.isnan(normalized_auc([], [], (0, 10)))
+    assert math.isnan(normalized_auc(steps, np.where(steps == 3, np.nan, values), (0, 7)))
+    with pytest.raises(ValueError):
+        normalized_auc(steps, values, (5, 5))
+
+
+@settings(max_examples=60, deadline=None)
+@given(c=st.floats(-1e3, 1e3), lo=st.integers(0, 20), width=st.integers(1, 30),
+       extra=st.sets(st.integers(0, 60), max_size=15))
+def test_auc_of_constant_curve_is_the_constant(c, lo, width, extra):
+    hi = lo + width
+    steps = np.array(sorted({lo, hi} | extra), dtype=float)
+    assert normalized_auc(steps, np.full(steps.size, c), (lo, hi)) == pytest.approx(c, abs=1e-9 * max(1, abs(c)))
+
+
+# --- bootstrap ------------------------------------------------------------------------------------------------
+
+
+def _scipy_ci(data, statistic, **kw):
+    res = sps.bootstrap(data, statistic, method="percentile", n_resamples=10_000, confidence_level=0.95, rng=0, **kw)
+    return res.confidence_interval.low, res.confidence_interval.high, res.standard_error
+
+
+@pytest.mark.parametrize("n,dist", [(5, "normal"), (12, "skewed"), (40, "normal")])
+def test_bootstrap_ci_agrees_with_scipy(n, dist):
+    rng = np.random.default_rng(n)
+    x = rng.normal(0.4, 0.05, n) if dist == "normal" else rng.exponential(0.1, n)
+    lo, hi = bootstrap_ci(x, seed=0)
+    s_lo, s_hi, se = _scipy_ci((x,), np.mean)
+    # both are Monte-Carlo estimates of the same bootstrap quantiles; sd of their difference ~0.04 se
+    assert lo == pytest.approx(s_lo, abs=0.2 * se) and hi == pytest.approx(s_hi, abs=0.2 * se)
+    assert lo < np.mean(x) < hi
+    m_lo, m_hi = bootstrap_ci(x, statistic="median", seed=3)
+    sm_lo, sm_hi, sm_se = _scipy_ci((x,), np.median)
+    assert m_lo == pytest.approx(sm_lo, abs=0.5 * sm_se + 1e-12) and m_hi == pytest.approx(sm_hi, abs=0.5 * sm_se + 1e-12)
+
+
+def test_bootstrap_ci_width_and_seed():
+    x = np.random.default_rng(7).normal(size=30)
+    lo, hi = bootstrap_ci(x)
+    # percentile CI of the mean ~ mean +- 1.96 SE
+    se = x.std(ddof=0) / math.sqrt(x.size)
+    assert hi - lo == pytest.approx(2 * 1.96 * se, rel=0.08)
+    assert bootstrap_ci(x, seed=0) == (lo, hi) and bootstrap_ci(x, seed=1) != (lo, hi)
+    lo90, hi90 = bootstrap_ci(x, confidence=0.9)
+    assert lo < lo90 < hi90 < hi
+
+
+def test_paired_bootstrap_ci_agrees_with_scipy():
+    rng = np.random.default_rng(11)
+    a = rng.normal(0.40, 0.03, 10)
+    b = a + 0.01 + rng.normal(0, 0.01, 10)
+    lo, hi = paired_bootstrap_ci(a, b)
+
+    def mean_diff(x, y, axis=-1):
+        return np.mean(y - x, axis=axis)
+
+    s_lo, s_hi, se = _scipy_ci((a, b), mean_diff, paired=True)
+    assert lo == pytest.approx(s_lo, abs=0.2 * se) and hi == pytest.approx(s_hi, abs=0.2 * se)
+    # pairing matters: the unpaired spread of a is much larger than the CI width
+    assert hi - lo < 0.5 * (np.std(a) * 2 * 1.96 / math.sqrt(10))
+    # NaN pairs are dropped
+    a2, b2 = np.append(a, np.nan), np.append(b, 0.9)
+    assert paired_bootstrap_ci(a2, b2) == (lo, hi)
+
+
+def test_bootstrap_degenerate_inputs_do_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert bootstrap_ci([0.3]) == (0.3, 0.3)
+        assert bootstrap_ci([0.25] * 6) == (0.25, 0.25)
+        assert bootstrap_ci([0.25, np.nan]) == (0.25, 0.25)
+        lo, hi = bootstrap_ci([])
+        assert math.isnan(lo) and math.isnan(hi)
+        assert paired_bootstrap_ci([0.1, 0.2], [0.3, 0.4]) == pytest.approx((0.2, 0.2))
+        c = paired_comparison([0.1], [0.2])
+        assert c.n == 1 and c.delta == pytest.approx(0.1) and math.isnan(c.p_value) and not c.excludes_zero
+        c = paired_comparison([0.1, 0.2, 0.3], [0.2, 0.3, 0.4])  # constant difference: t undefined
+        assert c.n == 3 and math.isnan(c.p_value) and c.sd_diff == pytest.approx(0, abs=1e-12)
+        assert paired_comparison([], []).n == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=25))
+def test_bootstrap_ci_contains_the_sample_mean(xs):
+    x = np.array(xs)
+    lo, hi = bootstrap_ci(x, n_resamples=2000)
+    tol = 1e-9 * max(1.0, float(np.max(np.abs(x))))
+    assert lo - tol <= np.mean(x) <= hi + tol
+
+
+# --- paired comparison and Holm -------------------------------------------------------------------------------
+
+
+def test_paired_comparison_matches_ttest_rel():
+    rng = np.random.default_rng(3)
+    base = rng.normal(0.4, 0.05, 8)
+    other = base + 0.02 + rng.normal(0, 0.01, 8)
+    c = paired_comparison(base, other)
+    assert c.n == 8 and c.delta == pytest.approx(np.mean(other - base))
+    assert c.p_value == pytest.approx(sps.ttest_rel(other, base).pvalue)
+    assert c.sd_diff == pytest.approx(np.std(other - base, ddof=1))
+    assert (c.ci_low, c.ci_high) == paired_bootstrap_ci(base, other) and c.excludes_zero
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_holm_equals_statsmodels(seed):
+    rng = np.random.default_rng(seed)
+    p = np.concatenate([rng.uniform(0, 0.06, 6), rng.uniform(0, 1, 6), [0.03, 0.03]])
+    rng.shuffle(p)
+    want = multipletests(p, alpha=0.05, method="holm")[1]
+    np.testing.assert_allclose(holm(p), want, rtol=1e-12)
+
+
+def test_holm_skips_nan():
+    got = holm([0.01, np.nan, 0.04, 0.03])
+    assert math.isnan(got[1])
+    np.testing.assert_allclose(got[[0, 2, 3]], multipletests([0.01, 0.04, 0.03], method="holm")[1])
+    assert holm([]).size == 0
+
+
+# --- power ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", [0.1, 0.2, 0.35, 0.5, 0.8, 1.0, 1.5, 2.5])
+@pytest.mark.parametrize("alpha,power", [(0.05, 0.8), (0.01, 0.9)])
+def test_seeds_for_power_equals_statsmodels(d, alpha, power):
+    want = TTestPower().solve_power(effect_size=d, alpha=alpha, power=power, alternative="two-sided")
+    sd = 0.013
+    n = seeds_for_power(d * sd, sd, alpha, power)
+    assert isinstance(n, int) and n == math.ceil(want - 1e-6)
+    assert paired_t_power(n, d, alpha) >= power > paired_t_power(n - 1, d, alpha) or n == 2
+    # the sign of the effect does not matter
+    assert seeds_for_power(-d * sd, sd, alpha, power) == n
+
+
+@pytest.mark.parametrize("n", [3, 4, 8, 16, 50])
+def test_minimum_detectable_effect_equals_statsmodels(n):
+    sd = 0.02
+    want = TTestPower().solve_power(nobs=n, alpha=0.05, power=0.8, effect_size=None, alternative="two-sided")
+    mde = minimum_detectable_effect(n, sd, 0.05, 0.8)
+    assert mde == pytest.approx(want * sd, rel=1e-5)
+    # consistency: the MDE needs exactly n seeds (up to rounding)
+    assert seeds_for_power(mde * 1.0001, sd) == n
+
+
+def test_power_edge_cases_and_generations():
+    assert seeds_for_power(0.0, 0.01) == math.inf
+    assert seeds_for_power(0.01, 0.0) == 2
+    assert math.isnan(seeds_for_power(math.nan, 0.01)) and math.isnan(seeds_for_power(0.01, math.nan))
+    assert seeds_for_power(1e-9, 1.0) == math.inf  # beyond max_seeds
+    assert math.isnan(minimum_detectable_effect(1, 0.01)) and minimum_detectable_effect(5, 0.0) == 0.0
+    assert paired_t_power(10, 0.0) == pytest.approx(0.05, abs=1e-9)
+    # paper scale: 0.2pp effect; seeds x steps x 16 problems x 16 rollouts
+    assert generations_per_arm(4, 11, 16, 16) == 4 * 11 * 256
+    assert generations_per_arm(math.inf, 11, 16, 16) == math.inf
+    # seeds fall as the effect grows
+    ns = [seeds_for_power(e, 0.01) for e in (0.002, 0.004, 0.008, 0.016)]
+    assert ns == sorted(ns, reverse=True) and len(set(ns)) == 4
