@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workers.credit.config import CreditConfig
+from workers.interventions import InterventionsConfig
 from workers.objectives import Aggregation
 from workers.tasks.config import TaskConfig
 
@@ -66,6 +67,23 @@ class LearnerConfig(_Strict):
     loss: LossConfig = LossConfig()
 
 
+class EvalConfig(_Strict):
+    """Held-out evaluation: at steps 0, every, 2*every, ... and the last step, before that step's update (so
+    `eval/*` at step s measures the same policy as `train/correct_rate` at step s)."""
+
+    every: int = Field(10, ge=0, description="evaluate every this many steps; 0 = never")
+    problems: int = Field(32, ge=1, description="held-out problems per evaluation (the first ones, fixed)")
+    n: int = Field(8, ge=1, description="samples per problem")
+    k: int = Field(8, ge=1, description="pass@k with the unbiased estimator from n samples (k <= n)")
+    temperature: float = Field(1.0, gt=0.0, le=2.0)
+
+    @model_validator(mode="after")
+    def _k_le_n(self) -> EvalConfig:
+        if self.k > self.n:
+            raise ValueError(f"k ({self.k}) must be <= n ({self.n})")
+        return self
+
+
 class CheckpointSettings(_Strict):
     every: int = Field(5, ge=1, description="report a checkpoint every this many steps (and at the end)")
     keep: int = Field(2, ge=1)
@@ -111,6 +129,8 @@ class TrialConfig(_Strict):
     rollout: RolloutConfig = RolloutConfig()
     learner: LearnerConfig = LearnerConfig()
     credit: CreditConfig = CreditConfig()
+    interventions: InterventionsConfig = InterventionsConfig()
+    eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointSettings = CheckpointSettings()
     resources: ResourcesConfig = ResourcesConfig()
     wandb: TrialWandb = TrialWandb()
@@ -121,4 +141,7 @@ class TrialConfig(_Strict):
     def _fits(self) -> TrialConfig:
         if self.rollout.max_tokens >= self.model.max_model_len:
             raise ValueError("rollout.max_tokens must be smaller than model.max_model_len")
+        if self.interventions.probability_floor.is_active and self.rollout.top_p != 1.0:
+            raise ValueError("interventions.probability_floor needs rollout.top_p = 1 (the learner cannot "
+                             "reproduce a top-p truncated, floored distribution)")
         return self

@@ -56,18 +56,22 @@ def _fs(location: str):
     return pyarrow.fs.FileSystem.from_uri(location)
 
 
-def write_text(location: str, text: str) -> None:
+def write_bytes(location: str, data: bytes) -> None:
     if not is_uri(location):
         p = Path(location)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_text(text)
+        tmp.write_bytes(data)
         os.replace(tmp, p)  # readers never see half a file
         return
     fs, path = _fs(location)
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(path) as f:
-        f.write(text.encode())
+        f.write(data)
+
+
+def write_text(location: str, text: str) -> None:
+    write_bytes(location, text.encode())
 
 
 def read_text(location: str) -> str | None:

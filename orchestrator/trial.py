@@ -22,7 +22,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from orchestrator import storage as store
 from orchestrator.config import ModelConfig, TrialConfig
 from orchestrator.tracking import TrialTracker
+import numpy as np
+import torch
+
 from workers.credit import SepaConfig, SepaController
+from workers.filters import rv_filter
 from workers.learner import Learner
 from workers.models import build_tiny_model, load_tokenizer
 from workers.rollout import RolloutWorker, shard
@@ -150,7 +154,7 @@ def run_trial(config: dict) -> None:
     learner = _LearnerActor.options(num_cpus=cfg.resources.learner_cpus, num_gpus=cfg.resources.learner_gpus,
                                     **_placement(pg, 1 + k)).remote(
         model_cfg, learner=cfg.learner.model_dump(), credit=cfg.credit.model_dump(), seed=cfg.seed,
-        total_steps=cfg.steps, dtype=cfg.model.dtype)
+        total_steps=cfg.steps, dtype=cfg.model.dtype, interventions=cfg.interventions.model_dump())
     tokenizer = load_tokenizer(resolve_model(cfg.model))
     task = make_task(cfg.task, cfg.seed)
     sepa = SepaController(sepa_settings(cfg))
@@ -167,9 +171,16 @@ def run_trial(config: dict) -> None:
     for row in rows:  # steps before the checkpoint that no earlier attempt got written (killed writer)
         tracker.log(row)
 
+    actions = action_ids(cfg, task, tokenizer)
     for step in range(start, cfg.steps):
-        row = _one_step(cfg, step, workers, learner, tokenizer, task, sepa, version)
+        row = {}
+        if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps - 1):
+            row.update(evaluate(cfg, step, workers, tokenizer, task, actions))
+        row = {**_one_step(cfg, step, workers, learner, tokenizer, task, sepa, version, actions), **row}
         version = int(row.pop("_version"))
+        samples = row.pop("_uncertainty", None)
+        if samples is not None and "sepa" in cfg.credit.stages:
+            write_uncertainty(out_dir, step, samples)
         rows.append(row)
         store.write_text(metrics_loc, "".join(json.dumps(r) + "\n" for r in rows))
         tracker.log(row)
@@ -192,20 +203,79 @@ def run_trial(config: dict) -> None:
     store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "end", "step": cfg.steps - 1, "time": time.time()})
 
 
+def action_ids(cfg: TrialConfig, task, tokenizer) -> list[int] | None:
+    """Token ids of the task's action set when the probability floor is on (None: no floor anywhere)."""
+    if not (cfg.interventions.probability_floor.is_active and task.action_tokens):
+        return None
+    ids = tokenizer.convert_tokens_to_ids(list(task.action_tokens))
+    if any(i is None or i == tokenizer.unk_token_id for i in ids):
+        raise ValueError(f"action tokens {task.action_tokens} are not single tokens of the model's vocabulary")
+    return list(ids)
+
+
+def _sample(cfg: TrialConfig, workers, prompt_ids: list[list[int]], *, n: int, temperature: float, seeds: list[int],
+            tokenizer, actions: list[int] | None) -> list[dict]:
+    """Shard prompts over the workers and sample; one result dict per non-empty shard."""
+    parts = shard(list(range(len(prompt_ids))), len(workers))
+    floor = {"action_token_ids": actions, "action_min_prob": cfg.interventions.probability_floor.min_prob} \
+        if actions else {}
+    futures = [
+        w.generate.remote([prompt_ids[i] for i in idx], n=n, temperature=temperature, top_p=cfg.rollout.top_p,
+                          max_tokens=cfg.rollout.max_tokens, seed=seeds[j],
+                          stop_token_ids=[tokenizer.eos_token_id], **floor)
+        for j, (w, idx) in enumerate(zip(workers, parts, strict=True)) if idx
+    ]
+    return ray.get(futures)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct: 1 - C(n - c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def evaluate(cfg: TrialConfig, step: int, workers, tokenizer, task, actions) -> dict:
+    """Held-out pass@1 / pass@k of the current policy. Own sampling seeds and no task cursor: training's data
+    order and randomness are untouched, so resumes stay equivalent."""
+    ev = cfg.eval
+    problems = task.heldout(ev.problems)
+    if not problems:
+        return {}
+    t0 = time.perf_counter()
+    prompt_ids = [tokenizer(p.prompt)["input_ids"] for p in problems]
+    seeds = [step_seed(cfg.seed + 104_729, step, j) for j in range(len(workers))]
+    results = _sample(cfg, workers, prompt_ids, n=ev.n, temperature=ev.temperature, seeds=seeds,
+                      tokenizer=tokenizer, actions=actions)
+    groups = [g for res in results for g in res["completions"]]
+    p1, pk = [], []
+    for prob, group in zip(problems, groups, strict=True):
+        texts = [tokenizer.decode(c["token_ids"], skip_special_tokens=True) for c in group]
+        correct = sum(r > 0.5 for r in task.score([prob] * len(group), texts).rewards)
+        p1.append(correct / len(group))
+        pk.append(pass_at_k(len(group), correct, ev.k))
+    return {"eval/pass@1": float(np.mean(p1)), "eval/pass@k": float(np.mean(pk)), "eval/k": ev.k,
+            "eval/problems": len(problems), "time/eval_s": time.perf_counter() - t0}
+
+
+def write_uncertainty(out_dir: str, step: int, samples: dict[str, list[float]]) -> None:
+    """Per-token uncertainty before/after the token stages (the report's mechanistic histogram)."""
+    import io
+
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **{k: np.asarray(v, dtype=np.float32) for k, v in samples.items()})
+    store.write_bytes(store.join(out_dir, "uncertainty", f"step_{step}.npz"), buf.getvalue())
+
+
 def _one_step(cfg: TrialConfig, step: int, workers, learner, tokenizer, task, sepa: SepaController,
-              version: int) -> dict:
+              version: int, actions: list[int] | None = None) -> dict:
     ro = cfg.rollout
     problems = task.next_batch(ro.prompts_per_step)
     prompt_ids = [tokenizer(p.prompt)["input_ids"] for p in problems]
     t0 = time.perf_counter()
-    parts = shard(list(range(len(problems))), len(workers))
-    futures = [
-        w.generate.remote([prompt_ids[i] for i in idx], n=ro.n, temperature=ro.temperature, top_p=ro.top_p,
-                          max_tokens=ro.max_tokens, seed=step_seed(cfg.seed, step, j),
-                          stop_token_ids=[tokenizer.eos_token_id])
-        for j, (w, idx) in enumerate(zip(workers, parts, strict=True)) if idx
-    ]
-    results = ray.get(futures)
+    results = _sample(cfg, workers, prompt_ids, n=ro.n, temperature=ro.temperature,
+                      seeds=[step_seed(cfg.seed, step, j) for j in range(len(workers))], tokenizer=tokenizer,
+                      actions=actions)
     t_gen = time.perf_counter() - t0
     expected = version or None
     for res in results:
@@ -227,7 +297,9 @@ def _one_step(cfg: TrialConfig, step: int, workers, learner, tokenizer, task, se
     t_score = time.perf_counter() - t0
     flat = [r for g in rewards for r in g]
     correct_rate = sum(r > 0.5 for r in flat) / len(flat)
-    keep = [i for i, g in enumerate(rewards) if not (ro.skip_uninformative and len(set(g)) == 1)]
+    rv = cfg.interventions.rv_filter
+    filtered = rv_filter(torch.tensor(rewards, dtype=torch.float64), rv)  # keeps everything unless enabled
+    keep = [i for i in filtered.keep if not (ro.skip_uninformative and len(set(rewards[i])) == 1)]
 
     lam = sepa.lambda_for(step)
     row: dict = {
@@ -244,6 +316,7 @@ def _one_step(cfg: TrialConfig, step: int, workers, learner, tokenizer, task, se
         "rollout/adapter_version": version,
         "credit/sepa_lambda": lam,
         "credit/sepa_gate_open": float(sepa.gate_open),
+        **(filtered.metrics if rv.enabled else {}),
         "time/generate_s": t_gen,
         "time/score_s": t_score,
     }
@@ -256,10 +329,12 @@ def _one_step(cfg: TrialConfig, step: int, workers, learner, tokenizer, task, se
             "rollout_logprobs": [c["logprobs"] for i in keep for c in groups[i]],
             "rewards": [rewards[i] for i in keep],
             "temperature": ro.temperature, "sepa_lambda": lam, "step": step,
+            "loss_scale": filtered.loss_scale, "action_token_ids": actions,
         }
         out = ray.get(learner.train_step.remote(batch))
         row.update(out["metrics"])
         exec_values = out["exec_values"]
+        row["_uncertainty"] = out["uncertainty"]
     row["time/train_s"] = time.perf_counter() - t0
     sepa.observe(correct_rate, exec_values)
 

@@ -39,6 +39,8 @@ class KLConfig(_Strict):
 
     coef: float = Field(0.0, ge=0.0, description="KL loss coefficient (seed: kl_loss_coef); 0 = off, no ref pass")
     estimator: str = Field("low_var_kl", description=f"one of {', '.join(KL_ESTIMATORS)} (seed: kl_loss_type)")
+    measure: bool = Field(False, description="log the KL to the reference even when coef is 0 (one extra "
+                                             "no-grad forward pass with the adapter disabled)")
 
     @field_validator("estimator")
     @classmethod
@@ -111,6 +113,17 @@ class EntropyFloorConfig(_Strict):
         return {c: s.coef for c, s in self.specs().items()}
 
 
+class ProbabilityFloorConfig(_Strict):
+    """Hard floor on every valid action's probability at the action position of tasks that declare an action set
+    (see workers/probability_floor.py); the sampler and the learner apply the same floored distribution."""
+
+    min_prob: float = Field(0.0, ge=0.0, lt=1.0, description="requested floor; capped at 0.99 / n_valid; 0 = off")
+
+    @property
+    def is_active(self) -> bool:
+        return self.min_prob > 0
+
+
 class InterventionsConfig(_Strict):
     """All learner interventions, each off by default."""
 
@@ -118,3 +131,4 @@ class InterventionsConfig(_Strict):
     kl: KLConfig = Field(default_factory=KLConfig)
     rv_filter: RVFilterConfig = Field(default_factory=RVFilterConfig)
     entropy_floor: EntropyFloorConfig = Field(default_factory=EntropyFloorConfig)
+    probability_floor: ProbabilityFloorConfig = Field(default_factory=ProbabilityFloorConfig)
