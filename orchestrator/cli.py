@@ -1,4 +1,4 @@
-"""`python -m orchestrator {expand,run,status,submit,trial}`. User mistakes: one line on stderr, exit code 2."""
+"""`python -m orchestrator {expand,run,status,submit,report,trial}`. User mistakes: one line on stderr, exit code 2."""
 
 from __future__ import annotations
 
@@ -61,6 +61,44 @@ def _submit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _window(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in text.split("-"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"window must look like 0-10, got {text!r}") from None
+    if not 0 <= lo < hi:
+        raise argparse.ArgumentTypeError(f"window needs 0 <= lo < hi, got {text!r}")
+    return lo, hi
+
+
+def _report(args: argparse.Namespace) -> int:
+    from orchestrator import storage as store
+    from orchestrator.campaign import load_campaign
+    from orchestrator.report import build_report
+
+    campaign = load_campaign(args.file)
+    if store.is_uri(campaign.directory):
+        raise UserError(f"{args.file}: storage: the report reads local files; copy {campaign.directory} to a local "
+                        "directory (e.g. with `aws s3 sync` / `gsutil rsync`) and point storage at it")
+    if not (Path(campaign.directory) / "campaign.json").is_file():
+        raise UserError(f"{args.file}: campaign '{campaign.config.name}' has not run yet (no {campaign.directory}"
+                        "/campaign.json); start it with: python -m orchestrator run " + args.file)
+    try:
+        report = build_report(Path(campaign.directory), metric=args.metric, step=args.step,
+                              windows=args.window or ((0, 10), (0, 15)), baseline=args.baseline,
+                              out_dir=Path(args.out) if args.out else None)
+    except ValueError as exc:  # e.g. an unknown baseline
+        raise UserError(f"{args.file}: {exc}") from None
+    print(report.headline)
+    print(f"\nreport: {report.out_dir / 'report.md'} ({len(report.figures)} figures, "
+          f"{len(report.tables)} CSV tables in {report.out_dir})")
+    if args.wandb:
+        from orchestrator.report.publish import log_report
+
+        print(f"W&B report run: {log_report(campaign, report)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestrator")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -73,6 +111,16 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(fn=fn)
         if name == "submit":
             p.add_argument("--address", help="Ray dashboard address (default: $RAY_ADDRESS or 127.0.0.1:8265)")
+    r = sub.add_parser("report", help="statistical report of a campaign (tables, CSVs, PNGs)")
+    r.add_argument("file", help="campaign YAML")
+    r.add_argument("--metric", help="metric to compare (default: eval/pass@1 if logged, else train/correct_rate)")
+    r.add_argument("--step", type=int, help="step of the step-k table (default: latest step all trials reached)")
+    r.add_argument("--window", type=_window, action="append",
+                   help="AUC window lo-hi, repeatable (default: 0-10 and 0-15)")
+    r.add_argument("--baseline", help="condition or group the others are compared with (default: the first)")
+    r.add_argument("--out", help="output directory (default: <campaign dir>/report)")
+    r.add_argument("--wandb", action="store_true", help="also log tables and figures as a W&B report run")
+    r.set_defaults(fn=_report)
     t = sub.add_parser("trial", help="run one trial (default: the tiny local default)")
     t.add_argument("config", nargs="?", help="trial config YAML (keys of orchestrator.config.TrialConfig)")
     t.add_argument("--steps", type=int, help="override the number of steps")

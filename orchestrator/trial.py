@@ -10,11 +10,14 @@ SEPA controller, task cursor, adapter version and step.
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import ray
+import torch
 from ray import tune
 from ray.util import get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -22,9 +25,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from orchestrator import storage as store
 from orchestrator.config import ModelConfig, TrialConfig
 from orchestrator.tracking import TrialTracker
-import numpy as np
-import torch
-
 from workers.credit import SepaConfig, SepaController
 from workers.filters import rv_filter
 from workers.learner import Learner
@@ -283,6 +283,7 @@ def _one_step(cfg: TrialConfig, step: int, workers, learner, tokenizer, task, se
             raise RuntimeError(f"a rollout worker sampled with adapter {res['adapter_version']}, expected {expected}")
     groups = [g for res in results for g in res["completions"]]
     n_tokens = sum(res["num_tokens"] for res in results)
+    sampler_floor = [math.exp(lp) for g in groups for c in g for lp in c.get("action_logprobs", {}).values()]
 
     t0 = time.perf_counter()
     rewards, texts = [], []
@@ -317,6 +318,7 @@ def _one_step(cfg: TrialConfig, step: int, workers, learner, tokenizer, task, se
         "credit/sepa_lambda": lam,
         "credit/sepa_gate_open": float(sepa.gate_open),
         **(filtered.metrics if rv.enabled else {}),
+        **({"floor/sampler_min_valid_prob": min(sampler_floor)} if sampler_floor else {}),
         "time/generate_s": t_gen,
         "time/score_s": t_score,
     }

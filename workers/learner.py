@@ -29,7 +29,7 @@ from workers.objectives import (
     ppo_token_loss,
     sequence_logprobs,
 )
-from workers.probability_floor import floored_token_logprobs
+from workers.probability_floor import floor_probs, floored_token_logprobs
 
 
 def _pad(rows: list[list[Any]], fill: Any, dtype: torch.dtype) -> Tensor:
@@ -146,7 +146,7 @@ class Learner:
         self.model.train()
 
         # 1) score tokens with the current policy (no grad): log-probs, uncertainty, entropy, reference log-probs
-        lps, sigs, ents, refs = [], [], [], []
+        lps, sigs, ents, refs, action_min = [], [], [], [], []
         with torch.no_grad():
             for s in range(0, len(comps), mb):
                 args = (seqs[s:s + mb], attn[s:s + mb], comp_start[s:s + mb], t_comp, temp)
@@ -157,6 +157,10 @@ class Learner:
                 ents.append(entropy_from_logits(logits, temp, iv.entropy_bonus.chunk_size).float().cpu())
                 if use_ref:
                     refs.append(self._reference_logprobs(*args, floor).float().cpu())
+                if floor is not None:  # every valid action's probability at the action position
+                    valid = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+                    valid[floor[0]] = True
+                    action_min.append(float(floor_probs(logits[:, 0], valid, floor[1], temp)[:, floor[0]].exp().min()))
         learner_lp, signals, entropy = torch.cat(lps), torch.cat(sigs), torch.cat(ents)
         ref_lp = torch.cat(refs) if use_ref else None
         gap = (learner_lp - old_lp).abs()[mask]
@@ -259,6 +263,7 @@ class Learner:
         if floor is not None:
             first = learner_lp[:, 0][mask[:, 0]]
             metrics["floor/action_logprob_min"] = float(first.min()) if first.numel() else 0.0
+            metrics["floor/learner_min_valid_prob"] = min(action_min)
         metrics.update({f"credit/{k}": v for k, v in credit.stats.items()})
         return {"metrics": metrics, "exec_values": exec_values,
                 "uncertainty": _token_samples(signals, credit.signal_after, mask, plan_flat)}

@@ -87,7 +87,7 @@ def auc_forest(intervals: Mapping[str, Mapping[str, tuple[float, float, float]]]
 
     `intervals` maps a window label (e.g. "steps 0-10") to `{group label: (mean, ci_low, ci_high)}`."""
     windows = list(intervals)
-    fig, axes = _new_figure(4.2 * max(1, len(windows)), 0.9 + 0.45 * max(
+    fig, axes = _new_figure(max(6.0, 4.2 * len(windows)), 1.2 + 0.45 * max(
         (len(v) for v in intervals.values()), default=1), ncols=max(1, len(windows)))
     for ax, window in zip(axes, windows, strict=False):
         rows = list(intervals[window].items())
@@ -103,7 +103,7 @@ def auc_forest(intervals: Mapping[str, Mapping[str, tuple[float, float, float]]]
         ax.grid(axis="x", alpha=0.3)
         if rows:
             ax.set_ylim(-0.7, len(rows) - 0.3)
-    fig.suptitle(title or "Normalized AUC per group: mean and 95% bootstrap CI over seeds", fontsize=10)
+    fig.suptitle(title or "Normalized AUC per group\nmean and 95% bootstrap CI over seeds", fontsize=10)
     return _save(fig, path)
 
 

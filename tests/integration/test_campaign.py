@@ -149,3 +149,17 @@ def test_sigkilled_campaign_resumes_with_the_same_command(ray_local, tmp_path):
         by_step = {h["_step"]: h for f in files for h in f["history"]}
         for r in rows:
             assert by_step[r["step"]]["train/correct_rate"] == r["train/correct_rate"]
+
+    # the report reads the same storage (offline, no W&B needed) and can log itself as a W&B report run
+    report = subprocess.run([sys.executable, "-m", "orchestrator", "report", str(path), "--window", "0-10",
+                             "--wandb"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-2000:]
+    out = cdir / "report"
+    assert "C4" in report.stdout and (out / "report.md").is_file()
+    for name in ("step_table", "auc", "deltas", "power", "sepa_lambda", "mechanistic"):
+        assert (out / f"{name}.csv").is_file(), name
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert {"learning_curves.png", "auc_forest.png", "sepa_lambda.png", "uncertainty_hist_C4.png"} <= set(pngs)
+    report_runs = [read_run(f) for f in (cdir / "wandb").glob("offline-run-*/run-*.wandb")
+                   if "report" in f.name]
+    assert len(report_runs) == 1 and report_runs[0]["job_type"] == "report" and report_runs[0]["group"] == "resume"
