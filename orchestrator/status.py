@@ -59,6 +59,7 @@ def trial_rows(campaign: Campaign) -> list[dict]:
         tdir = store.trial_dir(campaign.directory, t.name)
         rows = store.read_jsonl(store.join(tdir, "metrics.jsonl"))
         starts = store.read_jsonl(store.join(tdir, "events.jsonl"))
+        starts = [e for e in starts if e.get("event") == "start"]
         steps = t.config["steps"]
         last = rows[-1] if rows else {}
         state = states.get(t.name) or ("NOT STARTED" if not starts else "UNKNOWN")
