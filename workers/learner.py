@@ -203,7 +203,7 @@ class Learner:
         scale = float(batch.get("loss_scale", 1.0))
         need_logits = iv.entropy_bonus.is_active or bool(floor_terms)
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, pg_sum, kl_sum, ent_sum, clipped = 0.0, 0.0, 0.0, 0.0, 0.0
+        pg_sum, kl_sum, ent_sum, clipped = 0.0, 0.0, 0.0, 0.0
         for s in range(0, len(comps), mb):
             lp, logits = self._logprobs(seqs[s:s + mb], attn[s:s + mb], comp_start[s:s + mb], t_comp, temp,
                                         need_logits, floor)
@@ -219,20 +219,19 @@ class Learner:
                 kl = aggregate(kl_penalty(lp, ref_lp[s:s + mb].to(self.device), iv.kl.estimator), m,
                                loss_cfg["aggregation"], **agg)
                 loss = loss + iv.kl.coef * kl
-                kl_sum += float(kl)
+                kl_sum += kl.item()
             if need_logits:
                 ent = entropy_from_logits(logits, temp, iv.entropy_bonus.chunk_size)
                 if iv.entropy_bonus.is_active:
                     h = aggregate(ent, m, loss_cfg["aggregation"], **agg)
                     loss = loss - iv.entropy_bonus.coeff * h
-                    ent_sum += float(h)
+                    ent_sum += h.item()
                 for c, (weight, _) in floor_terms.items():
                     cm = classes[c][s:s + mb].to(self.device)
                     loss = loss - weight * (ent * cm).sum()
             loss = loss * scale
             loss.backward()
-            loss_sum += float(loss)
-            pg_sum += float(pg)
+            pg_sum += pg.item()
             clipped += float((was_clipped & m).sum())
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg["optim"]["grad_clip"]))
@@ -240,7 +239,9 @@ class Learner:
         self.scheduler.step()
 
         metrics = {
-            "loss/total": loss_sum,
+            # the objective itself (the floor's gradient surrogate is not its value)
+            "loss/total": scale * (pg_sum + iv.kl.coef * kl_sum - iv.entropy_bonus.coeff * ent_sum
+                                   + floor_metrics.get("entropy/floor_penalty", 0.0)),
             "loss/policy": pg_sum,
             "train/grad_norm": grad_norm if math.isfinite(grad_norm) else float("nan"),
             "train/clip_frac": clipped / max(total_tokens, 1.0),
