@@ -24,12 +24,14 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator import storage as store
 from orchestrator.config import ModelConfig, TrialConfig
+from orchestrator.evaluation import evaluate
+from orchestrator.sampling import action_ids, sample, step_seed
 from orchestrator.tracking import TrialTracker
 from workers.credit import SepaConfig, SepaController
 from workers.filters import rv_filter
 from workers.learner import Learner
 from workers.models import build_tiny_model, load_tokenizer
-from workers.rollout import RolloutWorker, shard
+from workers.rollout import RolloutWorker
 from workers.tasks import make_task
 
 STATE_FILE, LEARNER_FILE, METRICS_FILE = "trial_state.json", "learner.pt", "metrics.jsonl"
@@ -53,8 +55,6 @@ def _engine_dtype(dtype: str) -> str:
     """'auto' is decided where the engine runs: bf16 on a real GPU, fp32 on CPU (logical GPUs included)."""
     if dtype != "auto":
         return dtype
-    import torch
-
     return "bfloat16" if torch.cuda.is_available() else "float32"
 
 
@@ -84,11 +84,6 @@ def sepa_settings(cfg: TrialConfig) -> SepaConfig:
     return c.sepa if (c.sepa is not None and uses) else SepaConfig(steps=0)
 
 
-def step_seed(seed: int, step: int, shard_idx: int) -> int:
-    """Sampling seed of one shard at one step: a pure function of (seed, step, shard), so resumes replay."""
-    return (seed * 1_000_003 + step * 9_973 + shard_idx * 101) % (2**31 - 1)
-
-
 def _placement(pg, bundle: int) -> dict:
     if pg is None:
         return {}
@@ -112,7 +107,7 @@ def _placement_record(pg, workers, learner) -> dict:
     ctx = ray.get_runtime_context()
     return {
         "placement_group": pg.id.hex() if pg is not None else None,
-        "driver": {"placement_group": ctx.get_placement_group_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]},
+        "driver": _where(),
         "workers": ray.get([w.placement.remote() for w in workers]),
         "learner": ray.get(learner.placement.remote()),
         "node_id": ctx.get_node_id(),
@@ -203,61 +198,6 @@ def run_trial(config: dict) -> None:
     store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "end", "step": cfg.steps - 1, "time": time.time()})
 
 
-def action_ids(cfg: TrialConfig, task, tokenizer) -> list[int] | None:
-    """Token ids of the task's action set when the probability floor is on (None: no floor anywhere)."""
-    if not (cfg.interventions.probability_floor.is_active and task.action_tokens):
-        return None
-    ids = tokenizer.convert_tokens_to_ids(list(task.action_tokens))
-    if any(i is None or i == tokenizer.unk_token_id for i in ids):
-        raise ValueError(f"action tokens {task.action_tokens} are not single tokens of the model's vocabulary")
-    return list(ids)
-
-
-def _sample(cfg: TrialConfig, workers, prompt_ids: list[list[int]], *, n: int, temperature: float, seeds: list[int],
-            tokenizer, actions: list[int] | None) -> list[dict]:
-    """Shard prompts over the workers and sample; one result dict per non-empty shard."""
-    parts = shard(list(range(len(prompt_ids))), len(workers))
-    floor = {"action_token_ids": actions, "action_min_prob": cfg.interventions.probability_floor.min_prob} \
-        if actions else {}
-    futures = [
-        w.generate.remote([prompt_ids[i] for i in idx], n=n, temperature=temperature, top_p=cfg.rollout.top_p,
-                          max_tokens=cfg.rollout.max_tokens, seed=seeds[j],
-                          stop_token_ids=[tokenizer.eos_token_id], **floor)
-        for j, (w, idx) in enumerate(zip(workers, parts, strict=True)) if idx
-    ]
-    return ray.get(futures)
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c correct: 1 - C(n - c, k) / C(n, k)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
-
-
-def evaluate(cfg: TrialConfig, step: int, workers, tokenizer, task, actions) -> dict:
-    """Held-out pass@1 / pass@k of the current policy. Own sampling seeds and no task cursor: training's data
-    order and randomness are untouched, so resumes stay equivalent."""
-    ev = cfg.eval
-    problems = task.heldout(ev.problems)
-    if not problems:
-        return {}
-    t0 = time.perf_counter()
-    prompt_ids = [tokenizer(p.prompt)["input_ids"] for p in problems]
-    seeds = [step_seed(cfg.seed + 104_729, step, j) for j in range(len(workers))]
-    results = _sample(cfg, workers, prompt_ids, n=ev.n, temperature=ev.temperature, seeds=seeds,
-                      tokenizer=tokenizer, actions=actions)
-    groups = [g for res in results for g in res["completions"]]
-    p1, pk = [], []
-    for prob, group in zip(problems, groups, strict=True):
-        texts = [tokenizer.decode(c["token_ids"], skip_special_tokens=True) for c in group]
-        correct = sum(r > 0.5 for r in task.score([prob] * len(group), texts).rewards)
-        p1.append(correct / len(group))
-        pk.append(pass_at_k(len(group), correct, ev.k))
-    return {"eval/pass@1": float(np.mean(p1)), "eval/pass@k": float(np.mean(pk)), "eval/k": ev.k,
-            "eval/problems": len(problems), "time/eval_s": time.perf_counter() - t0}
-
-
 def write_uncertainty(out_dir: str, step: int, samples: dict[str, list[float]]) -> None:
     """Per-token uncertainty before/after the token stages (the report's mechanistic histogram)."""
     import io
@@ -273,7 +213,7 @@ def _one_step(cfg: TrialConfig, step: int, workers, learner, tokenizer, task, se
     problems = task.next_batch(ro.prompts_per_step)
     prompt_ids = [tokenizer(p.prompt)["input_ids"] for p in problems]
     t0 = time.perf_counter()
-    results = _sample(cfg, workers, prompt_ids, n=ro.n, temperature=ro.temperature,
+    results = sample(cfg, workers, prompt_ids, n=ro.n, temperature=ro.temperature,
                       seeds=[step_seed(cfg.seed, step, j) for j in range(len(workers))], tokenizer=tokenizer,
                       actions=actions)
     t_gen = time.perf_counter() - t0
