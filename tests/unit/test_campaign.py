@@ -49,8 +49,20 @@ def test_shipped_campaigns_expand(file, conditions, seeds, steps):
             assert cfg.model.name == "tiny" and cfg.task.name == "arithmetic"
 
 
+def test_interventions_sweep_crosses_three_settings():
+    c = load_campaign(ROOT / "campaigns" / "sweeps" / "demo_interventions.yaml")
+    assert len(c.trials) == 8 and len({t.name for t in c.trials}) == 8
+    seen = set()
+    for t in c.trials:
+        cfg = TrialConfig.model_validate(t.config)
+        iv = cfg.interventions
+        seen.add((iv.entropy_bonus.coeff, iv.kl.coef, iv.rv_filter.value))
+        assert iv.kl.measure and iv.rv_filter.enabled and cfg.model.name == "tiny"
+    assert seen == {(e, k, v) for e in (0.0, 0.01) for k in (0.0, 0.1) for v in (1.0, 0.5)}
+
+
 def test_campaign_files_are_executable_entrypoints():
-    for f in (ROOT / "campaigns").glob("*.yaml"):
+    for f in (ROOT / "campaigns").rglob("*.yaml"):
         assert f.read_text().startswith("#!/usr/bin/env -S python -m orchestrator run\n"), f
         assert f.stat().st_mode & 0o111, f"{f} lacks the run bit"
 
@@ -146,3 +158,63 @@ def test_malformed_campaign_exit_code_from_the_real_cli():
                           text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _fake_cluster(monkeypatch, cpus: float, gpus: float, nodes: int) -> None:
+    import orchestrator.launch as launch
+
+    monkeypatch.setattr(launch.ray, "cluster_resources", lambda: {"CPU": cpus, **({"GPU": gpus} if gpus else {})})
+    monkeypatch.setattr(launch.ray, "nodes", lambda: [{"Alive": True}] * nodes)
+    monkeypatch.delenv("RAY_JOB_SUBMISSION_ID", raising=False)
+
+
+def _small_campaign(tmp_path, **kw):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"name": "c", "seeds": [0], "conditions": {"A": {}},
+                                    "storage": str(tmp_path / "s"), **kw}))
+    return load_campaign(path)
+
+
+def test_cluster_checks_refuse_impossible_asks(tmp_path, monkeypatch):
+    from orchestrator.errors import UserError
+    from orchestrator.launch import check_cluster
+
+    gpu = _small_campaign(tmp_path, resources={"rollout_workers": 1, "worker_gpus": 1, "learner_gpus": 1})
+    _fake_cluster(monkeypatch, cpus=16, gpus=0, nodes=1)
+    with pytest.raises(UserError, match=r"c.yaml: resources: trial A_s0 asks for 2 GPUs but the cluster has none"):
+        check_cluster(gpu)
+    _fake_cluster(monkeypatch, cpus=16, gpus=8, nodes=1)
+    check_cluster(gpu)  # fits
+    _fake_cluster(monkeypatch, cpus=2, gpus=8, nodes=1)
+    with pytest.raises(UserError, match=r"asks for 2.5 CPUs; the cluster has 2"):
+        check_cluster(gpu)
+    _fake_cluster(monkeypatch, cpus=64, gpus=8, nodes=3)
+    with pytest.raises(UserError, match=r"storage: .* node-local path on a 3-node cluster"):
+        check_cluster(gpu)
+    check_cluster(_small_campaign(tmp_path, storage_shared=True,
+                                  resources={"rollout_workers": 1, "worker_gpus": 1, "learner_gpus": 1}))
+
+
+def test_logged_wandb_config_has_labels_on_top_and_no_secrets(tmp_path, monkeypatch):
+    from orchestrator.tracking import logged_config
+
+    monkeypatch.setenv("WANDB_API_KEY", "secret-key-value")
+    c = _small_campaign(tmp_path, sweep={"interventions.kl.coef": [0.1]},
+                        wandb={"mode": "online", "api_key_file": "/keys/wandb"})
+    cfg = TrialConfig.model_validate(c.trials[0].config)
+    logged = logged_config(cfg)
+    assert (logged["condition"], logged["seed"], logged["interventions.kl.coef"]) == ("A", 0, 0.1)
+    assert logged["interventions"]["kl"]["coef"] == 0.1 and logged["wandb"]["group"] == "c"
+    text = str(logged)
+    assert "secret-key-value" not in text and "/keys/wandb" not in text and "api_key" not in text
+
+
+def test_resumed_campaign_must_match_its_first_expansion(tmp_path):
+    from orchestrator.errors import UserError
+    from orchestrator.launch import check_same_campaign, write_campaign_file
+
+    first = _small_campaign(tmp_path)
+    write_campaign_file(first)
+    check_same_campaign(_small_campaign(tmp_path, wandb={"mode": "disabled"}))  # W&B settings may change
+    with pytest.raises(UserError, match=r"was started with different trials \(A_s0 differ\)"):
+        check_same_campaign(_small_campaign(tmp_path, base={"steps": 3}))
