@@ -9,6 +9,7 @@ files (a SIGKILLed attempt loses whatever the SDK still buffered), or the server
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ class TrialTracker:
 
     def __init__(self, cfg: TrialConfig):
         self.run = None
+        self._offline: tuple[Path, str] | None = None
         self.logged_through = -1
         w = cfg.wandb
         if w.mode == "disabled":
@@ -51,7 +53,8 @@ class TrialTracker:
         key = _api_key(cfg) if w.mode == "online" else None
         root = Path(store.expand(w.dir or "~/orchestrator-wandb")).resolve()
         root.mkdir(parents=True, exist_ok=True)
-        if w.mode == "offline" and w.run_id:
+        self._offline = (root, w.run_id) if w.mode == "offline" and w.run_id else None
+        if self._offline:
             self.logged_through = last_step(offline_files(root, w.run_id))
         settings = wandb.Settings(api_key=key) if key else None
         self.run = wandb.init(
@@ -70,7 +73,24 @@ class TrialTracker:
         if self.run is not None:
             self.run.log({k: v for k, v in row.items() if k != "step"}, step=step)
 
-    def finish(self) -> None:
-        if self.run is not None:
-            self.run.finish()
-            self.run = None
+    def finish(self, timeout_s: float = 60.0) -> None:
+        """Finish the run and make its data durable before the trial function returns.
+
+        The SDK writes through a service process that lives as long as the trial's worker process, and Tune may
+        reuse or end that process right after the function returns: `teardown` waits for the service to flush
+        and exit, and offline we also check that the file holds the last step."""
+        if self.run is None:
+            return
+        import wandb
+
+        self.run.finish()
+        self.run = None
+        wandb.teardown()
+        if self._offline:
+            deadline = time.monotonic() + timeout_s
+            while last_step(offline_files(*self._offline)) < self.logged_through:
+                if time.monotonic() > deadline:
+                    print(f"warning: W&B offline run {self._offline[1]} lacks steps after "
+                          f"{last_step(offline_files(*self._offline))}", flush=True)
+                    return
+                time.sleep(0.2)
