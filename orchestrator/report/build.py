@@ -146,6 +146,10 @@ class _Group:
         return ", ".join(f"{k}={_fmt_value(v)}" for k, v in self.sweep.items())
 
 
+def _short_key(key: str) -> str:
+    return ".".join(key.split(".")[-2:])
+
+
 def _fmt_value(v: Any) -> str:
     return json.dumps(v) if isinstance(v, (list, dict)) else str(v)
 
@@ -207,7 +211,8 @@ def _load(campaign_dir: Path) -> tuple[dict[str, Any], list[_Group], list[TrialI
         if key not in groups:
             label = cond
             if any_sweep and sweep:
-                label = f"{cond} [{', '.join(f'{k}={_fmt_value(v)}' for k, v in sweep.items())}]"
+                # the last two key segments keep labels short (the full paths are in the `sweep` column)
+                label = f"{cond} [{', '.join(f'{_short_key(k)}={_fmt_value(v)}' for k, v in sweep.items())}]"
             groups[key] = _Group(label, cond, sweep, _uses_sepa(config))
         run = _Run(str(t["name"]), cond, int(t.get("seed", 0)), sweep, config, groups[key].label)
         groups[key].runs.append(run)

@@ -198,8 +198,8 @@ def test_eval_metric_default_step_and_sweep_groups(tmp_path):
     rep = build_report(camp, figures=False)
     assert rep.metric == "eval/pass@1"
     assert rep.step == 10  # every started trial reached step 13; the latest eval step <= 13 common to all is 10
-    assert rep.groups == ["C1 [learner.loss.entropy_coeff=0.0]", "C1 [learner.loss.entropy_coeff=0.01]",
-                          "C2 [learner.loss.entropy_coeff=0.0]", "C2 [learner.loss.entropy_coeff=0.01]"]
+    assert rep.groups == ["C1 [loss.entropy_coeff=0.0]", "C1 [loss.entropy_coeff=0.01]",
+                          "C2 [loss.entropy_coeff=0.0]", "C2 [loss.entropy_coeff=0.01]"]
     assert rep.baseline == rep.groups[0]
     st = rep.tables["step_table"]
     assert (st.n_seeds == 4).all() and (st.step == 10).all()
@@ -208,7 +208,7 @@ def test_eval_metric_default_step_and_sweep_groups(tmp_path):
     assert auc.query("hi == 15").n_seeds.tolist() == [4, 4, 4, 3]
     assert len(rep.tables["deltas"]) == 3 * 3  # 3 groups x (step, AUC 0-10, AUC 0-15)
     rep2 = build_report(camp, metric="train/correct_rate", baseline="C2", step=7, figures=False)
-    assert rep2.step == 7 and rep2.baseline == "C2 [learner.loss.entropy_coeff=0.0]"
+    assert rep2.step == 7 and rep2.baseline == "C2 [loss.entropy_coeff=0.0]"
     assert (rep2.tables["step_table"].step == 7).all()
     with pytest.raises(ValueError, match="baseline"):
         build_report(camp, baseline="C9", figures=False)
