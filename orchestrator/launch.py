@@ -185,9 +185,16 @@ def run_campaign(campaign: Campaign) -> int:
 def run_single_trial(cfg: TrialConfig, storage: Path, max_failures: int = 0):
     """Run one trial to completion as a one-trial experiment; returns the Tune Result (None if it errored)."""
     storage.mkdir(parents=True, exist_ok=True)
-    ensure_ray(sum(b.get("CPU", 0) for b in bundles(cfg)))
     if cfg.output_dir is None:
         cfg = cfg.model_copy(update={"output_dir": str(storage / cfg.name / "trial")})
+    saved = storage / cfg.name / "trial_config.json"
+    now = cfg.model_dump(mode="json")
+    if saved.is_file() and _stable(json.loads(saved.read_text())) != _stable(now):
+        raise UserError(f"trial '{cfg.name}' in {storage / cfg.name} was started with a different config; "
+                        "use another name or --storage for a new trial, or restore the config to resume it")
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(now, indent=1))
+    ensure_ray(sum(b.get("CPU", 0) for b in bundles(cfg)))
     tuner = _tuner(cfg.name, str(storage), {cfg.name: cfg.model_dump(mode="json")}, max_concurrent=None,
                    max_failures=max_failures, keep=cfg.checkpoint.keep)
     result = tuner.fit()[0]

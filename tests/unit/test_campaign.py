@@ -218,3 +218,16 @@ def test_resumed_campaign_must_match_its_first_expansion(tmp_path):
     check_same_campaign(_small_campaign(tmp_path, wandb={"mode": "disabled"}))  # W&B settings may change
     with pytest.raises(UserError, match=r"was started with different trials \(A_s0 differ\)"):
         check_same_campaign(_small_campaign(tmp_path, base={"steps": 3}))
+
+
+def test_lone_trial_with_a_changed_config_is_refused_before_ray_starts(tmp_path):
+    import ray
+
+    from orchestrator.errors import UserError
+    from orchestrator.launch import run_single_trial
+
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local" / "trial_config.json").write_text(TrialConfig(steps=3).model_dump_json())
+    with pytest.raises(UserError, match=r"trial 'local' in .* was started with a different config"):
+        run_single_trial(TrialConfig(steps=4), tmp_path)
+    assert not ray.is_initialized()
