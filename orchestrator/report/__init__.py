@@ -1,4 +1,5 @@
-"""Campaign reports: statistics (`stats`), figures (`figures`) and the report builder (`build`)."""
+"""Campaign reports: the report builder (`build`), which reads a campaign (`load`), computes its tables
+(`tables`) and renders them as text (`render`), with statistics (`stats`) and figures (`figures`)."""
 
 from orchestrator.report.build import Report, TrialIssue, build_report
 

@@ -1,0 +1,195 @@
+"""Rendering the report's tables as text: the `report.md` markdown and the short terminal headline."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from orchestrator.report.load import TrialIssue, _Group
+from orchestrator.report.tables import ALPHA, CSV_FILES, POWER_TARGET, _window_label
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "group"
+
+
+class _Fmt:
+    """Value formatting: metrics that are rates (all values in [0, 1]) print as percentages / pp."""
+
+    def __init__(self, values: np.ndarray):
+        v = values[np.isfinite(values)]
+        self.pct = bool(v.size) and bool(np.all((v >= 0.0) & (v <= 1.0)))
+
+    def value(self, x: float) -> str:
+        if not math.isfinite(x):
+            return "n/a"
+        return f"{100 * x:.1f}%" if self.pct else f"{x:.4g}"
+
+    def delta(self, x: float) -> str:
+        if not math.isfinite(x):
+            return "n/a"
+        return f"{100 * x:+.2f}pp" if self.pct else f"{x:+.4g}"
+
+    def interval(self, lo: float, hi: float) -> str:
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return "[n/a]"
+        if self.pct:
+            return f"[{100 * lo:.1f}, {100 * hi:.1f}]"
+        return f"[{lo:.4g}, {hi:.4g}]"
+
+    def delta_interval(self, lo: float, hi: float) -> str:
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return "[n/a]"
+        if self.pct:
+            return f"[{100 * lo:+.2f}, {100 * hi:+.2f}]"
+        return f"[{lo:+.4g}, {hi:+.4g}]"
+
+
+def _num(x: Any, digits: int = 3) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, (int, np.integer)):
+        return str(int(x))
+    x = float(x)
+    if math.isnan(x):
+        return "n/a"
+    if math.isinf(x):
+        return "inf"
+    if x == int(x) and abs(x) < 1e15:
+        return f"{int(x):,}"
+    return f"{x:.{digits}g}"
+
+
+def _pval(p: float) -> str:
+    return "n/a" if not math.isfinite(p) else (f"{p:.3f}" if p >= 0.001 else f"{p:.1e}")
+
+
+def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    def esc(s: str) -> str:
+        return str(s).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(map(esc, headers)) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(map(esc, r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h))
+              for i, h in enumerate(headers)]
+    line = "  ".join(str(h).ljust(w) for h, w in zip(headers, widths, strict=True))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(out)
+
+
+def _summary_rows(tables: dict[str, pd.DataFrame], fmt: _Fmt, windows: list[tuple[int, int]]):
+    step_rows = [[r.group, str(r.n_seeds), fmt.value(r["mean"]), fmt.value(r["std"])]
+                 for _, r in tables["step_table"].iterrows()]
+    auc = tables["auc"]
+    auc_headers = ["Group"] + [f"Steps {lo}-{hi}" for lo, hi in windows]
+    auc_rows = []
+    for label in tables["step_table"]["group"]:
+        cells = [label]
+        for lo, hi in windows:
+            sel = auc[(auc.group == label) & (auc.lo == lo) & (auc.hi == hi)]
+            if not len(sel) or not sel.iloc[0].n_seeds:
+                cells.append("n/a")
+                continue
+            r = sel.iloc[0]
+            cells.append(f"{fmt.value(r['mean'])} {fmt.interval(r.ci_low, r.ci_high)} (n={r.n_seeds})")
+        auc_rows.append(cells)
+    delta_rows = [[r.group, r.measure, str(r.n_pairs), fmt.delta(r.delta),
+                   fmt.delta_interval(r.ci_low, r.ci_high) + (" *" if r.ci_excludes_zero else ""),
+                   _pval(r.p_value), _pval(r.p_holm)] for _, r in tables["deltas"].iterrows()]
+    return step_rows, (auc_headers, auc_rows), delta_rows
+
+
+STEP_HEADERS = ["Group", "Seeds", "Mean", "Std"]
+DELTA_HEADERS = ["Group", "Measure", "Pairs", "Delta", "95% CI", "p", "p (Holm)"]
+
+
+def _render(meta: dict, metric: str, k: int | None, baseline: _Group | None, tables: dict[str, pd.DataFrame],
+            issues: list[TrialIssue], windows: list[tuple[int, int]], skipped: list[tuple[int, int]],
+            figures: list[Path], out_dir: Path, notes: list[str], n_trials: int,
+            n_started: int) -> tuple[str, str]:
+    metric_values = np.concatenate([tables["step_table"]["mean"].to_numpy(float),
+                                    tables["auc"]["mean"].to_numpy(float)])
+    fmt = _Fmt(metric_values)
+    step_rows, (auc_headers, auc_rows), delta_rows = _summary_rows(tables, fmt, windows)
+    name = meta.get("name", "campaign")
+    where = f"step {k}" if k is not None else "no step (no trial has data yet)"
+    md = [f"# Campaign report: {name}", ""]
+    if meta.get("campaign_id"):
+        md.append(f"Campaign id: `{meta['campaign_id']}`  ")
+    md += [f"Metric: `{metric}`. Step-k table taken at **{where}**. Trials: {n_trials} in the campaign, "
+           f"{n_started} with data, {len(issues)} missing or short."]
+    md += ["", "## Missing or short trials", ""]
+    md += [f"- `{i.name}`: {i.reason}" for i in issues] or ["None: every trial has all its planned steps."]
+    md += ["", f"## Step-{k if k is not None else 'k'} table", "",
+           "Mean and standard deviation (ddof=1) across seeds of each group.", "",
+           _md_table(STEP_HEADERS, step_rows)]
+    md += ["", "## Area under the learning curve", "",
+           "Normalized trapezoidal AUC per run (mean metric over the window), group mean with a 95% percentile "
+           "bootstrap CI over seeds.", ""]
+    md += [_md_table(auc_headers, auc_rows)] if windows else ["No window is reached by any run."]
+    if skipped:
+        md += ["", "Skipped windows (no run reaches both ends): "
+               + ", ".join(f"steps {lo}-{hi}" for lo, hi in skipped) + "."]
+    md += ["", f"## Paired deltas against the baseline `{baseline.label if baseline else 'n/a'}`", "",
+           "Paired by seed (only seeds both groups have). `*`: the 95% bootstrap CI excludes zero (needs at "
+           "least two pairs). p: paired t-test; Holm-adjusted over all comparisons in this table.", ""]
+    md += [_md_table(DELTA_HEADERS, delta_rows)] if delta_rows else ["No comparison (a single group)."]
+    power_rows = [[r.group, r.measure, str(r.n_pairs), fmt.delta(r.effect), fmt.delta(r.sd_diff).lstrip("+"),
+                   _num(r.seeds_per_arm), _num(r.generations_per_arm), _num(r.current_generations_per_arm),
+                   fmt.delta(r.mde_at_current_seeds).lstrip("+")] for _, r in tables["power"].iterrows()]
+    md += ["", "## Power analysis", "",
+           f"Paired two-sided t-test, alpha {ALPHA}, power {POWER_TARGET:.0%}, exact noncentral t. Seeds per "
+           "arm for the observed effect and sd of paired differences; generations per arm = seeds x steps "
+           "(step + 1 for a step value, hi + 1 for an AUC window) x problems x rollouts per step; MDE: the "
+           "minimum detectable effect at the current number of pairs.", ""]
+    md += [_md_table(["Group", "Measure", "Pairs", "Effect", "SD diff", "Seeds/arm", "Generations/arm",
+                      "Current generations/arm", "MDE now"], power_rows)] if power_rows else ["No comparison."]
+    md += ["", "## SEPA", ""]
+    lam = tables["sepa_lambda_max"]
+    if len(lam):
+        md += [_md_table(["Group", "Runs", "Max lambda", "At step", "Last step"],
+                         [[r.group, str(r.n_runs), f"{r.max_lambda:.4g}", str(r.at_step), str(r.last_step)]
+                          for _, r in lam.iterrows()])]
+    else:
+        md += ["No SEPA group with a logged lambda."]
+    md += ["", "## Mechanistic diagnostic", ""]
+    mech = tables["mechanistic"]
+    if len(mech):
+        md += ["Variance of the per-token uncertainty before vs after the token stages, execution vs planning "
+               "tokens (metrics: per-run mean over steps of the batch variances, then mean over runs; tokens: "
+               "population variance of the pooled npz samples). N: step rows (metrics) or tokens (npz).", "",
+               _md_table(["Group", "Source", "Kind", "Token class", "N", "Var before", "Var after", "Reduction"],
+                         [[r.group, r.source, r.kind, r.token_class, _num(r.n), _num(r.var_before, 4),
+                           _num(r.var_after, 4),
+                           "n/a" if not math.isfinite(r.variance_reduction_pct)
+                           else f"{r.variance_reduction_pct:.1f}%"] for _, r in mech.iterrows()])]
+    else:
+        md += ["No SEPA group with uncertainty diagnostics."]
+    if notes:
+        md += ["", "Notes:", *[f"- {n}" for n in notes]]
+    md += ["", "## Figures", ""]
+    md += [f"![{p.stem}]({p.relative_to(out_dir) if p.is_relative_to(out_dir) else p})" for p in figures] or ["None."]
+    md += ["", "Tables: " + ", ".join(f"`{t}.csv`" for t in CSV_FILES) + "."]
+
+    head = [f"{name}: {metric} at {where}" + (f"; baseline {baseline.label}" if baseline else "")]
+    if issues:
+        head.append(f"missing/short ({len(issues)}): " + "; ".join(map(str, issues)))
+    head += ["", _text_table(STEP_HEADERS, step_rows)]
+    if windows:
+        head += ["", _text_table(auc_headers, auc_rows)]
+    if skipped:
+        head.append("skipped windows: " + ", ".join(_window_label(w) for w in skipped))
+    if delta_rows:
+        head += ["", _text_table(DELTA_HEADERS, delta_rows)]
+    return "\n".join(md) + "\n", "\n".join(head)

@@ -1,0 +1,254 @@
+"""The report's tables, computed from the loaded runs: the step-k table, the AUC tables, the paired comparisons
+against the baseline with their power analysis, the SEPA lambda tables and the mechanistic diagnostic; also the
+metric keys, statistics settings and CSV columns they use.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from orchestrator.report import stats
+from orchestrator.report.load import _Group, _load_tokens, _Run
+
+TRAIN_METRIC, EVAL_METRIC = "train/correct_rate", "eval/pass@1"
+LAMBDA_KEY = "credit/sepa_lambda"
+UNCERTAINTY_KINDS = ("surprisal", "entropy", "varentropy")
+TOKEN_CLASSES = (("execution", "exec"), ("planning", "plan"))
+CONFIDENCE, N_RESAMPLES, BOOT_SEED = 0.95, 10_000, 0
+POWER_TARGET, ALPHA = 0.8, 0.05
+
+COLUMNS: dict[str, list[str]] = {
+    "step_table": ["group", "condition", "sweep", "metric", "step", "n_seeds", "mean", "std", "min", "max"],
+    "auc": ["group", "condition", "sweep", "metric", "window", "lo", "hi", "n_seeds", "mean", "ci_low",
+            "ci_high", "std"],
+    "auc_runs": ["trial", "group", "seed", "window", "lo", "hi", "auc"],
+    "deltas": ["group", "baseline", "measure", "n_pairs", "seeds", "delta", "ci_low", "ci_high",
+               "ci_excludes_zero", "mark", "p_value", "p_holm"],
+    "power": ["group", "baseline", "measure", "n_pairs", "effect", "sd_diff", "effect_size_dz", "alpha",
+              "power", "seeds_per_arm", "steps", "generations_per_step", "generations_per_arm",
+              "current_generations_per_arm", "mde_at_current_seeds"],
+    "sepa_lambda": ["group", "step", "n_runs", "lambda_mean", "lambda_min", "lambda_max"],
+    "sepa_lambda_max": ["group", "n_runs", "max_lambda", "at_step", "last_step"],
+    "mechanistic": ["group", "source", "kind", "token_class", "n", "mean_before", "mean_after", "var_before",
+                    "var_after", "variance_reduction_pct"],
+}
+CSV_FILES = ("step_table", "auc", "auc_runs", "deltas", "power", "sepa_lambda", "sepa_lambda_max", "mechanistic")
+
+
+def _default_metric(groups: Sequence[_Group]) -> str:
+    for g in groups:
+        for r in g.runs:
+            if r.series(EVAL_METRIC)[0].size:
+                return EVAL_METRIC
+    return TRAIN_METRIC
+
+
+def _is_sparse(runs: Sequence[_Run], metric: str) -> bool:
+    """Whether the metric is logged on only some steps (an eval metric)."""
+    if metric.startswith("eval/"):
+        return True
+    return any(r.started and r.series(metric)[0].size < r.n_rows for r in runs)
+
+
+def _choose_step(runs: Sequence[_Run], metric: str, step: int | None) -> int | None:
+    """The step of the step-k table. Default k: the latest step every started trial reached. For a sparse
+    (eval) metric absent at exactly k in some run, the latest step <= k present in the most runs (= common to
+    all runs when such a step exists)."""
+    started = [r for r in runs if r.started]
+    if not started:
+        return None
+    k = min(r.last_step for r in started) if step is None else int(step)
+    with_metric = [r for r in started if r.series(metric)[0].size]
+    if not with_metric or not _is_sparse(started, metric):
+        return k
+    if all(k in set(r.series(metric)[0].astype(int)) for r in with_metric):
+        return k
+    counts: dict[int, int] = {}
+    for r in with_metric:
+        for s in set(r.series(metric)[0].astype(int)):
+            if s <= k:
+                counts[s] = counts.get(s, 0) + 1
+    if not counts:
+        return k
+    return max(counts, key=lambda s: (counts[s], s))
+
+
+def _sd(x: np.ndarray) -> float:
+    return float(np.std(x, ddof=1)) if x.size >= 2 else math.nan
+
+
+def _step_table(groups: Sequence[_Group], metric: str, k: int | None) -> tuple[pd.DataFrame, dict]:
+    rows, per_seed = [], {}
+    for g in groups:
+        vals = {r.seed: r.value_at(metric, k) for r in g.runs if r.started and k is not None}
+        vals = {s: v for s, v in vals.items() if math.isfinite(v)}
+        per_seed[g.label] = vals
+        x = np.array(list(vals.values()), dtype=float)
+        rows.append({"group": g.label, "condition": g.condition, "sweep": g.sweep_text, "metric": metric,
+                     "step": k, "n_seeds": int(x.size), "mean": float(np.mean(x)) if x.size else math.nan,
+                     "std": _sd(x), "min": float(np.min(x)) if x.size else math.nan,
+                     "max": float(np.max(x)) if x.size else math.nan})
+    return pd.DataFrame(rows, columns=COLUMNS["step_table"]), per_seed
+
+
+def _window_label(w: tuple[int, int]) -> str:
+    return f"{w[0]}-{w[1]}"
+
+
+def _auc_tables(groups: Sequence[_Group], metric: str, windows: Sequence[tuple[int, int]]):
+    run_rows, group_rows, per_seed, skipped, reached = [], [], {}, [], []
+    for w in windows:
+        lo, hi = int(w[0]), int(w[1])
+        values = {}
+        for g in groups:
+            values[g.label] = {}
+            for r in g.runs:
+                if not r.started:
+                    continue
+                s, v = r.series(metric)
+                auc = stats.normalized_auc(s, v, (lo, hi)) if s.size else math.nan
+                if math.isfinite(auc):
+                    values[g.label][r.seed] = auc
+                    run_rows.append({"trial": r.name, "group": g.label, "seed": r.seed,
+                                     "window": _window_label((lo, hi)), "lo": lo, "hi": hi, "auc": auc})
+        if not any(values[g.label] for g in groups):
+            skipped.append((lo, hi))
+            continue
+        reached.append((lo, hi))
+        per_seed[(lo, hi)] = values
+        for g in groups:
+            x = np.array(list(values[g.label].values()), dtype=float)
+            ci = stats.bootstrap_ci(x, confidence=CONFIDENCE, n_resamples=N_RESAMPLES, seed=BOOT_SEED)
+            group_rows.append({"group": g.label, "condition": g.condition, "sweep": g.sweep_text,
+                               "metric": metric, "window": _window_label((lo, hi)), "lo": lo, "hi": hi,
+                               "n_seeds": int(x.size), "mean": float(np.mean(x)) if x.size else math.nan,
+                               "ci_low": ci[0], "ci_high": ci[1], "std": _sd(x)})
+    return (pd.DataFrame(group_rows, columns=COLUMNS["auc"]), pd.DataFrame(run_rows, columns=COLUMNS["auc_runs"]),
+            per_seed, reached, skipped)
+
+
+def _comparisons(groups: Sequence[_Group], base: _Group, measures: list[tuple[str, int, dict]]):
+    """Deltas and power rows for every non-baseline group and measure. `measures`: (name, steps consumed to
+    reach the measure, {group label: {seed: value}})."""
+    delta_rows, power_rows = [], []
+    for g in groups:
+        if g is base:
+            continue
+        gps = next((r.generations_per_step for r in g.runs if math.isfinite(r.generations_per_step)), math.nan)
+        for name, steps_used, values in measures:
+            b, o = values.get(base.label, {}), values.get(g.label, {})
+            seeds = sorted(set(b) & set(o))
+            cmp = stats.paired_comparison([b[s] for s in seeds], [o[s] for s in seeds], confidence=CONFIDENCE,
+                                          n_resamples=N_RESAMPLES, seed=BOOT_SEED)
+            delta_rows.append({"group": g.label, "baseline": base.label, "measure": name, "n_pairs": cmp.n,
+                               "seeds": " ".join(map(str, seeds)), "delta": cmp.delta, "ci_low": cmp.ci_low,
+                               "ci_high": cmp.ci_high, "ci_excludes_zero": cmp.excludes_zero,
+                               "mark": "*" if cmp.excludes_zero else "", "p_value": cmp.p_value,
+                               "p_holm": math.nan})
+            n_arm = stats.seeds_for_power(cmp.delta, cmp.sd_diff, ALPHA, POWER_TARGET) if cmp.n >= 2 else math.nan
+            dz = abs(cmp.delta) / cmp.sd_diff if cmp.n >= 2 and cmp.sd_diff > 0 else math.nan
+            power_rows.append({
+                "group": g.label, "baseline": base.label, "measure": name, "n_pairs": cmp.n,
+                "effect": cmp.delta, "sd_diff": cmp.sd_diff, "effect_size_dz": dz, "alpha": ALPHA,
+                "power": POWER_TARGET, "seeds_per_arm": n_arm, "steps": steps_used, "generations_per_step": gps,
+                "generations_per_arm": stats.generations_per_arm(n_arm, steps_used, gps, 1.0),
+                "current_generations_per_arm": stats.generations_per_arm(cmp.n, steps_used, gps, 1.0),
+                "mde_at_current_seeds": stats.minimum_detectable_effect(cmp.n, cmp.sd_diff, ALPHA, POWER_TARGET)
+                if cmp.n >= 2 else math.nan,
+            })
+    deltas = pd.DataFrame(delta_rows, columns=COLUMNS["deltas"])
+    if len(deltas):
+        deltas["p_holm"] = stats.holm(deltas["p_value"].to_numpy(dtype=float))
+    return deltas, pd.DataFrame(power_rows, columns=COLUMNS["power"])
+
+
+def _sepa_tables(groups: Sequence[_Group]) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    rows, max_rows, curves = [], [], {}
+    for g in groups:
+        if not g.uses_sepa:
+            continue
+        runs = [r.series(LAMBDA_KEY) for r in g.runs if r.started]
+        runs = [(s, v) for s, v in runs if s.size]
+        if not runs:
+            continue
+        curves[g.label] = runs
+        steps = np.concatenate([s for s, _ in runs])
+        vals = np.concatenate([v for _, v in runs])
+        for s in np.unique(steps):
+            v = vals[steps == s]
+            rows.append({"group": g.label, "step": int(s), "n_runs": int(v.size), "lambda_mean": float(v.mean()),
+                         "lambda_min": float(v.min()), "lambda_max": float(v.max())})
+        i = int(np.argmax(vals))
+        max_rows.append({"group": g.label, "n_runs": len(runs), "max_lambda": float(vals[i]),
+                         "at_step": int(steps[vals == vals[i]].min()), "last_step": int(steps.max())})
+    return (pd.DataFrame(rows, columns=COLUMNS["sepa_lambda"]),
+            pd.DataFrame(max_rows, columns=COLUMNS["sepa_lambda_max"]), curves)
+
+
+def _detect_kind(group: _Group) -> str | None:
+    """The uncertainty kind of a group's `credit/exec_<kind>_var` metrics (config's kind preferred)."""
+    cols = set()
+    for r in group.runs:
+        if r.started:
+            cols.update(r.data)
+    preferred = (group.runs[0].config.get("credit") or {}).get("uncertainty_kind") if group.runs else None
+    for kind in ([preferred] if preferred else []) + list(UNCERTAINTY_KINDS):
+        if f"credit/exec_{kind}_var" in cols:
+            return kind
+    for c in sorted(cols):
+        m = re.fullmatch(r"credit/exec_(\w+?)_var", c)
+        if m:
+            return m.group(1)
+    return None
+
+
+def _reduction(before: float, after: float) -> float:
+    return 100.0 * (1.0 - after / before) if math.isfinite(before) and before > 0 and math.isfinite(after) else math.nan
+
+
+def _mechanistic(campaign_dir: Path, groups: Sequence[_Group]):
+    rows, samples, notes = [], {}, []
+    for g in groups:
+        if not g.uses_sepa:
+            continue
+        kind = _detect_kind(g)
+        if kind is not None:
+            for cls, short in TOKEN_CLASSES:
+                per_run = {}
+                for when in ("", "_after"):
+                    var_key, mean_key = f"credit/{short}_{kind}_var{when}", f"credit/{short}_{kind}_mean{when}"
+                    vs = [r.series(var_key)[1] for r in g.runs if r.started]
+                    ms = [r.series(mean_key)[1] for r in g.runs if r.started]
+                    per_run[when] = (np.array([v.mean() for v in vs if v.size]),
+                                     np.array([m.mean() for m in ms if m.size]), sum(v.size for v in vs))
+                vb, mb, n = per_run[""]
+                va, ma, _ = per_run["_after"]
+                if not vb.size and not va.size:
+                    continue
+                var_b = float(vb.mean()) if vb.size else math.nan
+                var_a = float(va.mean()) if va.size else math.nan
+                rows.append({"group": g.label, "source": "metrics (mean over steps)", "kind": kind,
+                             "token_class": cls, "n": n, "mean_before": float(mb.mean()) if mb.size else math.nan,
+                             "mean_after": float(ma.mean()) if ma.size else math.nan, "var_before": var_b,
+                             "var_after": var_a, "variance_reduction_pct": _reduction(var_b, var_a)})
+        tokens, n_files, problems = _load_tokens(campaign_dir, g)
+        notes.extend(problems)
+        if n_files and any(a.size for a in tokens.values()):
+            samples[g.label] = (tokens, kind or "uncertainty")
+            for cls, short in TOKEN_CLASSES:
+                b, a = tokens[f"{short}_before"], tokens[f"{short}_after"]
+                var_b = float(np.var(b)) if b.size else math.nan
+                var_a = float(np.var(a)) if a.size else math.nan
+                rows.append({"group": g.label, "source": f"tokens ({n_files} npz files)", "kind": kind or "",
+                             "token_class": cls, "n": int(b.size),
+                             "mean_before": float(b.mean()) if b.size else math.nan,
+                             "mean_after": float(a.mean()) if a.size else math.nan,
+                             "var_before": var_b, "var_after": var_a,
+                             "variance_reduction_pct": _reduction(var_b, var_a)})
+    return pd.DataFrame(rows, columns=COLUMNS["mechanistic"]), samples, notes
