@@ -12,6 +12,7 @@ import copy
 import difflib
 import itertools
 import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,23 +20,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator import storage as store
-from orchestrator.config import TrialConfig, WandbConfig
+from orchestrator.config import ResourcesConfig, TrialConfig, WandbConfig
 from orchestrator.errors import UserError, first_error, format_validation, load_yaml
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-class CampaignResources(BaseModel):
+class CampaignResources(ResourcesConfig):
     """Per-trial resources: one placement group of driver + rollout workers + learner."""
 
-    model_config = ConfigDict(extra="forbid")
-
     rollout_workers: int = Field(2, ge=1)
-    worker_gpus: float = Field(0.0, ge=0.0)
-    worker_cpus: float = Field(1.0, gt=0.0)
-    learner_gpus: float = Field(0.0, ge=0.0)
-    learner_cpus: float = Field(1.0, gt=0.0)
-    driver_cpus: float = Field(0.5, gt=0.0)
 
 
 class CampaignConfig(BaseModel):
@@ -94,7 +88,8 @@ class ExpandedTrial:
     condition: str
     seed: int
     sweep: dict[str, Any]
-    config: dict[str, Any] = field(repr=False)  # a validated TrialConfig, dumped
+    config: dict[str, Any] = field(repr=False)  # the validated trial config, dumped (what trials receive)
+    trial: TrialConfig = field(repr=False, compare=False)  # the same, as the typed object
 
     def row(self) -> dict[str, Any]:
         return {"name": self.name, "condition": self.condition, "seed": self.seed, "sweep": self.sweep,
@@ -111,23 +106,20 @@ class Campaign:
 
 
 # ----------------------------------------------------------------------------------------------- key paths
+def _field_model(model: type[BaseModel], name: str) -> type[BaseModel] | None:
+    """The pydantic model a field holds (unwrapping `X | None`), or None for a plain value or free-form dict."""
+    ann = model.model_fields[name].annotation
+    return next((c for c in (ann, *typing.get_args(ann)) if isinstance(c, type) and issubclass(c, BaseModel)), None)
+
+
 def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     """Field names valid at `loc` inside `model` (for "did you mean" on unknown keys)."""
-    import typing
-
-    current: Any = model
+    current: type[BaseModel] | None = model
     for part in loc[:-1]:
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+        if current is None or str(part) not in current.model_fields:
             return []
-        f = current.model_fields.get(str(part))
-        if f is None:
-            return []
-        ann = f.annotation
-        candidates = [ann, *typing.get_args(ann)]
-        current = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
-    return []
+        current = _field_model(current, str(part))
+    return list(current.model_fields) if current is not None else []
 
 
 def _suggest(word: str, allowed: list[str]) -> str:
@@ -135,30 +127,23 @@ def _suggest(word: str, allowed: list[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else (f"; allowed: {', '.join(allowed)}" if allowed else "")
 
 
-def _validation_message(source: str, prefix: str, model: type[BaseModel], err: ValidationError) -> str:
+def _validation_message(source: str, model: type[BaseModel], err: ValidationError) -> str:
     first = first_error(err)
     msg = format_validation(source, err)
     if first["type"] == "extra_forbidden":
         msg += _suggest(str(first["loc"][-1]), _allowed_keys(model, first["loc"]))
-    if prefix:
-        msg = msg.replace(f"{source}: ", f"{source}: {prefix}", 1)
     return msg
 
 
 def check_key_path(path: str) -> str | None:
     """None when `path` (dotted) names a field of TrialConfig, else the reason."""
-    parts = path.split(".")
-    current: Any = TrialConfig
-    import typing
-
-    for i, part in enumerate(parts):
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
-            return None if i > 0 else "not a trial config key"  # inside a free-form dict: anything goes
+    current: type[BaseModel] | None = TrialConfig
+    for part in path.split("."):
+        if current is None:
+            return None  # inside a free-form dict: anything goes
         if part not in current.model_fields:
             return "unknown key" + _suggest(part, list(current.model_fields))
-        ann = current.model_fields[part].annotation
-        current = next((c for c in (ann, *typing.get_args(ann))
-                        if isinstance(c, type) and issubclass(c, BaseModel)), ann)
+        current = _field_model(current, part)
     return None
 
 
@@ -264,11 +249,8 @@ def expand(cfg: CampaignConfig, source: str = "<campaign>", directory: str = "")
                 for key, value in values.items():
                     set_path(data, key, value)
                 if cfg.resources is not None:
-                    r = cfg.resources
-                    data.setdefault("rollout", {})["num_workers"] = r.rollout_workers
-                    data["resources"] = {"driver_cpus": r.driver_cpus, "worker_cpus": r.worker_cpus,
-                                         "worker_gpus": r.worker_gpus, "learner_cpus": r.learner_cpus,
-                                         "learner_gpus": r.learner_gpus}
+                    data.setdefault("rollout", {})["num_workers"] = cfg.resources.rollout_workers
+                    data["resources"] = cfg.resources.model_dump(exclude={"rollout_workers"})
                 data.update(name=name, seed=seed, labels={"condition": cond, "seed": seed, **values})
                 if directory:
                     data["output_dir"] = store.trial_dir(directory, name)
@@ -283,7 +265,7 @@ def expand(cfg: CampaignConfig, source: str = "<campaign>", directory: str = "")
                 except ValidationError as err:
                     loc = first_error(err)["loc"]
                     origin = _origin(loc, cond, override, values)
-                    msg = _validation_message(source, "", TrialConfig, err)
+                    msg = _validation_message(source, TrialConfig, err)
                     dotted = ".".join(str(p) for p in loc) or "<root>"
                     raise UserError(msg.replace(f"{source}: {dotted}", f"{source}: {origin}", 1)
                                     + f" ({where.rstrip(': ')})") from None
@@ -296,7 +278,7 @@ def expand(cfg: CampaignConfig, source: str = "<campaign>", directory: str = "")
                     raise UserError(f"{source}: sweep: trial name {name!r} repeats ({seen[name]}); sweep values "
                                     "must give distinct labels")
                 seen[name] = name
-                trials.append(ExpandedTrial(name, cond, seed, values, trial_cfg.model_dump(mode="json")))
+                trials.append(ExpandedTrial(name, cond, seed, values, trial_cfg.model_dump(mode="json"), trial_cfg))
     return trials
 
 
@@ -307,7 +289,7 @@ def load_campaign(path: str | Path) -> Campaign:
     try:
         cfg = CampaignConfig.model_validate(data)
     except ValidationError as err:
-        raise UserError(_validation_message(source, "", CampaignConfig, err)) from None
+        raise UserError(_validation_message(source, CampaignConfig, err)) from None
     try:
         storage = store.resolve(cfg.storage, Path(path).resolve().parent)
     except KeyError as exc:
@@ -319,11 +301,11 @@ def load_campaign(path: str | Path) -> Campaign:
 
 def trial_table(trials: list[ExpandedTrial]) -> str:
     """The plain-text table `expand` prints."""
+    from orchestrator.trial import bundles
+
     rows = [("trial", "condition", "seed", "sweep", "steps", "bundles (driver + workers + learner)")]
     for t in trials:
-        c = TrialConfig.model_validate(t.config)
-        from orchestrator.trial import bundles
-
+        c = t.trial
         b = bundles(c)
         cpus, gpus = sum(x.get("CPU", 0) for x in b), sum(x.get("GPU", 0) for x in b)
         sweep = ", ".join(f"{k}={v}" for k, v in t.sweep.items()) or "-"

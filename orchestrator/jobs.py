@@ -18,6 +18,13 @@ from orchestrator.errors import UserError
 PASS_ENV = ("VLLM_CPU_KVCACHE_SPACE", "WANDB_API_KEY", "HF_TOKEN", "HF_HOME")
 
 
+def refuse_storage_inside(campaign: Campaign, working_dir: Path) -> None:
+    """A job's working dir is uploaded afresh for every job: storage inside it could never be resumed."""
+    if not store.is_uri(campaign.storage) and Path(campaign.storage).is_relative_to(working_dir):
+        raise UserError(f"{campaign.source}: storage: {campaign.storage} lies inside the uploaded working dir, "
+                        "which is new for every job (a re-submit could not resume); use an absolute path or a URI")
+
+
 def submit(campaign: Campaign, address: str | None) -> str:
     """Submit (or find) the campaign's job; returns its submission id."""
     from ray.job_submission import JobStatus, JobSubmissionClient
@@ -27,9 +34,7 @@ def submit(campaign: Campaign, address: str | None) -> str:
     if not src.is_relative_to(cwd):
         raise UserError(f"{campaign.source}: the campaign file must lie inside the working dir ({cwd}) that is "
                         "uploaded with the job")
-    if not store.is_uri(campaign.storage) and Path(campaign.storage).is_relative_to(cwd):
-        raise UserError(f"{campaign.source}: storage: {campaign.storage} lies inside the uploaded working dir, "
-                        "which is new for every job (a re-submit could not resume); use an absolute path or a URI")
+    refuse_storage_inside(campaign, cwd)
     address = address or os.environ.get("RAY_ADDRESS") or "http://127.0.0.1:8265"
     if (Path.home() / ".ray" / "auth_token").exists():
         os.environ.setdefault("RAY_AUTH_MODE", "token")  # Ray >= 2.59 clusters started by ray.init() need it

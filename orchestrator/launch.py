@@ -19,6 +19,7 @@ from orchestrator import storage as store
 from orchestrator.campaign import Campaign
 from orchestrator.config import TrialConfig
 from orchestrator.errors import UserError
+from orchestrator.jobs import refuse_storage_inside
 from orchestrator.trial import bundles, run_trial
 
 CAMPAIGN_FILE = "campaign.json"
@@ -83,7 +84,7 @@ def check_cluster(campaign: Campaign) -> None:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     src = campaign.source
     for t in campaign.trials:
-        b = bundles(TrialConfig.model_validate(t.config))
+        b = bundles(t.trial)
         gpus, cpus = sum(x.get("GPU", 0) for x in b), sum(x.get("CPU", 0) for x in b)
         if gpus and not total.get("GPU"):
             raise UserError(f"{src}: resources: trial {t.name} asks for {gpus:g} GPUs but the cluster has none; "
@@ -98,10 +99,8 @@ def check_cluster(campaign: Campaign) -> None:
         raise UserError(f"{src}: storage: {campaign.storage} is a node-local path on a {len(nodes)}-node cluster; "
                         "a trial retried on another node would not find its checkpoint. Use a URI (s3://, gs://) "
                         "or a shared filesystem path and set storage_shared: true")
-    job_dir = os.environ.get("RAY_JOB_SUBMISSION_ID") and Path.cwd().resolve()
-    if job_dir and not store.is_uri(campaign.storage) and Path(campaign.storage).is_relative_to(job_dir):
-        raise UserError(f"{src}: storage: {campaign.storage} lies inside the job's uploaded working dir, which "
-                        "is new for every job (a re-submit could not resume); use an absolute path or a URI")
+    if os.environ.get("RAY_JOB_SUBMISSION_ID"):  # running as a Ray job: cwd is the uploaded working dir
+        refuse_storage_inside(campaign, Path.cwd().resolve())
 
 
 def _stable(config: dict) -> dict:
@@ -137,7 +136,7 @@ def driver_lock(campaign: Campaign):
     if store.is_uri(campaign.directory):
         yield
         return
-    path = Path(campaign.directory) / ".driver.lock"
+    path = Path(campaign.directory) / store.LOCK_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+") as f:
         try:
@@ -155,8 +154,7 @@ def driver_lock(campaign: Campaign):
 
 def run_campaign(campaign: Campaign) -> int:
     """Run (or resume) every trial of the campaign; returns the number of trials that did not finish."""
-    need = max(sum(b.get("CPU", 0) for b in bundles(TrialConfig.model_validate(t.config)))
-               for t in campaign.trials)
+    need = max(sum(b.get("CPU", 0) for b in bundles(t.trial)) for t in campaign.trials)
     ensure_ray(need)
     check_cluster(campaign)
     with driver_lock(campaign):
@@ -164,7 +162,7 @@ def run_campaign(campaign: Campaign) -> int:
         resumed = tune.Tuner.can_restore(campaign.directory)
         write_campaign_file(campaign)
         cfg = campaign.config
-        keep = max(TrialConfig.model_validate(t.config).checkpoint.keep for t in campaign.trials)
+        keep = max(t.trial.checkpoint.keep for t in campaign.trials)
         print(f"{'resuming' if resumed else 'starting'} campaign {cfg.name}: {len(campaign.trials)} trials -> "
               f"{campaign.directory}", flush=True)
         tuner = _tuner(cfg.name, campaign.storage, {t.name: t.config for t in campaign.trials},

@@ -38,7 +38,7 @@ def driver_alive(directory: str) -> bool | None:
 
     if store.is_uri(directory):
         return None
-    path = Path(directory) / ".driver.lock"
+    path = Path(directory) / store.LOCK_FILE
     if not path.exists():
         return False
     with path.open("a") as f:

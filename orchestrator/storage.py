@@ -17,6 +17,7 @@ import os
 import re
 from pathlib import Path
 
+LOCK_FILE = ".driver.lock"  # held by the campaign's driver (launch.driver_lock), probed by status
 _VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 
 
