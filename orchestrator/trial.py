@@ -174,7 +174,7 @@ def run_trial(config: dict) -> None:
         row = {**_one_step(cfg, step, workers, learner, tokenizer, task, sepa, version, actions), **row}
         version = int(row.pop("_version"))
         samples = row.pop("_uncertainty", None)
-        if samples is not None and "sepa" in cfg.credit.stages:
+        if samples is not None:
             write_uncertainty(out_dir, step, samples)
         rows.append(row)
         store.write_text(metrics_loc, "".join(json.dumps(r) + "\n" for r in rows))
@@ -272,6 +272,7 @@ def _one_step(cfg: TrialConfig, step: int, workers, learner, tokenizer, task, se
             "rewards": [rewards[i] for i in keep],
             "temperature": ro.temperature, "sepa_lambda": lam, "step": step,
             "loss_scale": filtered.loss_scale, "action_token_ids": actions,
+            "want_uncertainty": "sepa" in cfg.credit.stages,  # the report's mechanistic histogram
         }
         out = ray.get(learner.train_step.remote(batch))
         row.update(out["metrics"])

@@ -121,8 +121,10 @@ class Learner:
         """One optimizer step on one batch.
 
         batch: prompt_ids [B][*], completion_ids [B][*], rollout_logprobs [B][*], rewards [N][G] (B = N*G,
-        completions grouped by prompt), temperature, sepa_lambda, step.
-        Returns metrics plus `exec_values` (raw execution-token uncertainties, for SEPA's auto schedule).
+        completions grouped by prompt), temperature, sepa_lambda, step; optional loss_scale, action_token_ids,
+        want_uncertainty (return per-token uncertainty samples before/after the token stages).
+        Returns metrics plus `exec_values` (raw execution-token uncertainties, for SEPA's auto schedule) and
+        `uncertainty` (the samples, or None).
         """
         prompts, comps = batch["prompt_ids"], batch["completion_ids"]
         rewards = torch.tensor(batch["rewards"], dtype=torch.float32)
@@ -187,17 +189,16 @@ class Learner:
         loss_cfg = self.cfg["loss"]
         total_tokens, total_seqs = float(mask.sum()), float(len(comps))
         classes = {"all": mask, "planning": mask & plan_flat, "execution": exec_mask}
-        floor_terms: dict[str, tuple[float, float]] = {}  # class -> (2 * coef * gap / n_class, n_class)
+        floor_terms: dict[str, float] = {}  # class -> 2 * coef * gap / n_class
         floor_metrics: dict[str, float] = {}
         if floors.is_active:
             targets, coefs = floors.floors_at(progress), floors.coefs()
             penalty, floor_metrics = entropy_floor_penalty(entropy, {c: classes[c] for c in targets}, targets, coefs)
             floor_metrics["entropy/floor_penalty"] = float(penalty)
             for c, target in targets.items():
-                n_c = float(classes[c].sum())
-                if n_c > 0:
-                    gap_c = max(0.0, target - float(entropy[classes[c]].mean()))
-                    floor_terms[c] = (2.0 * coefs[c] * gap_c / n_c, n_c)
+                if f"entropy/{c}_mean" in floor_metrics:  # absent when the class has no tokens
+                    gap_c = max(0.0, target - floor_metrics[f"entropy/{c}_mean"])
+                    floor_terms[c] = 2.0 * coefs[c] * gap_c / float(classes[c].sum())
 
         # 3) one optimizer step, gradient accumulated over micro-batches
         scale = float(batch.get("loss_scale", 1.0))
@@ -226,7 +227,7 @@ class Learner:
                     h = aggregate(ent, m, loss_cfg["aggregation"], **agg)
                     loss = loss - iv.entropy_bonus.coeff * h
                     ent_sum += h.item()
-                for c, (weight, _) in floor_terms.items():
+                for c, weight in floor_terms.items():
                     cm = classes[c][s:s + mb].to(self.device)
                     loss = loss - weight * (ent * cm).sum()
             loss = loss * scale
@@ -267,7 +268,8 @@ class Learner:
             metrics["floor/learner_min_valid_prob"] = min(action_min)
         metrics.update({f"credit/{k}": v for k, v in credit.stats.items()})
         return {"metrics": metrics, "exec_values": exec_values,
-                "uncertainty": _token_samples(signals, credit.signal_after, mask, plan_flat)}
+                "uncertainty": _token_samples(signals, credit.signal_after, mask, plan_flat)
+                if batch.get("want_uncertainty") else None}
 
     # -- adapters and state -----------------------------------------------------------------------------
     def export_adapter(self, version: int) -> dict[str, bytes]:
