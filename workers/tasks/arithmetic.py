@@ -47,19 +47,24 @@ class ArithmeticTask(Task):
     name = "arithmetic"
 
     def __init__(self, config: TaskConfig, seed: int):
-        problems = all_problems(config.max_operand, list(config.ops))
+        problems = self._problems(config)
         held = set(held_out_indices(len(problems), config.heldout_fraction).tolist())
         self.held = [p for i, p in enumerate(problems) if i in held]
         self.train = [p for i, p in enumerate(problems) if i not in held]
         self.cursor = EpochCursor(len(self.train), seed)
 
+    @staticmethod
+    def _problems(config: TaskConfig) -> list[Problem]:
+        return all_problems(config.max_operand, list(config.ops))
+
+    @staticmethod
+    def _correct(completion: str, answer: str) -> bool:
+        return first_int_matches(completion, answer)
+
     def score(self, problems: list[Problem], completions: list[str]) -> ScoreResult:
         check_lengths(problems, completions)
         return ScoreResult(
-            rewards=[
-                1.0 if first_int_matches(c, p.answer) else 0.0
-                for p, c in zip(problems, completions, strict=True)
-            ]
+            rewards=[1.0 if self._correct(c, p.answer) else 0.0 for p, c in zip(problems, completions, strict=True)]
         )
 
 
@@ -87,7 +92,7 @@ def first_label_matches(completion: str, label: str) -> bool:
     return m is not None and m.group(1) == label
 
 
-class ArithmeticMCTask(Task):
+class ArithmeticMCTask(ArithmeticTask):
     """`arithmetic` as multiple choice: same problems and held-out split; reward 1 iff the first word is the label.
 
     `action_tokens` are the labels in use (A, B, ... up to `num_choices`); the action position is the first
@@ -97,25 +102,19 @@ class ArithmeticMCTask(Task):
     name = "arithmetic_mc"
 
     def __init__(self, config: TaskConfig, seed: int):
-        problems = [
-            mc_problem(a, op, b, config.num_choices)
-            for op, a, b in itertools.product(config.ops, range(config.max_operand + 1), range(config.max_operand + 1))
-        ]  # the same order as all_problems, so the held-out subset is the same problems as in `arithmetic`
-        held = set(held_out_indices(len(problems), config.heldout_fraction).tolist())
-        self.held = [p for i, p in enumerate(problems) if i in held]
-        self.train = [p for i, p in enumerate(problems) if i not in held]
-        self.cursor = EpochCursor(len(self.train), seed)
+        super().__init__(config, seed)
         self._labels = list(LABELS[: config.num_choices])
+
+    @staticmethod
+    def _problems(config: TaskConfig) -> list[Problem]:
+        # the same order as all_problems, so the held-out subset is the same problems as in `arithmetic`
+        rng = range(config.max_operand + 1)
+        return [mc_problem(a, op, b, config.num_choices) for op, a, b in itertools.product(config.ops, rng, rng)]
+
+    @staticmethod
+    def _correct(completion: str, answer: str) -> bool:
+        return first_label_matches(completion, answer)
 
     @property
     def action_tokens(self) -> list[str]:
         return list(self._labels)
-
-    def score(self, problems: list[Problem], completions: list[str]) -> ScoreResult:
-        check_lengths(problems, completions)
-        return ScoreResult(
-            rewards=[
-                1.0 if first_label_matches(c, p.answer) else 0.0
-                for p, c in zip(problems, completions, strict=True)
-            ]
-        )
