@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestrator import storage as store
 from orchestrator.config import ResourcesConfig, TrialConfig, WandbConfig
-from orchestrator.errors import UserError, first_error, format_validation, load_yaml
+from orchestrator.config_files import load_yaml
+from orchestrator.errors import UserError, first_error, format_validation
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 

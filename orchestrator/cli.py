@@ -7,7 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from orchestrator.errors import UserError, load_yaml, validate
+from orchestrator.config_files import load_yaml
+from orchestrator.errors import UserError, validate
 
 
 def _trial(args: argparse.Namespace) -> int:

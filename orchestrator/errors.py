@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 
@@ -29,18 +28,10 @@ def format_validation(source: str, err: ValidationError) -> str:
 
 
 def load_yaml(path: str | Path) -> dict:
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{p}: no such file")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{p}:{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{p}: <root>: expected a mapping of keys, got {type(data).__name__}")
-    return data
+    """Kept for callers of the old name: the one loader lives in `orchestrator.config_files`."""
+    from orchestrator.config_files import load_yaml as _load
+
+    return _load(path)
 
 
 def validate(model: type[BaseModel], data: dict, source: str) -> BaseModel:
