@@ -7,12 +7,22 @@ from .base import Problem, ScoreResult, Task
 from .config import TaskConfig
 
 
-def make_task(config: TaskConfig, seed: int) -> Task:
-    """Build the task named by `config.name`; `seed` (the trial seed) fixes the training order."""
+def make_task(config: TaskConfig, seed: int):
+    """Build the task named by `config.name`; `seed` (the trial seed) fixes the training order.
+
+    Agentic tasks return a `workers.envs.EnvTask` (level seeds, not problems)."""
+    if config.agentic:
+        from workers.envs import EnvTask
+
+        return EnvTask(config, seed)
     if config.name == "arithmetic":
         return ArithmeticTask(config, seed)
     if config.name == "arithmetic_mc":
         return ArithmeticMCTask(config, seed)
+    if config.name == "chain":
+        from .chain import ChainTask
+
+        return ChainTask(config, seed)
     if config.name == "math":
         from .math import MathTask  # imports math_verify/sympy only when needed
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 
 class TaskConfig(BaseModel):
-    """Which task a trial trains on; `arithmetic` fields and `math` fields are ignored by the other task.
+    """Which task a trial trains on; each task reads its own fields and ignores the others'.
 
     `arithmetic_mc` is the multiple-choice form of `arithmetic` (same problem set and fields, plus `num_choices`):
     the prompt lists labelled options and the first completion token is the chosen label (its action position).
@@ -19,13 +19,17 @@ class TaskConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Literal["arithmetic", "arithmetic_mc", "math"] = "arithmetic"
+    name: Literal["arithmetic", "arithmetic_mc", "chain", "math", "frozen_lake", "sokoban"] = "arithmetic"
     # arithmetic, arithmetic_mc
     max_operand: int = Field(4, ge=1, description="operands are drawn from 0..max_operand")
     ops: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["+"], min_length=1)
     heldout_fraction: float = Field(0.2, ge=0.0, lt=1.0, description="share of problems never trained on")
     # arithmetic_mc
     num_choices: int = Field(4, ge=2, le=4, description="options per question, labelled A, B, C, D in order")
+    # chain (chained arithmetic with step-by-step solutions; the tiny-reasoner's task)
+    chain_steps: int = Field(3, ge=1, le=8, description="operations per problem")
+    chain_max_value: int = Field(19, ge=9, le=99, description="running values stay in 0..chain_max_value")
+    chain_problems: int = Field(4000, ge=2, description="distinct problems drawn (held out by id hash)")
     # math
     dataset: str | None = Field(None, description="local .jsonl path, or a Hugging Face dataset name")
     split: str = "train"
@@ -35,6 +39,16 @@ class TaskConfig(BaseModel):
     prompt_template: str = "{problem}\nPut the final answer in \\boxed{{}}."
     answer_fallback: Literal["last_number", "none"] = "last_number"
     grader_timeout_s: float = Field(5.0, gt=0.0)
+    # frozen_lake, sokoban (agentic, multi-turn: see workers/envs)
+    size: int | None = Field(None, ge=4, le=12, description="grid side; default 4 (frozen_lake), 6 (sokoban)")
+    frozen_prob: float = Field(0.8, gt=0.0, le=1.0, description="frozen_lake: probability a tile is ice")
+    success_rate: float = Field(1.0, gt=0.0, le=1.0,
+                                description="frozen_lake: chance a move goes where intended (1 = not slippery)")
+    boxes: int = Field(1, ge=1, le=3, description="sokoban: boxes (and targets) per level")
+    max_env_steps: int = Field(100, ge=1, description="sokoban: env steps before truncation")
+    fixed_level: int | None = Field(None, ge=0, description=(
+        "play this one level seed in training and validation (e.g. a fixed FrozenLake map); None: a new level "
+        "per group"))
 
     @field_validator("ops")
     @classmethod
@@ -59,3 +73,8 @@ class TaskConfig(BaseModel):
         if self.name == "math" and not self.dataset:
             raise ValueError("task 'math' requires 'dataset' (a local .jsonl path or a Hugging Face name)")
         return self
+
+    @property
+    def agentic(self) -> bool:
+        """Multi-turn tasks played against an environment (workers/envs), not prompt -> one completion."""
+        return self.name in ("frozen_lake", "sokoban")
