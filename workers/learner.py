@@ -1,8 +1,11 @@
 """Learner: the HF policy with a PEFT LoRA adapter, its optimizer, and one training step.
 
-Thin by design: the math lives in `workers.credit` (advantages) and `workers.objectives` (loss). A value head
-for PPO + GAE can sit beside the policy here later: `train_step` already separates "score tokens" from
-"optimise", and the state dict is a plain dict of named parts.
+Thin by design: the math lives in `workers.credit` (advantages) and `workers.objectives` (loss). It trains on
+sequences with a loss mask: the response window after the prompt holds the sampled ids of every turn (loss
+mask True) and, for multi-turn episodes, the observation ids between turns (loss mask False). Every per-token
+quantity reads the loss mask; a single-turn completion is the case of one contiguous sampled run. `train_step`
+is split by concept: collate -> score (no grad) -> planning mask -> credit -> entropy floors -> optimise ->
+metrics.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import io
 import math
 import random
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +53,85 @@ def _token_samples(before: Tensor, after: Tensor | None, mask: Tensor, planning:
             if v.numel() > cap:
                 v = v[torch.linspace(0, v.numel() - 1, cap).long()]
             out[f"{cls}_{name}"] = v.tolist()
+    return out
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One training batch as padded tensors. `[B, T]` tensors cover the response window (everything after the
+    prompt); `mask` is the loss mask (sampled ids only). B = n_groups * group, grouped by prompt / level."""
+
+    seqs: Tensor  # [B, P + T] long: prompt + response ids, right-padded
+    attn: Tensor  # [B, P + T] long
+    start: Tensor  # [B] long: index of the first response id in seqs
+    mask: Tensor  # [B, T] bool
+    old_lp: Tensor  # [B, T] float32: rollout log-probs (0 where mask is False)
+    rewards: Tensor  # [N, G] float32: episode returns
+    response_rows: list[list[int]]
+    mask_rows: list[list[bool]]
+
+    @property
+    def size(self) -> int:
+        return len(self.response_rows)
+
+    @property
+    def t(self) -> int:
+        return self.mask.shape[1]
+
+    @property
+    def n_groups(self) -> int:
+        return self.rewards.shape[0]
+
+    @property
+    def group(self) -> int:
+        return self.rewards.shape[1]
+
+
+@dataclass(frozen=True)
+class Scored:
+    """The no-grad scoring pass over a batch; `[B, T]` float32 tensors on the CPU."""
+
+    learner_lp: Tensor
+    signals: Tensor
+    entropy: Tensor
+    ref_lp: Tensor | None
+    action_min: float | None
+
+
+def collate(batch: dict, pad_id: int) -> Batch:
+    """Pad a batch of plain lists (see `Learner.train_step`) into tensors; checks the rows line up."""
+    prompts, responses = batch["prompt_ids"], batch["response_ids"]
+    masks = batch.get("loss_mask") or [[True] * len(r) for r in responses]
+    old = batch["rollout_logprobs"]
+    if not len(prompts) == len(responses) == len(masks) == len(old):
+        raise ValueError("prompt_ids, response_ids, loss_mask and rollout_logprobs need one row per sequence")
+    for r, m, lp in zip(responses, masks, old, strict=True):
+        if not len(r) == len(m) == len(lp):
+            raise ValueError(f"a response of {len(r)} ids has {len(m)} mask flags and {len(lp)} log-probs")
+    rewards = torch.tensor(batch["rewards"], dtype=torch.float32)
+    if rewards.dim() != 2 or rewards.numel() != len(responses):
+        raise ValueError(f"rewards must be [N][G] with N*G = {len(responses)} sequences")
+    masks = [[bool(x) for x in m] for m in masks]
+    return Batch(
+        seqs=_pad([p + r for p, r in zip(prompts, responses, strict=True)], pad_id, torch.long),
+        attn=_pad([[1] * (len(p) + len(r)) for p, r in zip(prompts, responses, strict=True)], 0, torch.long),
+        start=torch.tensor([len(p) for p in prompts]),
+        mask=_pad(masks, False, torch.bool),
+        old_lp=_pad([[lp if m else 0.0 for lp, m in zip(row, mrow, strict=True)] for row, mrow in zip(old, masks, strict=True)],
+                    0.0, torch.float32),
+        rewards=rewards, response_rows=[list(r) for r in responses], mask_rows=masks,
+    )
+
+
+def _runs(flags: list[bool]) -> list[tuple[int, int]]:
+    """[start, end) of each maximal run of True in `flags` (the turns of a multi-turn response)."""
+    out, start = [], None
+    for i, f in enumerate([*flags, False]):
+        if f and start is None:
+            start = i
+        elif not f and start is not None:
+            out.append((start, i))
+            start = None
     return out
 
 
@@ -91,9 +174,9 @@ class Learner:
     # -- forward ----------------------------------------------------------------------------------------
     def _logprobs(self, seqs: Tensor, attn: Tensor, comp_start: Tensor, comp_len: int, temperature: float,
                   want_logits: bool, floor: tuple[list[int], float] | None = None) -> tuple[Tensor, Tensor | None]:
-        """Completion-token log-probs `[b, comp_len]` (and their logits) from one forward pass.
+        """Response-window log-probs `[b, comp_len]` (and their logits) from one forward pass.
 
-        `floor = (action_token_ids, min_prob)`: the first completion token (the action position) is scored under
+        `floor = (action_token_ids, min_prob)`: the first response token (the action position) is scored under
         the probability-floored distribution the sampler drew it from.
         """
         logits = self.model(input_ids=seqs.to(self.device), attention_mask=attn.to(self.device)).logits
@@ -118,43 +201,58 @@ class Learner:
         return lp
 
     def train_step(self, batch: dict) -> dict:
-        """One optimizer step on one batch.
+        """One optimizer step on one batch of sequences.
 
-        batch: prompt_ids [B][*], completion_ids [B][*], rollout_logprobs [B][*], rewards [N][G] (B = N*G,
-        completions grouped by prompt), temperature, sepa_lambda, step; optional loss_scale, action_token_ids,
-        want_uncertainty (return per-token uncertainty samples before/after the token stages).
+        batch: prompt_ids [B][*], response_ids [B][*] (everything after the prompt: for multi-turn episodes the
+        sampled ids of every turn with the observation ids between them), loss_mask [B][*] (True on sampled ids;
+        omitted = all True, the single-turn case), rollout_logprobs [B][*] (aligned with response_ids; read only
+        where loss_mask is True), rewards [N][G] (B = N*G, grouped by prompt / level), temperature, sepa_lambda,
+        step; optional loss_scale, action_token_ids, want_uncertainty (return per-token uncertainty samples
+        before/after the token stages).
         Returns metrics plus `exec_values` (raw execution-token uncertainties, for SEPA's auto schedule) and
         `uncertainty` (the samples, or None).
         """
-        prompts, comps = batch["prompt_ids"], batch["completion_ids"]
-        rewards = torch.tensor(batch["rewards"], dtype=torch.float32)
-        n_groups, group = rewards.shape
+        b = collate(batch, self.tokenizer.pad_token_id)
         temp = float(batch["temperature"])
-        pad_id = self.tokenizer.pad_token_id
-        seqs = _pad([p + c for p, c in zip(prompts, comps, strict=True)], pad_id, torch.long)
-        attn = _pad([[1] * (len(p) + len(c)) for p, c in zip(prompts, comps, strict=True)], 0, torch.long)
-        comp_start = torch.tensor([len(p) for p in prompts])
-        mask = _pad([[True] * len(c) for c in comps], False, torch.bool)
-        t_comp = mask.shape[1]
-        old_lp = _pad(batch["rollout_logprobs"], 0.0, torch.float32)
-        mb = self.cfg["optim"]["micro_batch_size"]
-        kind = self.credit.uncertainty_kind
         iv = self.iv
         floor = None
         if batch.get("action_token_ids") and iv.probability_floor.is_active:
             floor = (list(batch["action_token_ids"]), iv.probability_floor.min_prob)
-        use_ref = iv.kl.is_active or iv.kl.measure
         progress = min(max(int(batch.get("step", 0)) / self.total_steps, 0.0), 1.0)
         self.model.train()
 
-        # 1) score tokens with the current policy (no grad): log-probs, uncertainty, entropy, reference log-probs
+        scored = self._score(b, temp, floor)
+        planning = self._planning(b)
+        credit = compute_advantages(
+            b.rewards, scored.signals.reshape(b.n_groups, b.group, b.t), b.mask.reshape(b.n_groups, b.group, b.t),
+            self.credit, planning=planning.reshape(b.n_groups, b.group, b.t) if self.credit.needs_planning else None,
+            sepa_lambda=float(batch.get("sepa_lambda", 0.0)), step=int(batch.get("step", 0)),
+        )
+        adv = credit.token_advantages.reshape(-1, b.t)
+        classes = {"all": b.mask, "planning": b.mask & planning, "execution": b.mask & ~planning}
+        floor_terms, floor_metrics = self._entropy_floor_terms(scored.entropy, classes, progress)
+        scale = float(batch.get("loss_scale", 1.0))
+        sums = self._optimise(b, adv, scored.ref_lp, floor_terms, classes, temp, floor, scale)
+
+        metrics = self._metrics(b, scored, sums, floor_metrics, floor, scale)
+        metrics.update({f"credit/{k}": v for k, v in credit.stats.items()})
+        return {"metrics": metrics, "exec_values": scored.signals[classes["execution"]],
+                "uncertainty": _token_samples(scored.signals, credit.signal_after, b.mask, planning)
+                if batch.get("want_uncertainty") else None}
+
+    def _score(self, b: Batch, temp: float, floor) -> Scored:
+        """Score the batch with the current policy (no grad): log-probs, uncertainty signal, entropy, reference
+        log-probs (KL on or measured) and, under the probability floor, the smallest valid action probability."""
+        mb = self.cfg["optim"]["micro_batch_size"]
+        iv = self.iv
+        use_ref = iv.kl.is_active or iv.kl.measure
         lps, sigs, ents, refs, action_min = [], [], [], [], []
         with torch.no_grad():
-            for s in range(0, len(comps), mb):
-                args = (seqs[s:s + mb], attn[s:s + mb], comp_start[s:s + mb], t_comp, temp)
+            for s in range(0, b.size, mb):
+                args = (b.seqs[s:s + mb], b.attn[s:s + mb], b.start[s:s + mb], b.t, temp)
                 lp, logits = self._logprobs(*args, True, floor)
                 lps.append(lp.float().cpu())
-                sig = token_uncertainty(kind, logprobs=lp, logits=logits, temperature=temp)
+                sig = token_uncertainty(self.credit.uncertainty_kind, logprobs=lp, logits=logits, temperature=temp)
                 sigs.append(sig.float().cpu())
                 ents.append(entropy_from_logits(logits, temp, iv.entropy_bonus.chunk_size).float().cpu())
                 if use_ref:
@@ -163,113 +261,121 @@ class Learner:
                     valid = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
                     valid[floor[0]] = True
                     action_min.append(float(floor_probs(logits[:, 0], valid, floor[1], temp)[:, floor[0]].exp().min()))
-        learner_lp, signals, entropy = torch.cat(lps), torch.cat(sigs), torch.cat(ents)
-        ref_lp = torch.cat(refs) if use_ref else None
-        gap = (learner_lp - old_lp).abs()[mask]
+        return Scored(torch.cat(lps), torch.cat(sigs), torch.cat(ents), torch.cat(refs) if use_ref else None,
+                      min(action_min) if action_min else None)
 
-        # 2) credit assignment
-        planning = None
-        floors = iv.entropy_floor
-        if self.credit.needs_planning or (floors.is_active and {"planning", "execution"} & set(floors.specs())):
-            pieces = [token_pieces(self.tokenizer, c) for c in comps]
-            planning = planning_masks(pieces, t_comp, self.credit.strategic_grams, self.detector)
-            planning = planning.reshape(n_groups, group, t_comp)
-        credit = compute_advantages(
-            rewards, signals.reshape(n_groups, group, t_comp), mask.reshape(n_groups, group, t_comp),
-            self.credit, planning=planning if self.credit.needs_planning else None,
-            sepa_lambda=float(batch.get("sepa_lambda", 0.0)), step=int(batch.get("step", 0)),
-        )
-        adv = credit.token_advantages.reshape(-1, t_comp)
-        plan_flat = planning.reshape(-1, t_comp) if planning is not None else torch.zeros_like(mask)
-        exec_mask = mask & ~plan_flat
-        exec_values = signals[exec_mask]
+    def _planning(self, b: Batch) -> Tensor:
+        """`[B, T]` planning mask over the sampled text only: each contiguous run of loss-masked ids (one turn)
+        is matched on its own, so observation text never counts and grams never span turns. All False when
+        nothing reads it."""
+        floors = self.iv.entropy_floor
+        if not (self.credit.needs_planning or (floors.is_active and {"planning", "execution"} & set(floors.specs()))):
+            return torch.zeros_like(b.mask)
+        runs = [(i, s, e) for i, row in enumerate(b.mask_rows) for s, e in _runs(row)]
+        pieces = [token_pieces(self.tokenizer, b.response_rows[i][s:e]) for i, s, e in runs]
+        found = planning_masks(pieces, max((e - s for _, s, e in runs), default=0), self.credit.strategic_grams,
+                               self.detector)
+        out = torch.zeros_like(b.mask)
+        for k, (i, s, e) in enumerate(runs):
+            out[i, s:e] = found[k, : e - s]
+        return out
 
-        # entropy floors: value from the whole batch; the gradient surrogate below reproduces its exact gradient
-        # under micro-batching (d/dθ of coef * gap^2 = -2 coef gap * d mean_c / dθ, gap a constant here)
-        loss_cfg = self.cfg["loss"]
-        total_tokens, total_seqs = float(mask.sum()), float(len(comps))
-        classes = {"all": mask, "planning": mask & plan_flat, "execution": exec_mask}
-        floor_terms: dict[str, float] = {}  # class -> 2 * coef * gap / n_class
-        floor_metrics: dict[str, float] = {}
-        if floors.is_active:
-            targets, coefs = floors.floors_at(progress), floors.coefs()
-            penalty, floor_metrics = entropy_floor_penalty(entropy, {c: classes[c] for c in targets}, targets, coefs)
-            floor_metrics["entropy/floor_penalty"] = float(penalty)
-            for c, target in targets.items():
-                if f"entropy/{c}_mean" in floor_metrics:  # absent when the class has no tokens
-                    gap_c = max(0.0, target - floor_metrics[f"entropy/{c}_mean"])
-                    floor_terms[c] = 2.0 * coefs[c] * gap_c / float(classes[c].sum())
+    def _entropy_floor_terms(self, entropy: Tensor, classes: dict[str, Tensor], progress: float
+                             ) -> tuple[dict[str, float], dict[str, float]]:
+        """Entropy floors: the penalty's value from the whole batch, and per class the weight of a gradient
+        surrogate that reproduces its exact gradient under micro-batching (d/dθ of coef * gap^2 =
+        -2 coef gap * d mean_c / dθ, gap a constant here). Returns ({class: 2 coef gap / n_class}, metrics)."""
+        floors = self.iv.entropy_floor
+        if not floors.is_active:
+            return {}, {}
+        targets, coefs = floors.floors_at(progress), floors.coefs()
+        penalty, metrics = entropy_floor_penalty(entropy, {c: classes[c] for c in targets}, targets, coefs)
+        metrics["entropy/floor_penalty"] = float(penalty)
+        terms = {}
+        for c, target in targets.items():
+            if f"entropy/{c}_mean" in metrics:  # absent when the class has no tokens
+                gap_c = max(0.0, target - metrics[f"entropy/{c}_mean"])
+                terms[c] = 2.0 * coefs[c] * gap_c / float(classes[c].sum())
+        return terms, metrics
 
-        # 3) one optimizer step, gradient accumulated over micro-batches
-        scale = float(batch.get("loss_scale", 1.0))
+    def _optimise(self, b: Batch, adv: Tensor, ref_lp: Tensor | None, floor_terms: dict[str, float],
+                  classes: dict[str, Tensor], temp: float, floor, scale: float) -> dict[str, float]:
+        """One optimizer step, the gradient accumulated over micro-batches; returns the summed loss parts."""
+        iv, loss_cfg = self.iv, self.cfg["loss"]
+        mb = self.cfg["optim"]["micro_batch_size"]
         need_logits = iv.entropy_bonus.is_active or bool(floor_terms)
+        agg = {"total_tokens": float(b.mask.sum()), "total_seqs": float(b.size)}
         self.optimizer.zero_grad(set_to_none=True)
-        pg_sum, kl_sum, ent_sum, clipped = 0.0, 0.0, 0.0, 0.0
-        for s in range(0, len(comps), mb):
-            lp, logits = self._logprobs(seqs[s:s + mb], attn[s:s + mb], comp_start[s:s + mb], t_comp, temp,
+        sums = {"pg": 0.0, "kl": 0.0, "ent": 0.0, "clipped": 0.0}
+        for s in range(0, b.size, mb):
+            lp, logits = self._logprobs(b.seqs[s:s + mb], b.attn[s:s + mb], b.start[s:s + mb], b.t, temp,
                                         need_logits, floor)
-            m = mask[s:s + mb].to(self.device)
+            m = b.mask[s:s + mb].to(self.device)
             tok_loss, was_clipped = ppo_token_loss(
-                lp, old_lp[s:s + mb].to(self.device), adv[s:s + mb].to(self.device),
+                lp, b.old_lp[s:s + mb].to(self.device), adv[s:s + mb].to(self.device),
                 clip_low=loss_cfg["clip_low"], clip_high=loss_cfg["clip_high"], dual_clip=loss_cfg["dual_clip"],
             )
-            agg = {"total_tokens": total_tokens, "total_seqs": total_seqs}
             pg = aggregate(tok_loss, m, loss_cfg["aggregation"], **agg)
             loss = pg
             if iv.kl.is_active:
                 kl = aggregate(kl_penalty(lp, ref_lp[s:s + mb].to(self.device), iv.kl.estimator), m,
                                loss_cfg["aggregation"], **agg)
                 loss = loss + iv.kl.coef * kl
-                kl_sum += kl.item()
+                sums["kl"] += kl.item()
             if need_logits:
                 ent = entropy_from_logits(logits, temp, iv.entropy_bonus.chunk_size)
                 if iv.entropy_bonus.is_active:
                     h = aggregate(ent, m, loss_cfg["aggregation"], **agg)
                     loss = loss - iv.entropy_bonus.coeff * h
-                    ent_sum += h.item()
+                    sums["ent"] += h.item()
                 for c, weight in floor_terms.items():
                     cm = classes[c][s:s + mb].to(self.device)
                     loss = loss - weight * (ent * cm).sum()
             loss = loss * scale
             loss.backward()
-            pg_sum += pg.item()
-            clipped += float((was_clipped & m).sum())
+            sums["pg"] += pg.item()
+            sums["clipped"] += float((was_clipped & m).sum())
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg["optim"]["grad_clip"]))
+        sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, self.cfg["optim"]["grad_clip"]))
         self.optimizer.step()
         self.scheduler.step()
+        return sums
 
+    def _metrics(self, b: Batch, scored: Scored, sums: dict[str, float], floor_metrics: dict[str, float], floor,
+                 scale: float) -> dict[str, float]:
+        iv, mask = self.iv, b.mask
+        total_tokens = float(mask.sum())
+        gap = (scored.learner_lp - b.old_lp).abs()[mask]
+        grad_norm = sums["grad_norm"]
         metrics = {
             # the objective itself (the floor's gradient surrogate is not its value)
-            "loss/total": scale * (pg_sum + iv.kl.coef * kl_sum - iv.entropy_bonus.coeff * ent_sum
+            "loss/total": scale * (sums["pg"] + iv.kl.coef * sums["kl"] - iv.entropy_bonus.coeff * sums["ent"]
                                    + floor_metrics.get("entropy/floor_penalty", 0.0)),
-            "loss/policy": pg_sum,
+            "loss/policy": sums["pg"],
             "train/grad_norm": grad_norm if math.isfinite(grad_norm) else float("nan"),
-            "train/clip_frac": clipped / max(total_tokens, 1.0),
+            "train/clip_frac": sums["clipped"] / max(total_tokens, 1.0),
             "train/lr": self.scheduler.get_last_lr()[0],
             "train/logprob_gap_mean": float(gap.mean()) if gap.numel() else 0.0,
             "train/logprob_gap_max": float(gap.max()) if gap.numel() else 0.0,
             "train/tokens": total_tokens,
             "train/loss_scale": scale,
-            "policy/entropy_mean": float(entropy[mask].mean()) if mask.any() else 0.0,
+            "policy/entropy_mean": float(scored.entropy[mask].mean()) if mask.any() else 0.0,
         }
         if iv.entropy_bonus.is_active:
-            metrics["loss/entropy_bonus"] = ent_sum
-        if use_ref:
-            per_token = kl_penalty(learner_lp, ref_lp, iv.kl.estimator)
+            metrics["loss/entropy_bonus"] = sums["ent"]
+        if scored.ref_lp is not None:
+            per_token = kl_penalty(scored.learner_lp, scored.ref_lp, iv.kl.estimator)
             metrics["kl/ref"] = float(per_token[mask].mean()) if mask.any() else 0.0
-            metrics["kl/ref_k3"] = float(kl_penalty(learner_lp, ref_lp, "k3")[mask].mean()) if mask.any() else 0.0
+            metrics["kl/ref_k3"] = float(kl_penalty(scored.learner_lp, scored.ref_lp, "k3")[mask].mean()) \
+                if mask.any() else 0.0
             if iv.kl.is_active:
-                metrics["loss/kl"] = kl_sum
+                metrics["loss/kl"] = sums["kl"]
         metrics.update(floor_metrics)
         if floor is not None:
-            first = learner_lp[:, 0][mask[:, 0]]
+            first = scored.learner_lp[:, 0][mask[:, 0]]
             metrics["floor/action_logprob_min"] = float(first.min()) if first.numel() else 0.0
-            metrics["floor/learner_min_valid_prob"] = min(action_min)
-        metrics.update({f"credit/{k}": v for k, v in credit.stats.items()})
-        return {"metrics": metrics, "exec_values": exec_values,
-                "uncertainty": _token_samples(signals, credit.signal_after, mask, plan_flat)
-                if batch.get("want_uncertainty") else None}
+            metrics["floor/learner_min_valid_prob"] = scored.action_min
+        return metrics
 
     # -- adapters and state -----------------------------------------------------------------------------
     def export_adapter(self, version: int) -> dict[str, bytes]:

@@ -100,7 +100,7 @@ def _batch(learner: Learner, completions=COMPLETIONS, rewards=REWARDS, *, floor=
         lp, _ = learner._logprobs(seqs, attn, starts, mask.shape[1], temperature, False, floor)
     rollout = [lp[b, : len(c)].tolist() for b, c in enumerate(c_ids)]
     _perturb(learner)
-    return {"prompt_ids": p_ids, "completion_ids": c_ids, "rollout_logprobs": rollout, "rewards": rewards,
+    return {"prompt_ids": p_ids, "response_ids": c_ids, "rollout_logprobs": rollout, "rewards": rewards,
             "temperature": temperature, "sepa_lambda": 0.0, "step": 0, "loss_scale": 1.0,
             "action_token_ids": action_ids}
 
@@ -190,7 +190,7 @@ def test_entropy_floor_gradient_equals_direct_penalty(tiny_model_dir, monkeypatc
     uniform = [[1.0] * 4, [0.0] * 4]  # zero advantages: the policy-gradient term contributes nothing
     batch = _batch(learner, rewards=uniform)
 
-    seqs, attn, starts, mask = _inputs(learner.tokenizer, batch["prompt_ids"], batch["completion_ids"])
+    seqs, attn, starts, mask = _inputs(learner.tokenizer, batch["prompt_ids"], batch["response_ids"])
     learner.model.train()
     learner.model.zero_grad(set_to_none=True)
     ent = entropy_from_logits(_completion_logits(learner, seqs, attn, starts, mask.shape[1]), TEMPERATURE)
@@ -220,7 +220,7 @@ def test_learner_probability_floor_holds(tiny_model_dir):
     batch = _batch(learner, completions=MC_COMPLETIONS, floor=floor, temperature=temp, action_ids=actions)
 
     # independent: the unfloored probabilities of the actions, restricted to the action set, at the action position
-    seqs, attn, starts, mask = _inputs(tok, batch["prompt_ids"], batch["completion_ids"])
+    seqs, attn, starts, mask = _inputs(tok, batch["prompt_ids"], batch["response_ids"])
     with torch.no_grad():
         first = _completion_logits(learner, seqs, attn, starts, 1)[:, 0]
     plain = torch.softmax(first[:, actions] / temp, dim=-1)
