@@ -94,7 +94,7 @@ def build_report(campaign_dir: Path, *, metric: str | None = None, step: int | N
     if k is not None:
         measures.append((f"step {k}", k + 1, step_values))
     measures += [(f"AUC {_window_label(w)}", w[1] + 1, auc_values[w]) for w in reached]
-    deltas, power = _comparisons(groups, base, measures) if base is not None else (
+    deltas, power = _comparisons(groups, base, measures, metric=metric) if base is not None else (
         pd.DataFrame(columns=COLUMNS["deltas"]), pd.DataFrame(columns=COLUMNS["power"]))
     sepa, sepa_max, lambda_curves = _sepa_tables(groups)
     mech, token_samples, notes = _mechanistic(campaign_dir, groups)

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from scipy import stats as sps
+
+from orchestrator.report.stats import MIN_SEEDS, clip_interval, metric_bounds, t_interval
 
 Curve = tuple[Sequence[float] | np.ndarray, Sequence[float] | np.ndarray]  # (steps, values) of one run
 
@@ -34,10 +35,11 @@ def _save(fig: Figure, path: Path | str) -> Path:
     return path
 
 
-def mean_band(runs: Sequence[Curve], confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                                        np.ndarray, np.ndarray]:
+def mean_band(runs: Sequence[Curve], confidence: float = 0.95, *, bounds: tuple[float, float] | None = None,
+              min_n: int = MIN_SEEDS) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per step across runs: `(steps, mean, ci_low, ci_high, n)`. The band is the t interval of the mean
-    across runs (seeds) present at that step; NaN where fewer than two runs have the step."""
+    across runs (seeds) present at that step, clipped to `bounds` (a rate's band stays in [0, 1]); NaN where
+    fewer than `min_n` runs have the step (no interval is claimed from fewer seeds)."""
     by_step: dict[float, list[float]] = {}
     for steps, values in runs:
         for s, v in zip(np.asarray(steps, float), np.asarray(values, float), strict=True):
@@ -49,23 +51,33 @@ def mean_band(runs: Sequence[Curve], confidence: float = 0.95) -> tuple[np.ndarr
     for i, s in enumerate(steps):
         v = np.asarray(by_step[s])
         n[i], mean[i] = v.size, float(np.mean(v))
-        if v.size >= 2:
-            half = sps.t.ppf(0.5 + confidence / 2.0, v.size - 1) * float(np.std(v, ddof=1)) / math.sqrt(v.size)
-            lo[i], hi[i] = mean[i] - half, mean[i] + half
+        if v.size >= max(2, min_n):
+            lo[i], hi[i] = clip_interval(*t_interval(v, confidence=confidence), bounds)
     return steps, mean, lo, hi, n
 
 
+FAINT_BELOW = 5  # groups with fewer seeds also show each seed's curve
+
+
 def learning_curves(curves: Mapping[str, Sequence[Curve]], path: Path | str, *, metric: str = "metric",
-                    title: str | None = None, confidence: float = 0.95) -> Path:
-    """One line per group (mean across its runs at each step) with a `confidence` t band across seeds.
+                    title: str | None = None, confidence: float = 0.95,
+                    bounds: tuple[float, float] | None | str = "auto") -> Path:
+    """One line per group (mean across its runs at each step) with a `confidence` t band across seeds (from
+    `MIN_SEEDS` seeds on). A group with fewer than `FAINT_BELOW` seeds also draws each seed's curve faintly.
+    `bounds`: the band's range; "auto" takes (0, 1) for a rate / pass@k / success metric (by its name).
 
     `curves` maps a group label to its runs, each run a `(steps, values)` pair."""
+    if bounds == "auto":
+        bounds = metric_bounds(metric)
     fig, (ax,) = _new_figure(7.5, 4.5)
     for i, (label, runs) in enumerate(curves.items()):
-        steps, mean, lo, hi, n = mean_band(runs, confidence)
+        steps, mean, lo, hi, n = mean_band(runs, confidence, bounds=bounds)
         if steps.size == 0:
             continue
         color = f"C{i % 10}"
+        if len(runs) < FAINT_BELOW:
+            for run_steps, run_values in runs:
+                ax.plot(run_steps, run_values, color=color, alpha=0.3, linewidth=0.7)
         ax.plot(steps, mean, color=color, marker="o" if steps.size < 3 else None, ms=3,
                 label=f"{label} (n={int(n.max())})")
         ok = np.isfinite(lo)
@@ -74,7 +86,9 @@ def learning_curves(curves: Mapping[str, Sequence[Curve]], path: Path | str, *, 
                             linewidth=0)
     ax.set_xlabel("step")
     ax.set_ylabel(metric)
-    ax.set_title(title or f"{metric}: mean across seeds, {confidence:.0%} CI band")
+    faint = any(len(r) < FAINT_BELOW for r in curves.values())
+    ax.set_title(title or f"{metric}: mean across seeds, {confidence:.0%} t band (from {MIN_SEEDS} seeds)"
+                 + ("; faint: single seeds" if faint else ""), fontsize=9)
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=7, loc="best")
@@ -103,7 +117,7 @@ def auc_forest(intervals: Mapping[str, Mapping[str, tuple[float, float, float]]]
         ax.grid(axis="x", alpha=0.3)
         if rows:
             ax.set_ylim(-0.7, len(rows) - 0.3)
-    fig.suptitle(title or "Normalized AUC per group\nmean and 95% bootstrap CI over seeds", fontsize=10)
+    fig.suptitle(title or f"Normalized AUC per group\nmean and 95% t CI over seeds (from {MIN_SEEDS} seeds)", fontsize=10)
     return _save(fig, path)
 
 

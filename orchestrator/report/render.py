@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.report.load import TrialIssue, _Group
-from orchestrator.report.tables import ALPHA, CSV_FILES, POWER_TARGET, _window_label
+from orchestrator.report.tables import ALPHA, CSV_FILES, MIN_PAIRS, MIN_SEEDS, POWER_TARGET, _window_label
 
 
 def _slug(text: str) -> str:
@@ -102,9 +102,11 @@ def _summary_rows(tables: dict[str, pd.DataFrame], fmt: _Fmt, windows: list[tupl
                 cells.append("n/a")
                 continue
             r = sel.iloc[0]
-            cells.append(f"{fmt.value(r['mean'])} {fmt.interval(r.ci_low, r.ci_high)} (n={r.n_seeds})")
+            ci = fmt.interval(r.ci_low, r.ci_high) if r.n_seeds >= MIN_SEEDS else "too few seeds"
+            cells.append(f"{fmt.value(r['mean'])} {ci} (n={r.n_seeds})")
         auc_rows.append(cells)
     delta_rows = [[r.group, r.measure, str(r.n_pairs), fmt.delta(r.delta),
+                   "too few seeds" if r.n_pairs < MIN_PAIRS else
                    fmt.delta_interval(r.ci_low, r.ci_high) + (" *" if r.ci_excludes_zero else ""),
                    _pval(r.p_value), _pval(r.p_holm)] for _, r in tables["deltas"].iterrows()]
     return step_rows, (auc_headers, auc_rows), delta_rows
@@ -135,21 +137,24 @@ def _render(meta: dict, metric: str, k: int | None, baseline: _Group | None, tab
            "Mean and standard deviation (ddof=1) across seeds of each group.", "",
            _md_table(STEP_HEADERS, step_rows)]
     md += ["", "## Area under the learning curve", "",
-           "Normalized trapezoidal AUC per run (mean metric over the window), group mean with a 95% percentile "
-           "bootstrap CI over seeds.", ""]
+           "Normalized trapezoidal AUC per run (mean metric over the window), group mean with a 95% t CI over "
+           f"seeds (none below {MIN_SEEDS} seeds; clipped to [0, 1] for a rate; the BCa bootstrap CI is in "
+           "auc.csv for reference).", ""]
     md += [_md_table(auc_headers, auc_rows)] if windows else ["No window is reached by any run."]
     if skipped:
         md += ["", "Skipped windows (no run reaches both ends): "
                + ", ".join(f"steps {lo}-{hi}" for lo, hi in skipped) + "."]
     md += ["", f"## Paired deltas against the baseline `{baseline.label if baseline else 'n/a'}`", "",
-           "Paired by seed (only seeds both groups have). `*`: the 95% bootstrap CI excludes zero (needs at "
-           "least two pairs). p: paired t-test; Holm-adjusted over all comparisons in this table.", ""]
+           "Paired by seed (only seeds both groups have). 95% CI: the paired t interval, which excludes zero "
+           "exactly when the paired t-test's p < 0.05; `*`: it does. p: paired t-test; Holm-adjusted over all "
+           f"comparisons in this table. Below {MIN_PAIRS} pairs no CI, p or `*` is claimed (too few seeds); the "
+           "power analysis still says how many seeds the observed effect would need.", ""]
     md += [_md_table(DELTA_HEADERS, delta_rows)] if delta_rows else ["No comparison (a single group)."]
     power_rows = [[r.group, r.measure, str(r.n_pairs), fmt.delta(r.effect), fmt.delta(r.sd_diff).lstrip("+"),
                    _num(r.seeds_per_arm), _num(r.generations_per_arm), _num(r.current_generations_per_arm),
                    fmt.delta(r.mde_at_current_seeds).lstrip("+")] for _, r in tables["power"].iterrows()]
     md += ["", "## Power analysis", "",
-           f"Paired two-sided t-test, alpha {ALPHA}, power {POWER_TARGET:.0%}, exact noncentral t. Seeds per "
+           f"Paired two-sided t-test, alpha {ALPHA}, power {POWER_TARGET:.0%} (statsmodels TTestPower). Seeds per "
            "arm for the observed effect and sd of paired differences; generations per arm = seeds x steps "
            "(step + 1 for a step value, hi + 1 for an AUC window) x problems x rollouts per step; MDE: the "
            "minimum detectable effect at the current number of pairs.", ""]

@@ -21,15 +21,16 @@ LAMBDA_KEY = "credit/sepa_lambda"
 UNCERTAINTY_KINDS = ("surprisal", "entropy", "varentropy")
 TOKEN_CLASSES = (("execution", "exec"), ("planning", "plan"))
 CONFIDENCE, N_RESAMPLES, BOOT_SEED = 0.95, 10_000, 0
+MIN_SEEDS, MIN_PAIRS = stats.MIN_SEEDS, stats.MIN_PAIRS
 POWER_TARGET, ALPHA = 0.8, 0.05
 
 COLUMNS: dict[str, list[str]] = {
     "step_table": ["group", "condition", "sweep", "metric", "step", "n_seeds", "mean", "std", "min", "max"],
     "auc": ["group", "condition", "sweep", "metric", "window", "lo", "hi", "n_seeds", "mean", "ci_low",
-            "ci_high", "std"],
+            "ci_high", "std", "ci_boot_low", "ci_boot_high"],
     "auc_runs": ["trial", "group", "seed", "window", "lo", "hi", "auc"],
     "deltas": ["group", "baseline", "measure", "n_pairs", "seeds", "delta", "ci_low", "ci_high",
-               "ci_excludes_zero", "mark", "p_value", "p_holm"],
+               "ci_excludes_zero", "mark", "p_value", "p_holm", "note", "ci_boot_low", "ci_boot_high"],
     "power": ["group", "baseline", "measure", "n_pairs", "effect", "sd_diff", "effect_size_dz", "alpha",
               "power", "seeds_per_arm", "steps", "generations_per_step", "generations_per_arm",
               "current_generations_per_arm", "mde_at_current_seeds"],
@@ -79,6 +80,11 @@ def _choose_step(runs: Sequence[_Run], metric: str, step: int | None) -> int | N
     return max(counts, key=lambda s: (counts[s], s))
 
 
+def too_few_note(n: int, needed: int, what: str = "seeds") -> str:
+    """"too few seeds (2 pairs; 3 needed for a CI)" below `needed`, else ""."""
+    return f"too few seeds ({n} {what}; {needed} needed for a CI)" if n < needed else ""
+
+
 def _sd(x: np.ndarray) -> float:
     return float(np.std(x, ddof=1)) if x.size >= 2 else math.nan
 
@@ -103,6 +109,7 @@ def _window_label(w: tuple[int, int]) -> str:
 
 def _auc_tables(groups: Sequence[_Group], metric: str, windows: Sequence[tuple[int, int]]):
     run_rows, group_rows, per_seed, skipped, reached = [], [], {}, [], []
+    bounds = stats.metric_bounds(metric)  # the AUC of a rate is a rate
     for w in windows:
         lo, hi = int(w[0]), int(w[1])
         values = {}
@@ -124,19 +131,27 @@ def _auc_tables(groups: Sequence[_Group], metric: str, windows: Sequence[tuple[i
         per_seed[(lo, hi)] = values
         for g in groups:
             x = np.array(list(values[g.label].values()), dtype=float)
-            ci = stats.bootstrap_ci(x, confidence=CONFIDENCE, n_resamples=N_RESAMPLES, seed=BOOT_SEED)
+            ci = stats.group_ci(x, confidence=CONFIDENCE, bounds=bounds)  # NaN below MIN_SEEDS seeds
+            boot = (stats.clip_interval(*stats.bootstrap_ci(x, confidence=CONFIDENCE, n_resamples=N_RESAMPLES,
+                                                            seed=BOOT_SEED), bounds)
+                    if x.size >= MIN_SEEDS else (math.nan, math.nan))
             group_rows.append({"group": g.label, "condition": g.condition, "sweep": g.sweep_text,
                                "metric": metric, "window": _window_label((lo, hi)), "lo": lo, "hi": hi,
                                "n_seeds": int(x.size), "mean": float(np.mean(x)) if x.size else math.nan,
-                               "ci_low": ci[0], "ci_high": ci[1], "std": _sd(x)})
+                               "ci_low": ci[0], "ci_high": ci[1], "std": _sd(x), "ci_boot_low": boot[0],
+                               "ci_boot_high": boot[1]})
     return (pd.DataFrame(group_rows, columns=COLUMNS["auc"]), pd.DataFrame(run_rows, columns=COLUMNS["auc_runs"]),
             per_seed, reached, skipped)
 
 
-def _comparisons(groups: Sequence[_Group], base: _Group, measures: list[tuple[str, int, dict]]):
+def _comparisons(groups: Sequence[_Group], base: _Group, measures: list[tuple[str, int, dict]],
+                 metric: str | None = None):
     """Deltas and power rows for every non-baseline group and measure. `measures`: (name, steps consumed to
-    reach the measure, {group label: {seed: value}})."""
+    reach the measure, {group label: {seed: value}}). `metric` (its name) clips the CIs of a bounded metric's
+    differences to [-1, 1]. Below `MIN_PAIRS` pairs a delta has no CI, p-value or mark (note: too few seeds);
+    its power row still says how many seeds the observed effect and spread would need."""
     delta_rows, power_rows = [], []
+    bounds = stats.delta_bounds(metric) if metric else None
     for g in groups:
         if g is base:
             continue
@@ -145,12 +160,13 @@ def _comparisons(groups: Sequence[_Group], base: _Group, measures: list[tuple[st
             b, o = values.get(base.label, {}), values.get(g.label, {})
             seeds = sorted(set(b) & set(o))
             cmp = stats.paired_comparison([b[s] for s in seeds], [o[s] for s in seeds], confidence=CONFIDENCE,
-                                          n_resamples=N_RESAMPLES, seed=BOOT_SEED)
+                                          n_resamples=N_RESAMPLES, seed=BOOT_SEED, bounds=bounds)
             delta_rows.append({"group": g.label, "baseline": base.label, "measure": name, "n_pairs": cmp.n,
                                "seeds": " ".join(map(str, seeds)), "delta": cmp.delta, "ci_low": cmp.ci_low,
                                "ci_high": cmp.ci_high, "ci_excludes_zero": cmp.excludes_zero,
                                "mark": "*" if cmp.excludes_zero else "", "p_value": cmp.p_value,
-                               "p_holm": math.nan})
+                               "p_holm": math.nan, "note": too_few_note(cmp.n, MIN_PAIRS, "pairs"),
+                               "ci_boot_low": cmp.boot_low, "ci_boot_high": cmp.boot_high})
             n_arm = stats.seeds_for_power(cmp.delta, cmp.sd_diff, ALPHA, POWER_TARGET) if cmp.n >= 2 else math.nan
             dz = abs(cmp.delta) / cmp.sd_diff if cmp.n >= 2 and cmp.sd_diff > 0 else math.nan
             power_rows.append({

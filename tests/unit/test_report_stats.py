@@ -14,15 +14,21 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 
 from orchestrator.report.stats import (
+    MIN_PAIRS,
+    MIN_SEEDS,
     bootstrap_ci,
+    delta_bounds,
     generations_per_arm,
+    group_ci,
     holm,
+    metric_bounds,
     minimum_detectable_effect,
     normalized_auc,
     paired_bootstrap_ci,
     paired_comparison,
     paired_t_power,
     seeds_for_power,
+    t_interval,
 )
 
 # --- AUC -------------------------------------------------------------------------------------------------------
@@ -73,37 +79,53 @@ def test_auc_of_constant_curve_is_the_constant(c, lo, width, extra):
 # --- bootstrap ------------------------------------------------------------------------------------------------
 
 
-def _scipy_ci(data, statistic, **kw):
-    res = sps.bootstrap(data, statistic, method="percentile", n_resamples=10_000, confidence_level=0.95, rng=0, **kw)
-    return res.confidence_interval.low, res.confidence_interval.high, res.standard_error
+def _scipy_ci(data, statistic, method="BCa", **kw):
+    res = sps.bootstrap(data, statistic, method=method, n_resamples=10_000, confidence_level=0.95, rng=0, **kw)
+    return res.confidence_interval.low, res.confidence_interval.high
 
 
 @pytest.mark.parametrize("n,dist", [(5, "normal"), (12, "skewed"), (40, "normal")])
-def test_bootstrap_ci_agrees_with_scipy(n, dist):
+def test_bootstrap_ci_is_scipys_bca(n, dist):
     rng = np.random.default_rng(n)
     x = rng.normal(0.4, 0.05, n) if dist == "normal" else rng.exponential(0.1, n)
+    assert bootstrap_ci(x, seed=0) == pytest.approx(_scipy_ci((x,), np.mean), rel=1e-12)
+    assert bootstrap_ci(x, seed=0, method="percentile") == pytest.approx(
+        _scipy_ci((x,), np.mean, method="percentile"), rel=1e-12)
+    assert bootstrap_ci(x, statistic="median", seed=0) == pytest.approx(_scipy_ci((x,), np.median), rel=1e-12)
     lo, hi = bootstrap_ci(x, seed=0)
-    s_lo, s_hi, se = _scipy_ci((x,), np.mean)
-    # both are Monte-Carlo estimates of the same bootstrap quantiles; sd of their difference ~0.04 se
-    assert lo == pytest.approx(s_lo, abs=0.2 * se) and hi == pytest.approx(s_hi, abs=0.2 * se)
     assert lo < np.mean(x) < hi
-    m_lo, m_hi = bootstrap_ci(x, statistic="median", seed=3)
-    sm_lo, sm_hi, sm_se = _scipy_ci((x,), np.median)
-    assert m_lo == pytest.approx(sm_lo, abs=0.5 * sm_se + 1e-12) and m_hi == pytest.approx(sm_hi, abs=0.5 * sm_se + 1e-12)
+    if dist == "skewed":  # BCa shifts a right-skewed sample's interval up relative to the percentile one
+        p_lo, p_hi = bootstrap_ci(x, seed=0, method="percentile")
+        assert lo > p_lo and hi > p_hi
+
+
+def test_bootstrap_falls_back_to_percentile_where_bca_is_undefined():
+    # A statistic constant on every jackknife sample (here: the max of data with a repeated maximum) makes the
+    # BCa acceleration 0/0; scipy warns and returns NaN. The report then uses the percentile interval.
+    x = np.array([0.1, 0.2, 0.3, 0.9, 0.9, 0.9])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        raw = sps.bootstrap((x,), np.max, method="BCa", rng=0, n_resamples=2000).confidence_interval
+    assert math.isnan(raw.low) or math.isnan(raw.high)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = bootstrap_ci(x, statistic=np.max, n_resamples=2000)
+    want = sps.bootstrap((x,), np.max, method="percentile", rng=0, n_resamples=2000).confidence_interval
+    assert got == pytest.approx(tuple(want))
 
 
 def test_bootstrap_ci_width_and_seed():
     x = np.random.default_rng(7).normal(size=30)
     lo, hi = bootstrap_ci(x)
-    # percentile CI of the mean ~ mean +- 1.96 SE
+    # CI of the mean ~ mean +- 1.96 SE
     se = x.std(ddof=0) / math.sqrt(x.size)
-    assert hi - lo == pytest.approx(2 * 1.96 * se, rel=0.08)
+    assert hi - lo == pytest.approx(2 * 1.96 * se, rel=0.1)
     assert bootstrap_ci(x, seed=0) == (lo, hi) and bootstrap_ci(x, seed=1) != (lo, hi)
     lo90, hi90 = bootstrap_ci(x, confidence=0.9)
     assert lo < lo90 < hi90 < hi
 
 
-def test_paired_bootstrap_ci_agrees_with_scipy():
+def test_paired_bootstrap_ci_is_scipys_paired_bca():
     rng = np.random.default_rng(11)
     a = rng.normal(0.40, 0.03, 10)
     b = a + 0.01 + rng.normal(0, 0.01, 10)
@@ -112,13 +134,35 @@ def test_paired_bootstrap_ci_agrees_with_scipy():
     def mean_diff(x, y, axis=-1):
         return np.mean(y - x, axis=axis)
 
-    s_lo, s_hi, se = _scipy_ci((a, b), mean_diff, paired=True)
-    assert lo == pytest.approx(s_lo, abs=0.2 * se) and hi == pytest.approx(s_hi, abs=0.2 * se)
+    # scipy resamples the pairs' indices; the same indices applied to the differences give the same interval
+    assert (lo, hi) == pytest.approx(_scipy_ci((a, b), mean_diff, paired=True), rel=1e-9)
     # pairing matters: the unpaired spread of a is much larger than the CI width
     assert hi - lo < 0.5 * (np.std(a) * 2 * 1.96 / math.sqrt(10))
     # NaN pairs are dropped
     a2, b2 = np.append(a, np.nan), np.append(b, 0.9)
     assert paired_bootstrap_ci(a2, b2) == (lo, hi)
+
+
+def test_t_interval_and_group_ci():
+    x = np.random.default_rng(2).normal(0.5, 0.1, 6)
+    want = sps.ttest_1samp(x, 0.0).confidence_interval(0.95)
+    assert t_interval(x) == pytest.approx((want.low, want.high), rel=1e-12)
+    assert group_ci(x) == pytest.approx((want.low, want.high), rel=1e-12)
+    # fewer than MIN_SEEDS seeds: no group CI
+    assert MIN_SEEDS == 3 and all(math.isnan(v) for v in group_ci(x[:2]))
+    # a rate near 0 gets its interval clipped to [0, 1]
+    rate = np.array([0.0, 0.0, 0.02, 0.01])
+    lo, hi = group_ci(rate, bounds=(0.0, 1.0))
+    assert t_interval(rate)[0] < 0.0 and lo == 0.0 and hi == pytest.approx(t_interval(rate)[1])
+
+
+def test_metric_bounds_by_name():
+    for m in ("train/correct_rate", "eval/pass@1", "eval/pass@k", "env/success_rate", "eval/success",
+              "eval/accuracy"):
+        assert metric_bounds(m) == (0.0, 1.0), m
+        assert delta_bounds(m) == (-1.0, 1.0)
+    for m in ("train/reward_mean", "loss/total", "policy/entropy_mean", "train/completion_len"):
+        assert metric_bounds(m) is None and delta_bounds(m) is None, m
 
 
 def test_bootstrap_degenerate_inputs_do_not_warn():
@@ -135,6 +179,15 @@ def test_bootstrap_degenerate_inputs_do_not_warn():
         c = paired_comparison([0.1, 0.2, 0.3], [0.2, 0.3, 0.4])  # constant difference: t undefined
         assert c.n == 3 and math.isnan(c.p_value) and c.sd_diff == pytest.approx(0, abs=1e-12)
         assert paired_comparison([], []).n == 0
+
+
+def test_fewer_than_three_pairs_claim_nothing():
+    # two pairs with a large, consistent difference: a bootstrap CI would exclude zero; the report claims nothing
+    c = paired_comparison([0.30, 0.31], [0.40, 0.45])
+    assert c.n == 2 and c.too_few and not c.excludes_zero
+    assert math.isnan(c.ci_low) and math.isnan(c.ci_high) and math.isnan(c.p_value)
+    assert c.delta == pytest.approx(0.12) and c.sd_diff == pytest.approx(np.std([0.10, 0.14], ddof=1))
+    assert MIN_PAIRS == 3
 
 
 @settings(max_examples=40, deadline=None)
@@ -154,10 +207,22 @@ def test_paired_comparison_matches_ttest_rel():
     base = rng.normal(0.4, 0.05, 8)
     other = base + 0.02 + rng.normal(0, 0.01, 8)
     c = paired_comparison(base, other)
+    ref = sps.ttest_rel(other, base)
     assert c.n == 8 and c.delta == pytest.approx(np.mean(other - base))
-    assert c.p_value == pytest.approx(sps.ttest_rel(other, base).pvalue)
+    assert c.p_value == pytest.approx(ref.pvalue, rel=1e-10)
+    assert (c.ci_low, c.ci_high) == pytest.approx(tuple(ref.confidence_interval(0.95)), rel=1e-12)
     assert c.sd_diff == pytest.approx(np.std(other - base, ddof=1))
-    assert (c.ci_low, c.ci_high) == paired_bootstrap_ci(base, other) and c.excludes_zero
+    assert (c.boot_low, c.boot_high) == paired_bootstrap_ci(base, other) and c.excludes_zero
+    # the CI excludes zero exactly when the paired t-test rejects at 5%, whatever the data
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        n = int(rng.integers(3, 12))
+        a, b = rng.normal(0, 1, n), rng.normal(0, 1, n) + rng.normal(0, 0.5)
+        c = paired_comparison(a, b, bootstrap=False)
+        assert c.excludes_zero == (sps.ttest_rel(b, a).pvalue < 0.05)
+    # bounded: the CI of a difference of rates stays in [-1, 1]
+    c = paired_comparison([0.0, 0.0, 0.0], [1.0, 0.2, 1.0], bounds=(-1.0, 1.0))
+    assert -1.0 <= c.ci_low and c.ci_high == 1.0
 
 
 @pytest.mark.parametrize("seed", range(5))
