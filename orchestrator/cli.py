@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from orchestrator.config_files import load_yaml
@@ -78,21 +79,32 @@ def _report(args: argparse.Namespace) -> int:
     from orchestrator.report import build_report
 
     campaign = load_campaign(args.file)
-    if store.is_uri(campaign.directory):
-        raise UserError(f"{args.file}: storage: the report reads local files; copy {campaign.directory} to a local "
-                        "directory (e.g. with `aws s3 sync` / `gsutil rsync`) and point storage at it")
-    if not (Path(campaign.directory) / "campaign.json").is_file():
+    uri = store.is_uri(campaign.directory)
+    try:
+        has_run = store.read_text(store.join(campaign.directory, "campaign.json")) is not None
+    except OSError as exc:  # an unreachable bucket, missing credentials, ...
+        raise UserError(f"{args.file}: storage: cannot read {campaign.directory} ({exc})") from None
+    if not has_run:
         raise UserError(f"{args.file}: campaign '{campaign.config.name}' has not run yet (no {campaign.directory}"
                         "/campaign.json); start it with: python -m orchestrator run " + args.file)
+    # A URI campaign is read in place through pyarrow.fs; without --out its report is written to a local
+    # scratch directory and uploaded to <campaign>/report/, next to the data as for a local campaign.
+    scratch = tempfile.TemporaryDirectory(prefix="report-") if uri and not args.out else None
+    out_dir = Path(args.out) if args.out else (Path(scratch.name) if scratch else None)
     try:
-        report = build_report(Path(campaign.directory), metric=args.metric, step=args.step,
-                              windows=args.window or ((0, 10), (0, 15)), baseline=args.baseline,
-                              out_dir=Path(args.out) if args.out else None)
+        report = build_report(campaign.directory if uri else Path(campaign.directory), metric=args.metric,
+                              step=args.step, windows=args.window or ((0, 10), (0, 15)), baseline=args.baseline,
+                              out_dir=out_dir)
     except ValueError as exc:  # e.g. an unknown baseline
         raise UserError(f"{args.file}: {exc}") from None
+    where = str(report.out_dir)
+    if scratch is not None:
+        where = store.join(campaign.directory, "report")
+        for f in sorted(p for p in report.out_dir.rglob("*") if p.is_file()):
+            store.write_bytes(store.join(where, *f.relative_to(report.out_dir).parts), f.read_bytes())
     print(report.headline)
-    print(f"\nreport: {report.out_dir / 'report.md'} ({len(report.figures)} figures, "
-          f"{len(report.tables)} CSV tables in {report.out_dir})")
+    print(f"\nreport: {where}/report.md ({len(report.figures)} figures, "
+          f"{len(report.tables)} CSV tables in {where})")
     if args.wandb:
         from orchestrator.report.publish import log_report
 

@@ -58,11 +58,11 @@ class Report:
     skipped_windows: list[tuple[int, int]] = field(default_factory=list)
 
 
-def build_report(campaign_dir: Path, *, metric: str | None = None, step: int | None = None,
+def build_report(campaign_dir: Path | str, *, metric: str | None = None, step: int | None = None,
                  windows: Sequence[tuple[int, int]] = ((0, 10), (0, 15)), baseline: str | None = None,
                  out_dir: Path | None = None, figures: bool = True) -> Report:
-    """Read `campaign_dir` and write `report.md`, the CSV tables and PNG figures into `out_dir`
-    (default `<campaign_dir>/report/`).
+    """Read `campaign_dir` (a path, or a URI read through pyarrow.fs) and write `report.md`, the CSV tables
+    and PNG figures into `out_dir` (default `<campaign_dir>/report/`; required for a URI).
 
     metric: default `eval/pass@1` when any trial logged it, else `train/correct_rate`; only rows carrying the
     key are used. step: the step of the step-k table; default the latest step every started trial reached
@@ -70,7 +70,11 @@ def build_report(campaign_dir: Path, *, metric: str | None = None, step: int | N
     `(lo, hi)`; a window no run covers is skipped. baseline: a group label or a condition name (its first
     group); default the first group of the first condition. figures: False skips the PNGs.
     """
-    campaign_dir = Path(campaign_dir)
+    if "://" in str(campaign_dir):  # a URI (s3://, gs://, any pyarrow filesystem): read in place, write locally
+        if out_dir is None:
+            raise ValueError(f"{campaign_dir} is a URI: give out_dir, a local directory for the report")
+    else:
+        campaign_dir = Path(campaign_dir)
     out_dir = Path(out_dir) if out_dir is not None else campaign_dir / "report"
     meta, groups, issues = _load(campaign_dir)
     runs = [r for g in groups for r in g.runs]

@@ -6,10 +6,14 @@ Layout read (see `_load` and `_load_tokens`):
     <campaign_dir>/campaign.json
     <campaign_dir>/trials/<trial>/metrics.jsonl
     <campaign_dir>/trials/<trial>/uncertainty/step_<k>.npz    (optional; SEPA conditions)
+
+`campaign_dir` is a local path or a URI of any filesystem pyarrow opens (`s3://`, `gs://`, `hdfs://`,
+`abfs://`, `file://`, ...): files are read through `pyarrow.fs` directly, without a local copy.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -17,6 +21,68 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+
+
+def _filesystem_from_uri(uri: str):
+    """`(pyarrow filesystem, path)` for a URI (a seam for tests: an in-memory filesystem)."""
+    import pyarrow.fs
+
+    return pyarrow.fs.FileSystem.from_uri(uri)
+
+
+class CampaignFiles:
+    """Read-only access to a campaign directory given as a local path or a pyarrow-readable URI."""
+
+    def __init__(self, location: str | Path):
+        self.location = str(location).rstrip("/") if "://" in str(location) else str(location)
+        self.fs, self.root = (_filesystem_from_uri(self.location) if "://" in self.location
+                              else (None, self.location))
+
+    def __str__(self) -> str:
+        return self.location
+
+    def _path(self, rel: str) -> str:
+        return f"{self.root.rstrip('/')}/{rel}" if rel else self.root
+
+    def _kind(self, rel: str):
+        if self.fs is None:
+            p = Path(self._path(rel))
+            return "dir" if p.is_dir() else "file" if p.is_file() else None
+        import pyarrow.fs
+
+        t = self.fs.get_file_info(self._path(rel)).type
+        return {pyarrow.fs.FileType.Directory: "dir", pyarrow.fs.FileType.File: "file"}.get(t)
+
+    def is_dir(self, rel: str) -> bool:
+        return self._kind(rel) == "dir"
+
+    def is_file(self, rel: str) -> bool:
+        return self._kind(rel) == "file"
+
+    def read_bytes(self, rel: str) -> bytes:
+        if self.fs is None:
+            return Path(self._path(rel)).read_bytes()
+        with self.fs.open_input_stream(self._path(rel)) as f:
+            return f.read()
+
+    def read_text(self, rel: str) -> str:
+        return self.read_bytes(rel).decode()
+
+    def files(self, rel_dir: str, prefix: str, suffix: str) -> list[str]:
+        """Names of the files directly in `rel_dir` matching `prefix*suffix`, sorted."""
+        if self.fs is None:
+            d = Path(self._path(rel_dir))
+            names = [p.name for p in d.iterdir() if p.is_file()] if d.is_dir() else []
+        else:
+            import pyarrow.fs
+
+            infos = self.fs.get_file_info(pyarrow.fs.FileSelector(self._path(rel_dir), allow_not_found=True))
+            names = [i.base_name for i in infos if i.type == pyarrow.fs.FileType.File]
+        return sorted(n for n in names if n.startswith(prefix) and n.endswith(suffix))
+
+
+def _files(campaign_dir: str | Path | CampaignFiles) -> CampaignFiles:
+    return campaign_dir if isinstance(campaign_dir, CampaignFiles) else CampaignFiles(campaign_dir)
 
 
 class TrialIssue(NamedTuple):
@@ -113,25 +179,29 @@ def _as_float(v: Any) -> float:
 
 
 def _read_metrics(path: Path) -> tuple[dict[str, np.ndarray] | None, int]:
+    """`_parse_metrics` of a local file."""
+    return _parse_metrics(Path(path).read_text())
+
+
+def _parse_metrics(text: str) -> tuple[dict[str, np.ndarray] | None, int]:
     """Numeric columns of a metrics.jsonl (rows sorted by step, the last row wins on a repeated step; NaN
     where a row lacks the key or holds a non-number) and the count of lines that could not be parsed (e.g. a
     partly written last line of a running trial)."""
     rows: dict[int, dict] = {}
     bad = 0
-    with path.open() as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                bad += 1
-                continue
-            if isinstance(row, dict) and isinstance(row.get("step"), (int, float)):
-                rows[int(row["step"])] = row
-            else:
-                bad += 1
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), (int, float)):
+            rows[int(row["step"])] = row
+        else:
+            bad += 1
     if not rows:
         return None, bad
     steps = sorted(rows)
@@ -141,8 +211,9 @@ def _read_metrics(path: Path) -> tuple[dict[str, np.ndarray] | None, int]:
     return data, bad
 
 
-def _load(campaign_dir: Path) -> tuple[dict[str, Any], list[_Group], list[TrialIssue]]:
-    meta = json.loads((campaign_dir / "campaign.json").read_text())
+def _load(campaign_dir: str | Path | CampaignFiles) -> tuple[dict[str, Any], list[_Group], list[TrialIssue]]:
+    files = _files(campaign_dir)
+    meta = json.loads(files.read_text("campaign.json"))
     trials = meta.get("trials") or []
     any_sweep = any(t.get("sweep") for t in trials)
     groups: dict[tuple, _Group] = {}
@@ -159,16 +230,16 @@ def _load(campaign_dir: Path) -> tuple[dict[str, Any], list[_Group], list[TrialI
             groups[key] = _Group(label, cond, sweep, _uses_sepa(config))
         run = _Run(str(t["name"]), cond, int(t.get("seed", 0)), sweep, config, groups[key].label)
         groups[key].runs.append(run)
-        tdir = campaign_dir / "trials" / run.name
+        tdir = f"trials/{run.name}"
         planned = config.get("steps")
-        if not tdir.is_dir():
+        if not files.is_dir(tdir):
             issues.append(TrialIssue(run.name, "not started (no trial directory)"))
             continue
-        mpath = tdir / "metrics.jsonl"
-        if not mpath.is_file():
+        mpath = f"{tdir}/metrics.jsonl"
+        if not files.is_file(mpath):
             issues.append(TrialIssue(run.name, "no metrics.jsonl"))
             continue
-        run.data, bad = _read_metrics(mpath)
+        run.data, bad = _parse_metrics(files.read_text(mpath))
         note = f"; {bad} unreadable line(s) skipped" if bad else ""
         if run.data is None:
             issues.append(TrialIssue(run.name, f"metrics.jsonl has no rows{note}"))
@@ -180,19 +251,19 @@ def _load(campaign_dir: Path) -> tuple[dict[str, Any], list[_Group], list[TrialI
     return meta, list(groups.values()), issues
 
 
-def _load_tokens(campaign_dir: Path, group: _Group) -> tuple[dict[str, np.ndarray], int, list[str]]:
+def _load_tokens(campaign_dir: str | Path | CampaignFiles,
+                 group: _Group) -> tuple[dict[str, np.ndarray], int, list[str]]:
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("exec_before", "exec_after", "plan_before", "plan_after")}
     n_files, problems = 0, []
+    files = _files(campaign_dir)
     for r in group.runs:
-        udir = campaign_dir / "trials" / r.name / "uncertainty"
-        if not udir.is_dir():
-            continue
-        for path in sorted(udir.glob("step_*.npz")):
+        udir = f"trials/{r.name}/uncertainty"
+        for name in files.files(udir, "step_", ".npz"):
             try:
-                with np.load(path) as z:
+                with np.load(io.BytesIO(files.read_bytes(f"{udir}/{name}")), allow_pickle=False) as z:
                     arrays = {k: np.asarray(z[k], dtype=float).ravel() for k in parts if k in z.files}
             except Exception as exc:  # a file being written, or corrupt: skip it, say so
-                problems.append(f"{r.name}/{path.name}: unreadable ({type(exc).__name__})")
+                problems.append(f"{r.name}/{name}: unreadable ({type(exc).__name__})")
                 continue
             n_files += 1
             for k, a in arrays.items():

@@ -228,7 +228,7 @@ def _reduction(before: float, after: float) -> float:
     return 100.0 * (1.0 - after / before) if math.isfinite(before) and before > 0 and math.isfinite(after) else math.nan
 
 
-def _mechanistic(campaign_dir: Path, groups: Sequence[_Group]):
+def _mechanistic(campaign_dir: Path | str, groups: Sequence[_Group]):
     rows, samples, notes = [], {}, []
     for g in groups:
         if not g.uses_sepa:
