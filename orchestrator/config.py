@@ -21,7 +21,8 @@ class _Strict(BaseModel):
 
 
 class ModelConfig(_Strict):
-    name: str = Field("tiny", description="hub name, local path, or 'tiny' for the locally built tiny model")
+    name: str = Field("tiny", description=(
+        "hub name, local path, or a locally built model: 'tiny' (random init), 'tiny-agent' (agentic tasks)"))
     tiny_seed: int = 0
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto: fp32 on CPU, bf16 on GPU")
     max_model_len: int = Field(128, ge=16)
@@ -35,6 +36,17 @@ class RolloutConfig(_Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_tokens: int = Field(6, ge=1)
     skip_uninformative: bool = Field(True, description="drop groups whose rewards are all equal before training")
+    # agentic (multi-turn) tasks; max_tokens is then per turn
+    max_turns: int = Field(5, ge=1, description="turns per episode (agentic tasks)")
+    max_actions_per_turn: int = Field(2, ge=1, description="actions read from one answer (agentic tasks)")
+    max_actions_per_episode: int = Field(10, ge=1, description="actions per episode (agentic tasks)")
+
+    @model_validator(mode="after")
+    def _action_budget(self) -> RolloutConfig:
+        if self.max_actions_per_turn > self.max_actions_per_episode:
+            raise ValueError(f"max_actions_per_turn ({self.max_actions_per_turn}) must be <= "
+                             f"max_actions_per_episode ({self.max_actions_per_episode})")
+        return self
 
 
 class LoraSettings(_Strict):
@@ -141,6 +153,9 @@ class TrialConfig(_Strict):
     def _fits(self) -> TrialConfig:
         if self.rollout.max_tokens >= self.model.max_model_len:
             raise ValueError("rollout.max_tokens must be smaller than model.max_model_len")
+        if self.task.agentic and self.interventions.probability_floor.is_active:
+            raise ValueError("interventions.probability_floor needs a task with a one-token action set; "
+                             f"task '{self.task.name}' answers with multi-token actions")
         if self.interventions.probability_floor.is_active and self.rollout.top_p != 1.0:
             raise ValueError("interventions.probability_floor needs rollout.top_p = 1 (the learner cannot "
                              "reproduce a top-p truncated, floored distribution)")

@@ -5,14 +5,18 @@ Seeds are a pure function of (trial seed, step, shard), so a restored trial repl
 
 from __future__ import annotations
 
+import numpy as np
 import ray
 
 from orchestrator.config import TrialConfig
 from workers.rollout import shard
 
 
-def step_seed(seed: int, step: int, shard_idx: int) -> int:
-    """Sampling seed of one shard at one step: a pure function of (seed, step, shard), so resumes replay."""
+def step_seed(seed: int, step: int, shard_idx: int, turn: int = 0) -> int:
+    """Sampling seed of one shard at one step (and turn, for multi-turn episodes): a pure function of its
+    arguments, so resumes replay. Turn 0 keeps the single-turn formula."""
+    if turn:
+        return int(np.random.SeedSequence([seed % 2**63, step, shard_idx, turn]).generate_state(1)[0] % (2**31 - 1))
     return (seed * 1_000_003 + step * 9_973 + shard_idx * 101) % (2**31 - 1)
 
 

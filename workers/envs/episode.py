@@ -119,6 +119,7 @@ class EnvTask:
     """Level seeds for an agentic trial: a seeded training stream (cursor = state) and fixed validation levels."""
 
     agentic = True
+    action_tokens = None  # multi-token actions: no single-token action set for the probability floor
 
     def __init__(self, config, seed: int):
         self.config, self.seed, self.name = config, int(seed), config.name
