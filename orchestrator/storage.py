@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 LOCK_FILE = ".driver.lock"  # held by the campaign's driver (launch.driver_lock), probed by status
@@ -101,3 +103,147 @@ def read_jsonl(location: str) -> list[dict]:
 
 def trial_dir(campaign_dir: str, trial: str) -> str:
     return join(campaign_dir, "trials", trial)
+
+
+# ------------------------------------------------------------------------------------------------ checkpoints
+# A trial checkpoint is a directory of our files plus MANIFEST (sha256 and size of each), written by
+# `seal_checkpoint` just before the directory is handed to Tune. `restore_checkpoint` verifies the newest one and,
+# when it is truncated or damaged, falls back to the previous checkpoint Tune kept (CheckpointConfig.num_to_keep),
+# saying so in the trial's events.jsonl. A learner blob that would run code when unpickled is refused outright.
+CHECKPOINT_MANIFEST = "manifest.json"
+_CKPT_DIR = re.compile(r"^checkpoint_(\d+)$")
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def seal_checkpoint(directory: str | Path) -> None:
+    """Write the manifest of a checkpoint directory: every file's size and sha256."""
+    d = Path(directory)
+    files = {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*"))
+             if p.is_file() and p.name != CHECKPOINT_MANIFEST}
+    manifest = {"version": 1, "files": {k: {"bytes": len(v), "sha256": _sha256(v)} for k, v in files.items()}}
+    (d / CHECKPOINT_MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+class _CheckpointDir:
+    """A checkpoint directory on a pyarrow filesystem (Tune's `Checkpoint.filesystem` / `.path`)."""
+
+    def __init__(self, fs, path: str):
+        self.fs, self.path = fs, path.rstrip("/")
+
+    def __str__(self) -> str:
+        import pyarrow.fs
+
+        return self.path if isinstance(self.fs, pyarrow.fs.LocalFileSystem) else f"{self.fs.type_name}://{self.path}"
+
+    def read(self, name: str) -> bytes | None:
+        import pyarrow.fs
+
+        p = f"{self.path}/{name}"
+        if self.fs.get_file_info(p).type != pyarrow.fs.FileType.File:
+            return None
+        with self.fs.open_input_stream(p) as f:
+            return f.read()
+
+
+def _older_checkpoints(fs, path: str) -> list[_CheckpointDir]:
+    """The sibling `checkpoint_<n>` directories older than `path`, newest first (the ones Tune kept)."""
+    import pyarrow.fs
+
+    parent, _, name = path.rstrip("/").rpartition("/")
+    m = _CKPT_DIR.match(name)
+    if not parent or not m:
+        return []
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(parent, allow_not_found=True))
+    older = [(int(mm.group(1)), i.path) for i in infos if i.type == pyarrow.fs.FileType.Directory
+             and (mm := _CKPT_DIR.match(i.base_name)) and int(mm.group(1)) < int(m.group(1))]
+    return [_CheckpointDir(fs, p) for _, p in sorted(older, reverse=True)]
+
+
+@dataclass
+class RestoredCheckpoint:
+    state: dict  # the trial state (step, adapter version, task cursor, SEPA controller, config)
+    learner: bytes  # the learner's blob, verified to load with weights_only=True
+    rows: list[dict]  # metrics rows up to and including the checkpoint's step
+    location: str  # the checkpoint directory used
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (file, why) of newer unusable checkpoints
+
+
+def _verify(ck: _CheckpointDir, state_file: str, learner_file: str, metrics_file: str):
+    """(state, learner blob, rows) of one checkpoint, or raise CheckpointError naming the bad file."""
+    from workers.checkpoint import CorruptCheckpoint, load_blob
+
+    blobs = {n: ck.read(n) for n in (state_file, learner_file, metrics_file)}
+    # The learner blob is checked for code first, whatever the manifest says: a crafted file is refused, not
+    # skipped. weights_only=True loading never runs code, so trying it on damaged bytes is harmless.
+    load_error = None
+    if blobs[learner_file] is not None:
+        try:
+            load_blob(blobs[learner_file], f"{ck}/{learner_file}")
+        except CorruptCheckpoint as exc:  # reported after the manifest, which says more (sizes)
+            load_error = exc
+    raw_manifest = ck.read(CHECKPOINT_MANIFEST)
+    if raw_manifest is not None:
+        try:
+            listed = json.loads(raw_manifest)["files"]
+        except (ValueError, KeyError, TypeError):
+            raise CorruptCheckpoint(f"{ck}/{CHECKPOINT_MANIFEST}: unreadable manifest") from None
+        for name, meta in listed.items():
+            data = blobs[name] if name in blobs else ck.read(name)
+            if data is None:
+                raise CorruptCheckpoint(f"{ck}/{name}: missing (listed in {CHECKPOINT_MANIFEST})")
+            if len(data) != meta.get("bytes") or _sha256(data) != meta.get("sha256"):
+                raise CorruptCheckpoint(f"{ck}/{name}: {len(data)} bytes, checksum does not match the manifest "
+                                        f"({meta.get('bytes')} bytes): truncated or damaged")
+    for name, data in blobs.items():
+        if data is None:
+            raise CorruptCheckpoint(f"{ck}/{name}: missing")
+    if load_error is not None:
+        raise load_error
+    try:
+        state = json.loads(blobs[state_file])
+    except ValueError:
+        state = None
+    if not (isinstance(state, dict) and isinstance(state.get("step"), int)):
+        raise CorruptCheckpoint(f"{ck}/{state_file}: unreadable trial state")
+    try:
+        rows = [json.loads(ln) for ln in blobs[metrics_file].decode().splitlines() if ln.strip()]
+    except ValueError:
+        raise CorruptCheckpoint(f"{ck}/{metrics_file}: unreadable metrics rows") from None
+    return state, blobs[learner_file], rows
+
+
+def restore_checkpoint(checkpoint, *, events: str | None = None, state_file: str = "trial_state.json",
+                       learner_file: str = "learner.pt", metrics_file: str = "metrics.jsonl") -> RestoredCheckpoint:
+    """Verify Tune's latest checkpoint (`ray.tune.Checkpoint`) and, if it is unusable, each older one Tune kept,
+    newest first. Each skipped checkpoint is one `checkpoint_skipped` line in `events` (a jsonl location).
+
+    Raises `workers.checkpoint.UnsafeCheckpoint` for a learner blob that would run code (never skipped), and
+    `CorruptCheckpoint` naming the newest checkpoint's bad file when no kept checkpoint is usable: a trial never
+    restarts from step 0 silently.
+    """
+    from workers.checkpoint import CorruptCheckpoint
+
+    candidates = [_CheckpointDir(checkpoint.filesystem, checkpoint.path),
+                  *_older_checkpoints(checkpoint.filesystem, checkpoint.path)]
+    skipped: list[tuple[str, str]] = []
+    for ck in candidates:
+        try:
+            state, blob, rows = _verify(ck, state_file, learner_file, metrics_file)
+        except CorruptCheckpoint as exc:
+            skipped.append((str(ck), str(exc)))
+            if events is not None:
+                append_line(events, {"event": "checkpoint_skipped", "checkpoint": str(ck), "reason": str(exc),
+                                     "time": time.time()})
+            continue
+        if skipped and events is not None:
+            append_line(events, {"event": "checkpoint_fallback", "checkpoint": str(ck), "step": state["step"],
+                                 "skipped": [s for s, _ in skipped], "time": time.time()})
+        return RestoredCheckpoint(state, blob, rows, str(ck), skipped)
+    first = skipped[0][1]
+    raise CorruptCheckpoint(f"{first}; no older checkpoint is usable ({len(candidates)} kept)"
+                            if len(candidates) > 1 else f"{first}; no older checkpoint was kept")

@@ -10,7 +10,6 @@ metrics.
 
 from __future__ import annotations
 
-import io
 import math
 import random
 import tempfile
@@ -21,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from workers.checkpoint import dump_blob, load_blob
 from workers.credit import CreditConfig, compute_advantages, planning_masks, token_uncertainty
 from workers.credit.pipeline import resolve_plugins
 from workers.interventions import InterventionsConfig
@@ -395,14 +395,14 @@ class Learner:
             "torch_rng": torch.random.get_rng_state(),
             "python_rng": random.getstate(),
         }
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        return buf.getvalue()
+        return dump_blob(state)
 
-    def load_state_dict(self, blob: bytes) -> None:
+    def load_state_dict(self, blob: bytes, source: str = "learner state") -> None:
+        """Restore `state_dict()`'s blob. Loaded with `torch.load(weights_only=True)` (workers.checkpoint): a
+        blob that would run code is refused with `UnsafeCheckpoint` naming `source`."""
         from peft import set_peft_model_state_dict
 
-        state = torch.load(io.BytesIO(blob), weights_only=False)
+        state = load_blob(blob, source)
         set_peft_model_state_dict(self.model, state["adapter"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
