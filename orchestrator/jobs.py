@@ -8,6 +8,7 @@ new submission resumes the campaign from storage.
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -49,7 +50,9 @@ def submit(campaign: Campaign, address: str | None) -> str:
                   f"follow it with: ray job logs -f {job.submission_id}")
             return job.submission_id
     sid = f"{campaign.config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
+    # the job resolves `storage` again on the cluster: it needs the variables the local resolution used
+    storage_vars = re.findall(r"\$\{(\w+)", campaign.config.storage)
+    env = {k: os.environ[k] for k in (*PASS_ENV, *storage_vars) if k in os.environ}
     client.submit_job(
         entrypoint=f"python -m orchestrator run {src.relative_to(cwd)}",
         runtime_env={"working_dir": str(cwd), "env_vars": env},
