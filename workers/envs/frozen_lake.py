@@ -26,8 +26,10 @@ class TextFrozenLake(FrozenLakeEnv):
     metadata = {**FrozenLakeEnv.metadata, "render_modes": ["ansi"]}
 
     def __init__(self, size: int = 4, frozen_prob: float = 0.8, success_rate: float = 1.0, level_seed: int = 0,
-                 render_mode: str | None = "ansi"):
-        desc = generate_random_map(size=size, p=frozen_prob, seed=int(level_seed))
+                 render_mode: str | None = "ansi", desc: list[str] | None = None):
+        """A generated map (`size`, `frozen_prob`, `level_seed`) or a hand-made one (`desc`, gymnasium's
+        S/F/H/G rows)."""
+        desc = desc or generate_random_map(size=size, p=frozen_prob, seed=int(level_seed))
         super().__init__(render_mode=render_mode, desc=desc, is_slippery=success_rate < 1.0,
                          success_rate=success_rate)
         self.success_rate = success_rate

@@ -85,18 +85,42 @@ def generate_level(size: int, num_boxes: int, seed: int, reverse_steps: int = 30
     raise RuntimeError(f"no Sokoban level for size={size} boxes={num_boxes} seed={seed}")
 
 
+def parse_layout(rows: list[str]) -> tuple[np.ndarray, list[Pos], list[Pos], Pos]:
+    """(room, targets, boxes, player) from square rows of symbols; ValueError on anything malformed."""
+    code = {v: k for k, v in SYMBOL.items()}
+    if not rows or any(len(r) != len(rows) for r in rows) or any(c not in code for r in rows for c in r):
+        raise ValueError(f"a layout is square rows of the symbols {''.join(SYMBOLS)}")
+    grid = np.array([[code[c] for c in r] for r in rows], dtype=np.uint8)
+    at = {k: [tuple(int(x) for x in p) for p in np.argwhere(grid == k)] for k in SYMBOL}
+    players = at[PLAYER] + at[PLAYER_ON_TARGET]
+    boxes = at[BOX] + at[BOX_ON_TARGET]
+    targets = at[TARGET] + at[BOX_ON_TARGET] + at[PLAYER_ON_TARGET]
+    if len(players) != 1 or not boxes or len(boxes) != len(targets):
+        raise ValueError("a layout needs one player and as many boxes as targets")
+    room = np.where(grid == WALL, WALL, FLOOR).astype(np.uint8)
+    for t in targets:
+        room[t] = TARGET
+    return room, sorted(targets), sorted(boxes), players[0]
+
+
 class SokobanEnv(gym.Env):
     """A Sokoban level as a gymnasium env. Observation: the `[size, size]` grid of cell codes (uint8)."""
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
     def __init__(self, size: int = 6, boxes: int = 1, max_env_steps: int = 100, level_seed: int = 0,
-                 render_mode: str | None = "ansi"):
+                 render_mode: str | None = "ansi", layout: list[str] | None = None):
+        """A generated level (`size`, `boxes`, `level_seed`), or a hand-made one: `layout` rows of symbols
+        (SYMBOL's characters, no spaces), which then sets the size and the boxes."""
+        if layout is not None:
+            self.room, self.targets, self._start_boxes, self._start_player = parse_layout(layout)
+            size, boxes = self.room.shape[0], len(self._start_boxes)
         if size < 4 or boxes < 1:
             raise ValueError(f"Sokoban needs size >= 4 and boxes >= 1, got size={size} boxes={boxes}")
         self.size, self.num_boxes, self.max_env_steps = size, boxes, max_env_steps
         self.render_mode = render_mode
-        self.room, self.targets, self._start_boxes, self._start_player = generate_level(size, boxes, level_seed)
+        if layout is None:
+            self.room, self.targets, self._start_boxes, self._start_player = generate_level(size, boxes, level_seed)
         self.observation_space = gym.spaces.Box(0, 6, (size, size), dtype=np.uint8)
         self.action_space = gym.spaces.Discrete(4)
         self.action_ids = tuple(range(len(ACTION_NAMES)))
