@@ -192,6 +192,7 @@ class MathTask(Task):
     """Problems from a dataset; reward 1.0 when the extracted answer is math-verify-equivalent to the reference."""
 
     name = "math"
+    score_time_limit_s = None  # the isolated grader enforces `grader_timeout_s` per answer in a killable process
 
     def __init__(self, config: TaskConfig, seed: int):
         self.config = config
