@@ -96,3 +96,54 @@ def rv_filter(rewards: Tensor, cfg: RVFilterConfig) -> RVFilterResult:
         "rv_filter/loss_scale": scale,
     }
     return RVFilterResult(keep=keep, loss_scale=scale, metrics=metrics)
+
+
+# --------------------------------------------------------------------------------------- non-finite groups
+@dataclass(frozen=True)
+class FiniteCheck:
+    """Result of `nonfinite_groups`.
+
+    bad: sorted indices of groups with a non-finite (NaN, +-inf) reward, or a non-finite rollout log-prob at a
+    sampled position (loss mask True); the trial drops them whole so nothing non-finite reaches the learner.
+    rewards: the input rewards with every reward of a bad group replaced by 0.0 (a bad group counts as
+    unrewarded in the step's statistics and filters; it is never trained on)."""
+
+    bad: list[int]
+    rewards: list[list[float]]
+    reward_groups: int  # bad groups with a non-finite reward
+    logprob_groups: int  # bad groups with a non-finite sampled log-prob
+
+    @property
+    def metrics(self) -> dict[str, int]:
+        return {"train/nonfinite_groups": len(self.bad), "train/nonfinite_reward_groups": self.reward_groups,
+                "train/nonfinite_logprob_groups": self.logprob_groups}
+
+
+def _all_finite(values) -> bool:
+    try:
+        return all(math.isfinite(float(v)) for v in values)
+    except (TypeError, ValueError):  # None or a non-number where a number belongs: as bad as NaN
+        return False
+
+
+def nonfinite_groups(rewards: list[list[float]], logprobs: list[list[list[float]]] | None = None,
+                     loss_mask: list[list[list[bool]]] | None = None) -> FiniteCheck:
+    """Which groups of a step carry a non-finite reward or sampled-token log-prob (pure).
+
+    rewards: `[N][G]`; logprobs: `[N][G][T]` rollout log-probs, checked where `loss_mask` (same shape) is True
+    (all positions without a mask: positions outside the mask, e.g. environment observations, are never read
+    by the learner)."""
+    bad_reward = [not _all_finite(g) for g in rewards]
+    bad_logprob = [False] * len(rewards)
+    if logprobs is not None:
+        for i, group in enumerate(logprobs):
+            masks = loss_mask[i] if loss_mask is not None else [None] * len(group)
+            for seq, mask in zip(group, masks, strict=True):
+                sampled = seq if mask is None else [lp for lp, m in zip(seq, mask, strict=False) if m]
+                if not _all_finite(sampled):
+                    bad_logprob[i] = True
+                    break
+    bad = [i for i in range(len(rewards)) if bad_reward[i] or bad_logprob[i]]
+    dropped = set(bad)
+    cleaned = [[0.0] * len(g) if i in dropped else [float(r) for r in g] for i, g in enumerate(rewards)]
+    return FiniteCheck(bad, cleaned, sum(bad_reward), sum(bad_logprob))
