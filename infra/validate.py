@@ -84,7 +84,8 @@ def _strict(node: Any) -> Any:
         return [_strict(x) for x in node]
     if not isinstance(node, dict):
         return node
-    out = {k: _strict(v) for k, v in node.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
+    out = {k: _strict(v) for k, v in node.items()
+           if not k.startswith("x-kubernetes-") and k not in ("nullable", "properties")}
     if node.get("x-kubernetes-int-or-string"):
         out.pop("type", None)
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
@@ -93,7 +94,7 @@ def _strict(node: Any) -> Any:
     if "properties" in node and "additionalProperties" not in node \
             and not node.get("x-kubernetes-preserve-unknown-fields"):
         out["additionalProperties"] = False
-    if "properties" in out:
+    if "properties" in node:  # field names, not schema keywords: converted one level down
         out["properties"] = {k: _strict(v) for k, v in node["properties"].items()}
     return out
 
