@@ -11,11 +11,12 @@ Public entry points:
 - `CreditConfig`, `SepaConfig`: the typed configuration (embedded in the trial config).
 
 Modules: `episode` (GRPO, MaxRL), `token` (SEPA pooling, GTPO weights, HICRA), `planning` (strategic grams),
-`schedule` (SEPA controller), `uncertainty` (signals), `plugins` (dotted-path plugins), `pipeline`
+`gae` (token-level GAE from critic values), `schedule` (SEPA controller), `uncertainty` (signals), `plugins` (dotted-path plugins), `pipeline`
 (composition). See docs/credit.md.
 """
 
-from .config import NAMED_TRANSFORMS, CreditConfig, SepaConfig
+from .config import NAMED_TRANSFORMS, CreditConfig, GaeConfig, SepaConfig
+from .gae import gae, masked_whiten, token_rewards
 from .errors import CreditError
 from .pipeline import CreditResult, compute_advantages, resolve_plugins
 from .planning import DEFAULT_GRAMS, planning_mask, planning_masks
@@ -25,7 +26,7 @@ from .uncertainty import KINDS, shannon_entropy, surprisal, token_uncertainty, v
 
 __all__ = [
     "DEFAULT_GRAMS", "KINDS", "NAMED_TRANSFORMS", "AlgorithmContext", "CreditConfig", "CreditError",
-    "CreditResult", "SepaConfig", "SepaController", "TransformContext", "compute_advantages",
+    "CreditResult", "GaeConfig", "SepaConfig", "SepaController", "TransformContext", "compute_advantages",
     "planning_mask", "planning_masks", "resolve_plugins", "shannon_entropy", "surprisal",
-    "token_uncertainty", "varentropy",
+    "token_uncertainty", "varentropy", "gae", "masked_whiten", "token_rewards",
 ]

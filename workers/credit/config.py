@@ -22,7 +22,7 @@ NAMED_TRANSFORMS: dict[str, tuple[str, ...]] = {
     "gtpo_sepa": ("sepa", "gtpo"),
     "sepa_gtpo_hicra": ("sepa", "gtpo", "hicra"),
 }
-BUILTIN_ADVANTAGES = ("grpo", "maxrl")
+BUILTIN_ADVANTAGES = ("grpo", "maxrl", "gae")
 
 
 def is_dotted_path(name: str) -> bool:
@@ -45,12 +45,26 @@ class SepaConfig(BaseModel):
     threshold: float = Field(0.2, gt=0.0)
 
 
+class GaeConfig(BaseModel):
+    """Token-level GAE from the critic's values (`advantage_mode: gae`); see workers/credit/gae.py."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    lam: float = Field(1.0, ge=0.0, le=1.0)
+    whiten: bool = Field(True, description="standardise advantages over the batch's sampled tokens")
+    reward_placement: Literal["episode_end", "turn_end"] = Field(
+        "episode_end", description="episode_end: the return on the last sampled token; turn_end: each turn's "
+        "reward on that turn's last sampled token")
+
+
 class CreditConfig(BaseModel):
     """Everything the credit stack needs, as the user writes it under `credit:`."""
 
     model_config = ConfigDict(extra="forbid")
 
-    advantage_mode: str = Field("grpo", description="grpo | maxrl | dotted path to f(rewards[, params])")
+    advantage_mode: str = Field("grpo", description=(
+        "grpo | maxrl | gae (token-level, from a critic) | dotted path to f(rewards[, params])"))
     advantage_params: dict[str, Any] = Field(default_factory=dict)
     maxrl_eps: float = Field(1e-6, gt=0.0)
     transform_mode: str | list[StageName] = Field(
@@ -68,6 +82,7 @@ class CreditConfig(BaseModel):
     strategic_grams: list[str] | None = Field(None, description="planning grams; default: the paper's 18")
     planning_detector: str | None = Field(None, description="dotted path with planning_mask's interface")
     sepa: SepaConfig | None = None
+    gae: GaeConfig = GaeConfig()
 
     @field_validator("advantage_mode")
     @classmethod
@@ -105,6 +120,14 @@ class CreditConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
+    def _gae_composes_with_stages_only(self) -> CreditConfig:
+        if self.advantage_mode == "gae" and (self.algorithm_mode is not None or (
+                isinstance(self.transform_mode, str) and self.transform_mode not in NAMED_TRANSFORMS)):
+            raise ValueError("advantage_mode gae composes with the built-in token stages only "
+                             "(plugin transforms and algorithms take episode-level advantages)")
+        return self
+
+    @model_validator(mode="after")
     def _sepa_needs_settings(self) -> CreditConfig:
         if "sepa" in self.stages and self.sepa is None:
             raise ValueError("transform_mode uses sepa, so `sepa:` settings (steps, schedule, ...) are required")
@@ -116,6 +139,10 @@ class CreditConfig(BaseModel):
         if isinstance(self.transform_mode, list):
             return tuple(self.transform_mode)
         return NAMED_TRANSFORMS.get(self.transform_mode, ())
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.advantage_mode == "gae"
 
     @property
     def needs_planning(self) -> bool:

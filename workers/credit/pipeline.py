@@ -68,12 +68,14 @@ def episode_advantages(rewards: Tensor, config: CreditConfig) -> Tensor:
 def apply_token_stages(
     ep_adv: Tensor, signal: Tensor, mask: Tensor, planning: Tensor, config: CreditConfig, sepa_lambda: float
 ) -> tuple[Tensor, Tensor]:
-    """Built-in stages over flat `[B, T]` tensors; `ep_adv` is `[B]`; masks bool or 0/1 float.
+    """Built-in stages over flat `[B, T]` tensors; `ep_adv` is `[B]` (episode level, broadcast over tokens) or
+    `[B, T]` (a token-level source such as GAE); masks bool or 0/1 float.
 
     Returns (token advantages, signal after the stages).
     """
     w_mask, w_plan = token.as_weights(mask, signal), token.as_weights(planning, signal)
-    adv = ep_adv[:, None].to(signal.dtype) * w_mask
+    base = ep_adv.to(signal.dtype)
+    adv = (base[:, None] if base.dim() == 1 else base) * w_mask
     sig = signal
     for stage in config.stages:
         if stage == "sepa":
@@ -155,6 +157,7 @@ def compute_advantages(
     planning: Tensor | None = None,
     sepa_lambda: float = 0.0,
     step: int = 0,
+    token_advantages: Tensor | None = None,
 ) -> CreditResult:
     """Token-level advantages for one batch.
 
@@ -168,6 +171,9 @@ def compute_advantages(
             treated as all-execution when omitted).
         sepa_lambda: pooling strength for this step (from `SepaController.lambda_for(step)`).
         step: training step, passed to plugins.
+        token_advantages: shaped like `signals`; the token-level advantage source when
+            `config.advantage_mode == "gae"` (GAE from the critic, `workers.credit.gae`), required then. The
+            token stages reweight it exactly as they reweight broadcast episode advantages.
     Returns:
         CreditResult with token advantages shaped like `signals`, episode advantages like `rewards`, the
         signal after the signal stages, and per-batch stats (see `batch_stats`).
@@ -193,6 +199,12 @@ def compute_advantages(
         tok = as_token_tensor(fn(ctx), ctx.mask, "algorithm_mode").reshape(-1, n_tok)
         ep = torch.zeros_like(r, dtype=torch.float32)
         sig_after = sig
+    elif config.uses_critic:
+        if token_advantages is None or tuple(token_advantages.shape) != shape:
+            raise CreditError(f"advantage_mode gae needs token_advantages shaped like signals {shape}")
+        ep = torch.zeros_like(r, dtype=torch.float32)  # no episode-level advantage: the critic's GAE is the source
+        tok, sig_after = apply_token_stages(token_advantages.reshape(-1, n_tok).to(dtype), sig, w_mask, w_plan,
+                                            config, sepa_lambda)
     else:
         ep = episode_advantages(r, config)
         ep_flat = ep.reshape(-1).to(dtype)
@@ -218,7 +230,7 @@ def compute_advantages(
 def resolve_plugins(config: CreditConfig) -> dict[str, Any]:
     """Import every plugin the config names (to fail early, before a trial starts)."""
     found: dict[str, Any] = {}
-    if config.advantage_mode not in episode.BUILTIN:
+    if config.advantage_mode not in episode.BUILTIN and not config.uses_critic:
         found["advantage_mode"] = _plugin(config.advantage_mode, "advantage_mode")
     if isinstance(config.transform_mode, str) and config.transform_mode != "none" and not config.stages:
         found["transform_mode"] = _plugin(config.transform_mode, "transform_mode")
