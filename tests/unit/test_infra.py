@@ -277,3 +277,25 @@ def test_validate_cli_reports_one_line_per_problem(tmp_path):
     assert "resources.GPU: 0.5 is not of type 'integer'" in errors[0]
     assert "'shutdownAfterJobFinish' was unexpected" in errors[1]
     assert errors[2].endswith("nope: no such file")
+
+
+# --------------------------------------------------------------------------------------- docs and SET values
+def test_every_account_value_is_marked_and_documented():
+    """Only the image location and the GCP project are the user's to fill in, each on a `# SET:` line."""
+    docs = (ROOT / "docs" / "deploy.md").read_text()
+    for path in [*LAUNCHERS, *MANIFESTS]:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"registry\.example\.com|your-gcp-project-id", line.split("#")[0]):
+                assert "# SET:" in line, f"{path.name}:{n}: an account value without a `# SET:` marker"
+    assert "registry.example.com" in docs and "project_id" in docs and "# SET:" in docs
+
+
+def test_deploy_doc_names_files_that_exist():
+    docs = (ROOT / "docs" / "deploy.md").read_text()
+    named = set(re.findall(r"infra/[\w./{},-]+\.(?:yaml|Dockerfile|py)", docs))
+    expanded = {p for n in named for p in (
+        [n.replace("{aws,gcp}", "aws"), n.replace("{aws,gcp}", "gcp")] if "{" in n else [n])}
+    assert expanded and all((ROOT / p).is_file() for p in expanded), sorted(p for p in expanded
+                                                                            if not (ROOT / p).is_file())
+    for path in [*LAUNCHERS, *MANIFESTS, *DOCKERFILES]:
+        assert path.name in docs, f"docs/deploy.md does not mention {path.name}"
