@@ -20,6 +20,7 @@ import pandas as pd
 from orchestrator.report import figures as figs
 from orchestrator.report.load import TrialIssue, _load
 from orchestrator.report.render import _render, _slug
+from orchestrator.report.sections import extra_sections
 from orchestrator.report.tables import (
     COLUMNS,
     CSV_FILES,
@@ -111,6 +112,9 @@ def build_report(campaign_dir: Path | str, *, metric: str | None = None, step: i
     for name in CSV_FILES:
         tables[name].to_csv(out_dir / f"{name}.csv", index=False)
 
+    extra_tables, extra_md, extra_figs = extra_sections(groups, base, metric, out_dir, figures)
+    tables.update(extra_tables)
+
     written: list[Path] = []
     if figures:
         curves = {g.label: [r.series(metric) for r in g.runs if r.started and r.series(metric)[0].size]
@@ -132,7 +136,8 @@ def build_report(campaign_dir: Path | str, *, metric: str | None = None, step: i
                 out_dir / f"uncertainty_hist_{_slug(label)}.png", kind=kind, title=f"{label}: {kind}"))
 
     markdown, headline = _render(meta, metric, k, base, tables, issues, reached, skipped, written, out_dir,
-                                 notes, len(runs), sum(r.started for r in runs))
+                                 notes, len(runs), sum(r.started for r in runs), extra=extra_md)
+    written += extra_figs
     (out_dir / "report.md").write_text(markdown)
     return Report(markdown=markdown, headline=headline, tables=tables, figures=written, missing=issues,
                   out_dir=out_dir, metric=metric, step=k, baseline=base.label if base else None,

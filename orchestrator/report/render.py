@@ -119,7 +119,7 @@ DELTA_HEADERS = ["Group", "Measure", "Pairs", "Delta", "95% CI", "p", "p (Holm)"
 def _render(meta: dict, metric: str, k: int | None, baseline: _Group | None, tables: dict[str, pd.DataFrame],
             issues: list[TrialIssue], windows: list[tuple[int, int]], skipped: list[tuple[int, int]],
             figures: list[Path], out_dir: Path, notes: list[str], n_trials: int,
-            n_started: int) -> tuple[str, str]:
+            n_started: int, extra: Sequence[str] = ()) -> tuple[str, str]:
     metric_values = np.concatenate([tables["step_table"]["mean"].to_numpy(float),
                                     tables["auc"]["mean"].to_numpy(float)])
     fmt = _Fmt(metric_values)
@@ -183,6 +183,7 @@ def _render(meta: dict, metric: str, k: int | None, baseline: _Group | None, tab
         md += ["No SEPA group with uncertainty diagnostics."]
     if notes:
         md += ["", "Notes:", *[f"- {n}" for n in notes]]
+    md += list(extra)  # sections.py: paired design / distance from baseline, surprisal vs entropy
     md += ["", "## Figures", ""]
     md += [f"![{p.stem}]({p.relative_to(out_dir) if p.is_relative_to(out_dir) else p})" for p in figures] or ["None."]
     md += ["", "Tables: " + ", ".join(f"`{t}.csv`" for t in CSV_FILES) + "."]

@@ -169,7 +169,8 @@ def test_figures_and_mechanistic_diagnostic(tmp_path):
                           kind="entropy", npz=True)
     rep = build_report(camp, out_dir=tmp_path / "out")
     names = {p.name for p in rep.figures}
-    assert names == {"learning_curves.png", "auc_forest.png", "sepa_lambda.png", "uncertainty_hist_C4.png"}
+    assert names == {"learning_curves.png", "auc_forest.png", "sepa_lambda.png", "uncertainty_hist_C4.png",
+                     "trajectory_distance.png"}  # no decomposition.png: these trials log no credit/decomp_*
     import matplotlib.image as mpimg
 
     for p in rep.figures:

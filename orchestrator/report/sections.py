@@ -1,0 +1,41 @@
+"""Report sections added after the mechanistic diagnostic: the paired design (common random numbers) with each
+condition's distance from the baseline per step (`trajectories`), and surprisal vs entropy (`decomposition`).
+
+`extra_sections` computes their tables, writes their CSVs and figures and returns the markdown lines; `build`
+calls it once and passes the lines to `render`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from orchestrator.report import decomposition, trajectories
+from orchestrator.report.load import _Group
+
+TRAIN_METRIC = "train/correct_rate"
+
+
+def extra_sections(groups: Sequence[_Group], base: _Group | None, metric: str, out_dir: Path,
+                   figures: bool = True) -> tuple[dict[str, pd.DataFrame], list[str], list[Path]]:
+    """(tables by CSV stem, markdown lines, PNGs written)."""
+    metrics = [metric] + ([TRAIN_METRIC] if metric != TRAIN_METRIC else [])
+    distance = trajectories.distance_table(groups, base, metrics)
+    steps, summary = decomposition.decomposition_tables(groups)
+    tables = {"trajectory_distance": distance, "decomposition_steps": steps, "decomposition": summary}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, df in tables.items():
+        df.to_csv(out_dir / f"{name}.csv", index=False)
+    written: list[Path] = []
+    if figures:
+        for path in (trajectories.figure(distance, out_dir / "trajectory_distance.png", metrics),
+                     decomposition.figure(steps, out_dir / "decomposition.png")):
+            if path is not None:
+                written.append(path)
+    md = trajectories.markdown(distance, groups, base, metrics) + decomposition.markdown(summary)
+    if written:
+        md += ["", *[f"![{p.stem}]({p.name})" for p in written]]
+    md += ["", "Tables: " + ", ".join(f"`{t}.csv`" for t in tables) + "."]
+    return tables, md, written

@@ -1,0 +1,108 @@
+"""Report sections: paired design (CRN check, distance from the baseline per step) and surprisal vs entropy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from orchestrator.report import build_report
+from workers.credit import shannon_entropy
+from workers.credit.decomposition import decomposition_metrics
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _decomp_row(rng: np.random.Generator, lam: float, peak: float) -> dict[str, float]:
+    """Real decomposition metrics of a random batch: on-policy samples from random logits."""
+    g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    logits = torch.randn(8, 20, 16, generator=g, dtype=torch.float64) * peak
+    tokens = torch.multinomial(torch.softmax(logits.reshape(-1, 16), -1), 1, generator=g).reshape(8, 20)
+    s = -torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
+    h = shannon_entropy(logits)
+    mask = torch.ones(8, 20, dtype=torch.bool)
+    plan = torch.rand(8, 20, generator=g) < 0.05
+    return decomposition_metrics(s, h, mask, plan, sepa_lambda=lam)
+
+
+def write_campaign(root: Path, steps: int = 8, seeds=(0, 1, 2)) -> Path:
+    rng = np.random.default_rng(0)
+    effects = {"C1": 0.0, "C4": 0.02, "C8": 0.05}
+    trials = []
+    for cond in effects:
+        for s in seeds:
+            mode = "gtpo_sepa" if cond != "C1" else "none"
+            trials.append({"name": f"{cond}_s{s}", "condition": cond, "seed": s, "sweep": {},
+                           "config": {"steps": steps, "rollout": {"prompts_per_step": 4, "n": 4},
+                                      "credit": {"transform_mode": mode}}})
+    root.mkdir(parents=True)
+    (root / "campaign.json").write_text(json.dumps({"name": "sections", "trials": trials}))
+    start = {s: 0.3 + 0.05 * s for s in seeds}  # the shared step-0 value of each seed (CRN)
+    for t in trials:
+        cond, seed = t["condition"], t["seed"]
+        rows = []
+        for k in range(steps):
+            lam = min(1.0, k / 4) if cond != "C1" else 0.0
+            value = start[seed] + k * (0.01 + effects[cond])  # identical at step 0 across conditions
+            row = {"step": k, "train/correct_rate": value, "credit/sepa_lambda": lam}
+            if k % 4 == 0 or k == steps - 1:
+                row["eval/pass@1"] = value + 0.01
+            row.update(_decomp_row(rng, lam, peak=2.0))
+            rows.append(json.dumps(row))
+        tdir = root / "trials" / t["name"]
+        tdir.mkdir(parents=True)
+        (tdir / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    return root
+
+
+def test_sections_tables_markdown_and_figures(tmp_path):
+    camp = write_campaign(tmp_path / "c")
+    rep = build_report(camp, out_dir=tmp_path / "out")
+    md = rep.markdown
+    assert "## Paired design and distance from the baseline" in md
+    assert "common random numbers" in md
+    assert "identical across conditions for 3 of 3 seeds" in md
+    assert "## Surprisal vs entropy (sampling noise)" in md
+    dist = rep.tables["trajectory_distance"]
+    c8 = dist[(dist.group == "C8") & (dist.metric == "train/correct_rate")].set_index("step")
+    assert c8.loc[0, "mean_diff"] == 0.0 and c8.loc[0, "n_pairs"] == 3
+    assert c8.loc[7, "mean_diff"] == pytest.approx(7 * 0.05)
+    assert c8.loc[7, "mean_abs_diff"] == pytest.approx(7 * 0.05)
+    ev = dist[(dist.group == "C4") & (dist.metric == "eval/pass@1")]
+    assert sorted(ev.step) == [0, 4, 7]
+    summary = rep.tables["decomposition"].set_index(["group", "token_class"])
+    for g in ("C1", "C4", "C8"):
+        r = summary.loc[(g, "exec")]
+        assert r.surprisal_var == pytest.approx(r.entropy_var + r.noise_var + 2 * r["cov"], rel=1e-9)
+        assert 0.5 < r.noise_share < 1.0  # on-policy samples from random logits: mostly sampling noise
+    assert np.isnan(summary.loc[("C1", "exec"), "removed"])  # no SEPA: nothing removed
+    assert summary.loc[("C8", "exec"), "removed"] > 0
+    steps = rep.tables["decomposition_steps"]
+    assert set(steps.token_class) == {"exec", "plan"} and steps.step.max() == 7
+    for name in ("trajectory_distance", "decomposition_steps", "decomposition"):
+        assert pd.read_csv(tmp_path / "out" / f"{name}.csv").shape[0] == len(rep.tables[name])
+    names = {p.name for p in rep.figures}
+    assert {"trajectory_distance.png", "decomposition.png"} <= names
+    for name in ("trajectory_distance.png", "decomposition.png"):
+        p = tmp_path / "out" / name
+        assert p.read_bytes()[:8] == PNG_MAGIC and p.stat().st_size > 5000
+        assert f"]({name})" in md
+
+
+def test_crn_mismatch_is_reported_and_missing_decomposition_is_said(tmp_path):
+    camp = write_campaign(tmp_path / "c", seeds=(0, 1))
+    path = camp / "trials" / "C4_s1" / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    for r in rows:
+        for k in [k for k in r if k.startswith("credit/decomp_")]:
+            del r[k]
+    rows[0]["train/correct_rate"] += 0.1
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    rep = build_report(camp, figures=False)
+    assert "for 1 of 2 seeds; differing: seed 1" in rep.markdown
+    # C4 still has seed 0 with decomposition metrics
+    assert "C4" in set(rep.tables["decomposition"].group)
