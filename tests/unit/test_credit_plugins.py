@@ -62,7 +62,7 @@ def test_resolve_plugins_fails_early():
 @pytest.mark.parametrize(
     "kw, message",
     [
-        ({"advantage_mode": "ppo"}, "grpo, maxrl or a dotted path"),
+        ({"advantage_mode": "ppo"}, "grpo, maxrl, gae or a dotted path"),
         ({"transform_mode": "gtpo_foo"}, "none, gtpo, gtpo_hicra, gtpo_sepa, sepa_gtpo_hicra"),
         ({"transform_mode": "gtpo_sepa"}, "`sepa:` settings"),
         ({"transform_mode": ["gtpo", "gtpo"]}, "must not repeat"),
