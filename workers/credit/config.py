@@ -83,6 +83,9 @@ class CreditConfig(BaseModel):
     planning_detector: str | None = Field(None, description="dotted path with planning_mask's interface")
     sepa: SepaConfig | None = None
     gae: GaeConfig = GaeConfig()
+    log_decomposition: bool = Field(False, description=(
+        "log credit/decomp_* (surprisal variance split into entropy and sampling noise, workers.credit."
+        "decomposition) every step; also on whenever the uncertainty signal is computed from logits"))
 
     @field_validator("advantage_mode")
     @classmethod
