@@ -64,6 +64,9 @@ class OptimConfig(_Strict):
     schedule: Literal["constant", "cosine"] = "constant"
     warmup_steps: int = Field(0, ge=0)
     micro_batch_size: int = Field(64, ge=1)
+    mini_batch_size: int | None = Field(None, ge=1, description=(
+        "trajectories per optimizer step (PPO mini-batches, shuffled each epoch); None = the whole batch"))
+    ppo_epochs: int = Field(1, ge=1, description="passes over the batch per training step")
 
 
 class LossConfig(_Strict):
@@ -73,10 +76,24 @@ class LossConfig(_Strict):
     aggregation: Aggregation = "token-mean"
 
 
+class CriticConfig(_Strict):
+    """The value model of `credit.advantage_mode: gae`: its own LoRA adapter on the policy's base weights plus a
+    scalar head (workers/critic.py), trained with its own optimizer on the same mini-batches as the policy."""
+
+    lr: float = Field(1e-5, gt=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    cliprange_value: float = Field(0.5, gt=0.0, description="value updates are clipped to old value +- this")
+    warmup_steps: int = Field(0, ge=0, description="training steps that update only the critic, not the policy")
+    lora: LoraSettings | None = Field(None, description="the critic adapter's settings; None = the policy's")
+
+
 class LearnerConfig(_Strict):
     lora: LoraSettings = LoraSettings()
     optim: OptimConfig = OptimConfig()
     loss: LossConfig = LossConfig()
+    critic: CriticConfig = CriticConfig()
 
 
 class EvalConfig(_Strict):

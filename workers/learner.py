@@ -22,7 +22,9 @@ from torch import Tensor
 
 from workers.checkpoint import dump_blob, load_blob
 from workers.credit import CreditConfig, compute_advantages, planning_masks, token_uncertainty
+from workers.credit.gae import gae, token_rewards
 from workers.credit.pipeline import resolve_plugins
+from workers.critic import Critic
 from workers.interventions import InterventionsConfig
 from workers.models import load_model, load_tokenizer, token_pieces
 from workers.objectives import (
@@ -96,6 +98,7 @@ class Scored:
     entropy: Tensor
     ref_lp: Tensor | None
     action_min: float | None
+    values: Tensor | None = None  # the critic's values before this step's updates (GAE)
 
 
 def collate(batch: dict, pad_id: int) -> Batch:
@@ -121,6 +124,27 @@ def collate(batch: dict, pad_id: int) -> Batch:
                     0.0, torch.float32),
         rewards=rewards, response_rows=[list(r) for r in responses], mask_rows=masks,
     )
+
+
+def _totals(b: Batch, rows: Tensor) -> dict[str, float]:
+    """Loss-aggregation denominators of one mini-batch (its loss-mask tokens and sequences)."""
+    return {"total_tokens": float(b.mask[rows].sum()), "total_seqs": float(len(rows))}
+
+
+def _critic_metrics(values: Tensor, returns: Tensor, mask: Tensor, sums: dict) -> dict[str, float]:
+    """Value loss, clip fraction, explained variance of the pre-update values, value / return means."""
+    v, r = values[mask], returns[mask]
+    var_r = float(r.var()) if r.numel() > 1 else 0.0
+    n = max(float(mask.sum()), 1.0) * max(sums["critic_steps"], 1)
+    return {
+        "loss/value": sums["value_loss"],
+        "critic/vf_clip_frac": sums["value_clipped"] / n,
+        "critic/grad_norm": sums["critic_grad_norm"],
+        "critic/value_mean": float(v.mean()) if v.numel() else 0.0,
+        "critic/return_mean": float(r.mean()) if r.numel() else 0.0,
+        "critic/explained_variance": 1.0 - float((r - v).var()) / var_r if var_r > 0 else 0.0,
+        "critic/optimizer_steps": sums["critic_steps"],
+    }
 
 
 def _runs(flags: list[bool]) -> list[tuple[int, int]]:
@@ -170,6 +194,14 @@ class Learner:
             self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, opt["warmup_steps"], total_steps)
         else:
             self.scheduler = get_constant_schedule_with_warmup(self.optimizer, opt["warmup_steps"])
+        self.seed, self.steps_done, self.optimizer_steps = seed, 0, 0
+        self.critic = None
+        if self.credit.uses_critic:
+            c_lora = learner["critic"].get("lora") or lora
+            self.critic = Critic(self.model, learner["critic"], LoraConfig(
+                r=c_lora["rank"], lora_alpha=c_lora["alpha"], lora_dropout=c_lora["dropout"],
+                target_modules=c_lora["target_modules"], task_type="CAUSAL_LM",
+            ), self.device, self.dtype)
 
     # -- forward ----------------------------------------------------------------------------------------
     def _logprobs(self, seqs: Tensor, attn: Tensor, comp_start: Tensor, comp_len: int, temperature: float,
@@ -208,7 +240,9 @@ class Learner:
         omitted = all True, the single-turn case), rollout_logprobs [B][*] (aligned with response_ids; read only
         where loss_mask is True), rewards [N][G] (B = N*G, grouped by prompt / level), temperature, sepa_lambda,
         step; optional loss_scale, action_token_ids, want_uncertainty (return per-token uncertainty samples
-        before/after the token stages).
+        before/after the token stages), and for the critic reward_positions [B][*] / turn_rewards [B][*] (each
+        turn's reward and the response index of its last sampled id; default: one turn ending at the last
+        sampled id with the sequence's reward).
         Returns metrics plus `exec_values` (raw execution-token uncertainties, for SEPA's auto schedule) and
         `uncertainty` (the samples, or None).
         """
@@ -223,18 +257,27 @@ class Learner:
 
         scored = self._score(b, temp, floor)
         planning = self._planning(b)
+        gae_adv = returns = None
+        if self.critic is not None:
+            gae_adv, returns = self._gae(batch, b, scored.values)
+        shape = (b.n_groups, b.group, b.t)
         credit = compute_advantages(
-            b.rewards, scored.signals.reshape(b.n_groups, b.group, b.t), b.mask.reshape(b.n_groups, b.group, b.t),
-            self.credit, planning=planning.reshape(b.n_groups, b.group, b.t) if self.credit.needs_planning else None,
+            b.rewards, scored.signals.reshape(shape), b.mask.reshape(shape),
+            self.credit, planning=planning.reshape(shape) if self.credit.needs_planning else None,
             sepa_lambda=float(batch.get("sepa_lambda", 0.0)), step=int(batch.get("step", 0)),
+            token_advantages=gae_adv.reshape(shape) if gae_adv is not None else None,
         )
         adv = credit.token_advantages.reshape(-1, b.t)
         classes = {"all": b.mask, "planning": b.mask & planning, "execution": b.mask & ~planning}
         floor_terms, floor_metrics = self._entropy_floor_terms(scored.entropy, classes, progress)
         scale = float(batch.get("loss_scale", 1.0))
-        sums = self._optimise(b, adv, scored.ref_lp, floor_terms, classes, temp, floor, scale)
+        sums = self._optimise(b, adv, scored, returns, floor_terms, classes, temp, floor, scale,
+                              step=int(batch.get("step", 0)))
+        self.steps_done += 1
 
         metrics = self._metrics(b, scored, sums, floor_metrics, floor, scale)
+        if self.critic is not None:
+            metrics.update(_critic_metrics(scored.values, returns, b.mask, sums))
         metrics.update({f"credit/{k}": v for k, v in credit.stats.items()})
         return {"metrics": metrics, "exec_values": scored.signals[classes["execution"]],
                 "uncertainty": _token_samples(scored.signals, credit.signal_after, b.mask, planning)
@@ -246,7 +289,7 @@ class Learner:
         mb = self.cfg["optim"]["micro_batch_size"]
         iv = self.iv
         use_ref = iv.kl.is_active or iv.kl.measure
-        lps, sigs, ents, refs, action_min = [], [], [], [], []
+        lps, sigs, ents, refs, action_min, vals = [], [], [], [], [], []
         with torch.no_grad():
             for s in range(0, b.size, mb):
                 args = (b.seqs[s:s + mb], b.attn[s:s + mb], b.start[s:s + mb], b.t, temp)
@@ -261,8 +304,21 @@ class Learner:
                     valid = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
                     valid[floor[0]] = True
                     action_min.append(float(floor_probs(logits[:, 0], valid, floor[1], temp)[:, floor[0]].exp().min()))
+                if self.critic is not None:
+                    with self.critic.active():
+                        vals.append(self.critic.values(*args[:4]).float().cpu())
         return Scored(torch.cat(lps), torch.cat(sigs), torch.cat(ents), torch.cat(refs) if use_ref else None,
-                      min(action_min) if action_min else None)
+                      min(action_min) if action_min else None, torch.cat(vals) if vals else None)
+
+    def _gae(self, batch: dict, b: Batch, values: Tensor) -> tuple[Tensor, Tensor]:
+        """GAE advantages and returns `[B, T]` from the turn rewards and the critic's (pre-update) values."""
+        g = self.credit.gae
+        flat = b.rewards.reshape(-1).tolist()
+        positions = batch.get("reward_positions") or [[max(i for i, m in enumerate(row) if m)] if any(row) else []
+                                                       for row in b.mask_rows]
+        rewards = batch.get("turn_rewards") or [[r] if pos else [] for r, pos in zip(flat, positions, strict=True)]
+        tok_rewards = token_rewards(b.mask, positions, rewards, g.reward_placement)
+        return gae(tok_rewards, values * b.mask, b.mask, g.gamma, g.lam, whiten=g.whiten)
 
     def _planning(self, b: Batch) -> Tensor:
         """`[B, T]` planning mask over the sampled text only: each contiguous run of loss-masked ids (one turn)
@@ -298,27 +354,77 @@ class Learner:
                 terms[c] = 2.0 * coefs[c] * gap_c / float(classes[c].sum())
         return terms, metrics
 
-    def _optimise(self, b: Batch, adv: Tensor, ref_lp: Tensor | None, floor_terms: dict[str, float],
-                  classes: dict[str, Tensor], temp: float, floor, scale: float) -> dict[str, float]:
-        """One optimizer step, the gradient accumulated over micro-batches; returns the summed loss parts."""
-        iv, loss_cfg = self.iv, self.cfg["loss"]
+    def _mini_batches(self, size: int, step: int) -> list[Tensor]:
+        """Row indices of each optimizer step: `ppo_epochs` passes over a seeded shuffle of the batch, cut into
+        `mini_batch_size` rows. The default (one mini-batch, one epoch) is the batch in order: one step."""
+        opt = self.cfg["optim"]
+        mbs, epochs = opt.get("mini_batch_size") or size, opt.get("ppo_epochs", 1)
+        if mbs >= size and epochs == 1:
+            return [torch.arange(size)]
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        return [chunk for _ in range(epochs) for chunk in torch.randperm(size, generator=gen).split(mbs)]
+
+    def _optimise(self, b: Batch, adv: Tensor, scored: Scored, returns: Tensor | None,
+                  floor_terms: dict[str, float], classes: dict[str, Tensor], temp: float, floor, scale: float,
+                  step: int) -> dict[str, float]:
+        """PPO updates: one optimizer step per mini-batch (policy, then critic), gradient accumulated over
+        micro-batches. Importance ratios are to the rollout log-probs, i.e. the policy before the step's first
+        update. Returns the loss parts averaged over optimizer steps."""
+        chunks = self._mini_batches(b.size, step)
+        train_policy = self.critic is None or self.steps_done >= self.cfg["critic"]["warmup_steps"]
+        sums = {"pg": 0.0, "kl": 0.0, "ent": 0.0, "clipped": 0.0, "grad_norm": 0.0, "policy_steps": 0,
+                "value_loss": 0.0, "value_clipped": 0.0, "critic_grad_norm": 0.0, "critic_steps": 0}
+        for rows in chunks:
+            if train_policy:
+                for k, v in self._policy_update(b, rows, adv, scored.ref_lp, floor_terms, classes, temp, floor,
+                                                scale).items():
+                    sums[k] += v
+                sums["policy_steps"] += 1
+            if self.critic is not None:
+                out = self.critic.update(self._micro_batches(b, rows), returns, scored.values,
+                                         self.cfg["loss"]["aggregation"], _totals(b, rows))
+                sums["value_loss"] += out["value_loss"]
+                sums["value_clipped"] += out["clipped"]
+                sums["critic_grad_norm"] += out["grad_norm"]
+                sums["critic_steps"] += 1
+        if train_policy:
+            self.scheduler.step()  # the LR schedule counts training steps, not mini-batches
+        for k, n in (("pg", "policy_steps"), ("kl", "policy_steps"), ("ent", "policy_steps"),
+                     ("grad_norm", "policy_steps"), ("value_loss", "critic_steps"),
+                     ("critic_grad_norm", "critic_steps")):
+            if sums[n] > 1:
+                sums[k] /= sums[n]
+        self.optimizer_steps += sums["policy_steps"]
+        return sums
+
+    def _micro_batches(self, b: Batch, rows: Tensor):
+        """(seqs, attn, start, length, loss mask, rows) of each micro-batch of `rows`."""
         mb = self.cfg["optim"]["micro_batch_size"]
+        for s in range(0, len(rows), mb):
+            r = rows[s:s + mb]
+            yield b.seqs[r], b.attn[r], b.start[r], b.t, b.mask[r], r
+
+    def _policy_update(self, b: Batch, rows: Tensor, adv: Tensor, ref_lp: Tensor | None,
+                       floor_terms: dict[str, float], classes: dict[str, Tensor], temp: float, floor,
+                       scale: float) -> dict[str, float]:
+        """One policy optimizer step on the rows of one mini-batch."""
+        iv, loss_cfg = self.iv, self.cfg["loss"]
         need_logits = iv.entropy_bonus.is_active or bool(floor_terms)
-        agg = {"total_tokens": float(b.mask.sum()), "total_seqs": float(b.size)}
+        agg = _totals(b, rows)
+        whole = len(rows) == b.size
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"pg": 0.0, "kl": 0.0, "ent": 0.0, "clipped": 0.0}
-        for s in range(0, b.size, mb):
-            lp, logits = self._logprobs(b.seqs[s:s + mb], b.attn[s:s + mb], b.start[s:s + mb], b.t, temp,
-                                        need_logits, floor)
-            m = b.mask[s:s + mb].to(self.device)
+        for seqs, attn, start, length, mask, r in self._micro_batches(b, rows):
+            lp, logits = self._logprobs(seqs, attn, start, length, temp, need_logits, floor)
+            m = mask.to(self.device)
             tok_loss, was_clipped = ppo_token_loss(
-                lp, b.old_lp[s:s + mb].to(self.device), adv[s:s + mb].to(self.device),
+                lp, b.old_lp[r].to(self.device), adv[r].to(self.device),
                 clip_low=loss_cfg["clip_low"], clip_high=loss_cfg["clip_high"], dual_clip=loss_cfg["dual_clip"],
             )
             pg = aggregate(tok_loss, m, loss_cfg["aggregation"], **agg)
             loss = pg
             if iv.kl.is_active:
-                kl = aggregate(kl_penalty(lp, ref_lp[s:s + mb].to(self.device), iv.kl.estimator), m,
+                kl = aggregate(kl_penalty(lp, ref_lp[r].to(self.device), iv.kl.estimator), m,
                                loss_cfg["aggregation"], **agg)
                 loss = loss + iv.kl.coef * kl
                 sums["kl"] += kl.item()
@@ -329,8 +435,9 @@ class Learner:
                     loss = loss - iv.entropy_bonus.coeff * h
                     sums["ent"] += h.item()
                 for c, weight in floor_terms.items():
-                    cm = classes[c][s:s + mb].to(self.device)
-                    loss = loss - weight * (ent * cm).sum()
+                    # the surrogate's weight is per class token of the batch; a mini-batch rescales it to its own
+                    w = weight if whole else weight * float(classes[c].sum()) / max(float(classes[c][rows].sum()), 1.0)
+                    loss = loss - w * (ent * classes[c][r].to(self.device)).sum()
             loss = loss * scale
             loss.backward()
             sums["pg"] += pg.item()
@@ -338,7 +445,6 @@ class Learner:
         params = [p for p in self.model.parameters() if p.requires_grad]
         sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, self.cfg["optim"]["grad_clip"]))
         self.optimizer.step()
-        self.scheduler.step()
         return sums
 
     def _metrics(self, b: Batch, scored: Scored, sums: dict[str, float], floor_metrics: dict[str, float], floor,
@@ -353,7 +459,8 @@ class Learner:
                                    + floor_metrics.get("entropy/floor_penalty", 0.0)),
             "loss/policy": sums["pg"],
             "train/grad_norm": grad_norm if math.isfinite(grad_norm) else float("nan"),
-            "train/clip_frac": sums["clipped"] / max(total_tokens, 1.0),
+            "train/clip_frac": sums["clipped"] / max(total_tokens * self.cfg["optim"].get("ppo_epochs", 1), 1.0),
+            "train/optimizer_steps": sums["policy_steps"],
             "train/lr": self.scheduler.get_last_lr()[0],
             "train/logprob_gap_mean": float(gap.mean()) if gap.numel() else 0.0,
             "train/logprob_gap_max": float(gap.max()) if gap.numel() else 0.0,
@@ -381,7 +488,7 @@ class Learner:
     def export_adapter(self, version: int) -> dict[str, bytes]:
         """The adapter as files (bytes), written to a fresh directory so vLLM never sees a stale one."""
         with tempfile.TemporaryDirectory(prefix=f"adapter-v{version}-") as d:
-            self.model.save_pretrained(d)
+            self.model.save_pretrained(d, selected_adapters=["default"])  # the policy only, never the critic
             return {p.name: p.read_bytes() for p in Path(d).iterdir() if p.is_file()}
 
     def state_dict(self) -> bytes:
@@ -394,7 +501,11 @@ class Learner:
             "scheduler": self.scheduler.state_dict(),
             "torch_rng": torch.random.get_rng_state(),
             "python_rng": random.getstate(),
+            "steps_done": self.steps_done,
+            "optimizer_steps": self.optimizer_steps,
         }
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
         return dump_blob(state)
 
     def load_state_dict(self, blob: bytes, source: str = "learner state") -> None:
@@ -408,6 +519,9 @@ class Learner:
         self.scheduler.load_state_dict(state["scheduler"])
         torch.random.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
+        self.steps_done, self.optimizer_steps = state.get("steps_done", 0), state.get("optimizer_steps", 0)
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
 
     def ready(self) -> bool:
         return True
