@@ -65,8 +65,8 @@ def build_report(campaign_dir: Path | str, *, metric: str | None = None, step: i
     """Read `campaign_dir` (a path, or a URI read through pyarrow.fs) and write `report.md`, the CSV tables
     and PNG figures into `out_dir` (default `<campaign_dir>/report/`; required for a URI).
 
-    metric: default `eval/pass@1` when any trial logged it, else `train/correct_rate`; only rows carrying the
-    key are used. step: the step of the step-k table; default the latest step every started trial reached
+    metric: default `eval/success` (agentic campaigns), else `eval/pass@1` when any trial logged it, else
+    `train/correct_rate`; only rows carrying the key are used. step: the step of the step-k table; default the latest step every started trial reached
     (for an eval metric absent there, the latest eval step <= k common to all runs). windows: AUC windows
     `(lo, hi)`; a window no run covers is skipped. baseline: a group label or a condition name (its first
     group); default the first group of the first condition. figures: False skips the PNGs.

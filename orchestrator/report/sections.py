@@ -1,5 +1,6 @@
 """Report sections added after the mechanistic diagnostic: the paired design (common random numbers) with each
-condition's distance from the baseline per step (`trajectories`), and surprisal vs entropy (`decomposition`).
+condition's distance from the baseline per step (`trajectories`), surprisal vs entropy (`decomposition`), and for
+sweeps and agentic campaigns the metric against the swept value (`sweeps`).
 
 `extra_sections` computes their tables, writes their CSVs and figures and returns the markdown lines; `build`
 calls it once and passes the lines to `render`.
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestrator.report import decomposition, trajectories
+from orchestrator.report import decomposition, sweeps, trajectories
 from orchestrator.report.load import _Group
 
 TRAIN_METRIC = "train/correct_rate"
@@ -25,16 +26,21 @@ def extra_sections(groups: Sequence[_Group], base: _Group | None, metric: str, o
     distance = trajectories.distance_table(groups, base, metrics)
     steps, summary = decomposition.decomposition_tables(groups)
     tables = {"trajectory_distance": distance, "decomposition_steps": steps, "decomposition": summary}
+    if sweeps.applies(groups):
+        tables["sweeps"] = sweeps.sweep_table(groups, metric)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, df in tables.items():
         df.to_csv(out_dir / f"{name}.csv", index=False)
     written: list[Path] = []
     if figures:
         for path in (trajectories.figure(distance, out_dir / "trajectory_distance.png", metrics),
-                     decomposition.figure(steps, out_dir / "decomposition.png")):
+                     decomposition.figure(steps, out_dir / "decomposition.png"),
+                     sweeps.figure(tables["sweeps"], out_dir / "sweeps.png", metric) if "sweeps" in tables else None):
             if path is not None:
                 written.append(path)
     md = trajectories.markdown(distance, groups, base, metrics) + decomposition.markdown(summary)
+    if "sweeps" in tables:
+        md += sweeps.markdown(tables["sweeps"], metric)
     if written:
         md += ["", *[f"![{p.stem}]({p.name})" for p in written]]
     md += ["", "Tables: " + ", ".join(f"`{t}.csv`" for t in tables) + "."]

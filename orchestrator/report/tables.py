@@ -16,7 +16,7 @@ import pandas as pd
 from orchestrator.report import stats
 from orchestrator.report.load import _Group, _load_tokens, _Run
 
-TRAIN_METRIC, EVAL_METRIC = "train/correct_rate", "eval/pass@1"
+TRAIN_METRIC, EVAL_METRIC, ENV_METRIC = "train/correct_rate", "eval/pass@1", "eval/success"
 LAMBDA_KEY = "credit/sepa_lambda"
 UNCERTAINTY_KINDS = ("surprisal", "entropy", "varentropy")
 TOKEN_CLASSES = (("execution", "exec"), ("planning", "plan"))
@@ -43,6 +43,9 @@ CSV_FILES = ("step_table", "auc", "auc_runs", "deltas", "power", "sepa_lambda", 
 
 
 def _default_metric(groups: Sequence[_Group]) -> str:
+    """eval/success for agentic campaigns, else eval/pass@1 when any trial logged it, else train/correct_rate."""
+    if any(r.series(ENV_METRIC)[0].size for g in groups for r in g.runs):
+        return ENV_METRIC
     for g in groups:
         for r in g.runs:
             if r.series(EVAL_METRIC)[0].size:

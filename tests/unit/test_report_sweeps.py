@@ -1,0 +1,78 @@
+"""The report's sweep panels on synthetic agentic campaigns: success against the swept value (seed 004's
+Figure 3), final value and AUC with t intervals over seeds, checked against scipy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from orchestrator.report import build_report
+
+
+def write_env_campaign(root: Path, conditions: dict[str, float], sweep_key: str | None, sweep_values: list,
+                       seeds: list[int], steps: int = 21, every: int = 10) -> dict[str, list[float]]:
+    """eval/success every `every` steps; returns trial name -> its eval values (for independent checks)."""
+    rng = np.random.default_rng(0)
+    trials, values = [], {}
+    for cond, base in conditions.items():
+        for sv in sweep_values or [None]:
+            sweep = {sweep_key: sv} if sweep_key else {}
+            for s in seeds:
+                name = f"{cond}_s{s}" + (f"_{sv}" if sv is not None else "")
+                trials.append({"name": name, "condition": cond, "seed": s, "sweep": sweep,
+                               "config": {"task": {"name": "frozen_lake"}, "rollout": {"prompts_per_step": 8, "n": 16}}})
+                shift = (sv or 0) * 0.1 if isinstance(sv, float) else 0.0
+                rows, vals = [], []
+                for k in range(steps):
+                    row = {"step": k, "train/correct_rate": 0.1, "env/success": 0.1}
+                    if k % every == 0 or k == steps - 1:
+                        v = float(np.clip(base + shift + 0.01 * k + rng.normal(0, 0.03), 0, 1))
+                        row["eval/success"] = v
+                        vals.append((k, v))
+                    rows.append(json.dumps(row))
+                values[name] = vals
+                d = root / "trials" / name
+                d.mkdir(parents=True)
+                (d / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    (root / "campaign.json").write_text(json.dumps({"name": "env", "campaign_id": "x", "trials": trials}))
+    return values
+
+
+def test_conditions_on_x_sweep_points_as_lines(tmp_path):
+    vals = write_env_campaign(tmp_path, {"nofilter": 0.2, "rv0.9": 0.4}, "task.success_rate", [0.8, 0.98],
+                              seeds=[0, 1, 2, 3])
+    report = build_report(tmp_path, figures=True)
+    assert report.metric == "eval/success"
+    table = report.tables["sweeps"]
+    assert set(table.panel) == {"condition"} and len(table) == 4
+    row = table[(table.x == "rv0.9") & (table.series == "task.success_rate=0.98")].iloc[0]
+    finals = [vals[f"rv0.9_s{s}_0.98"][-1][1] for s in range(4)]
+    lo, hi = sps.t.interval(0.95, 3, loc=np.mean(finals), scale=sps.sem(finals))
+    assert row.n_seeds == 4 and row.final_mean == pytest.approx(np.mean(finals))
+    assert (row.final_ci_low, row.final_ci_high) == pytest.approx((max(lo, 0.0), min(hi, 1.0)))
+    aucs = [np.trapezoid([v for _, v in vals[f"rv0.9_s{s}_0.98"]], [k for k, _ in vals[f"rv0.9_s{s}_0.98"]]) / 20
+            for s in range(4)]
+    assert row.auc_mean == pytest.approx(np.mean(aucs))
+    assert (tmp_path / "report" / "sweeps.png").exists() and (tmp_path / "report" / "sweeps.csv").exists()
+    assert "## Sweeps" in report.markdown
+
+
+def test_one_condition_each_sweep_key_is_a_panel_and_few_seeds_get_no_ci(tmp_path):
+    write_env_campaign(tmp_path, {"ppo_gae": 0.3}, "interventions.entropy_bonus.coeff", [0.0, 0.01, 0.1],
+                       seeds=[0, 1])
+    report = build_report(tmp_path, figures=False)
+    table = report.tables["sweeps"]
+    assert list(table.panel.unique()) == ["interventions.entropy_bonus.coeff"]
+    assert list(table.x) == ["0.0", "0.01", "0.1"] and table.final_ci_low.isna().all()
+    assert "too few seeds" in report.markdown
+
+
+def test_no_sweep_panel_for_a_plain_single_turn_campaign(tmp_path):
+    from tests.unit.test_report_build import write_campaign
+
+    write_campaign(tmp_path, effects={"C1": 0.0, "C3": 0.02}, seeds=range(3))
+    assert "sweeps" not in build_report(tmp_path, figures=False).tables
