@@ -226,7 +226,7 @@ def restore_checkpoint(checkpoint, *, events: str | None = None, state_file: str
     `CorruptCheckpoint` naming the newest checkpoint's bad file when no kept checkpoint is usable: a trial never
     restarts from step 0 silently.
     """
-    from workers.checkpoint import CorruptCheckpoint
+    from workers.checkpoint import CorruptCheckpoint, UnsafeCheckpoint
 
     candidates = [_CheckpointDir(checkpoint.filesystem, checkpoint.path),
                   *_older_checkpoints(checkpoint.filesystem, checkpoint.path)]
@@ -234,6 +234,11 @@ def restore_checkpoint(checkpoint, *, events: str | None = None, state_file: str
     for ck in candidates:
         try:
             state, blob, rows = _verify(ck, state_file, learner_file, metrics_file)
+        except UnsafeCheckpoint as exc:
+            if events is not None:
+                append_line(events, {"event": "checkpoint_refused", "checkpoint": str(ck), "reason": str(exc),
+                                     "time": time.time()})
+            raise
         except CorruptCheckpoint as exc:
             skipped.append((str(ck), str(exc)))
             if events is not None:
@@ -245,5 +250,8 @@ def restore_checkpoint(checkpoint, *, events: str | None = None, state_file: str
                                  "skipped": [s for s, _ in skipped], "time": time.time()})
         return RestoredCheckpoint(state, blob, rows, str(ck), skipped)
     first = skipped[0][1]
-    raise CorruptCheckpoint(f"{first}; no older checkpoint is usable ({len(candidates)} kept)"
+    err = CorruptCheckpoint(f"{first}; no older checkpoint is usable ({len(candidates)} kept)"
                             if len(candidates) > 1 else f"{first}; no older checkpoint was kept")
+    if events is not None:
+        append_line(events, {"event": "checkpoint_unusable", "reason": str(err), "time": time.time()})
+    raise err

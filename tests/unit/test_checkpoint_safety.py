@@ -87,7 +87,8 @@ def test_a_crafted_pickle_is_refused_and_never_runs(tmp_path):
         with pytest.raises(UnsafeCheckpoint) as e:
             store.restore_checkpoint(_Ckpt(latest), events=str(events))
         assert str(e.value).startswith(f"{latest}/{LEARNER}: refused: not a weights-only checkpoint")
-        assert not marker.exists() and _events(events) == []
+        assert not marker.exists()
+        assert [(e["event"], e["reason"]) for e in _events(events)] == [("checkpoint_refused", str(e.value))]
 
 
 def test_a_truncated_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
@@ -139,7 +140,8 @@ def test_no_usable_checkpoint_is_one_line_naming_the_file_never_a_restart_from_z
         store.restore_checkpoint(_Ckpt(only), events=str(events))
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"{only}/{LEARNER}: ") and "no older checkpoint was kept" in msg
-    assert [x["event"] for x in _events(events)] == ["checkpoint_skipped"]
+    assert [x["event"] for x in _events(events)] == ["checkpoint_skipped", "checkpoint_unusable"]
+    assert _events(events)[-1]["reason"] == msg
     # two kept, both damaged
     older = _write_checkpoint(trial, 2, 9)
     shutil.rmtree(older)
