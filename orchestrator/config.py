@@ -170,6 +170,9 @@ class TrialConfig(_Strict):
     def _fits(self) -> TrialConfig:
         if self.rollout.max_tokens >= self.model.max_model_len:
             raise ValueError("rollout.max_tokens must be smaller than model.max_model_len")
+        if self.task.agentic and self.model.name == "tiny":
+            raise ValueError(f"task '{self.task.name}' needs a model whose vocabulary covers the environment's "
+                             "text: use model.name 'tiny-agent' (or a real model), not 'tiny'")
         if self.task.agentic and self.interventions.probability_floor.is_active:
             raise ValueError("interventions.probability_floor needs a task with a one-token action set; "
                              f"task '{self.task.name}' answers with multi-token actions")
