@@ -171,6 +171,7 @@ def _comparisons(groups: Sequence[_Group], base: _Group, measures: list[tuple[st
                                "p_holm": math.nan, "note": too_few_note(cmp.n, MIN_PAIRS, "pairs"),
                                "ci_boot_low": cmp.boot_low, "ci_boot_high": cmp.boot_high})
             n_arm = stats.seeds_for_power(cmp.delta, cmp.sd_diff, ALPHA, POWER_TARGET) if cmp.n >= 2 else math.nan
+            n_arm = max(n_arm, MIN_PAIRS) if math.isfinite(n_arm) else n_arm  # the report claims nothing below
             dz = abs(cmp.delta) / cmp.sd_diff if cmp.n >= 2 and cmp.sd_diff > 0 else math.nan
             power_rows.append({
                 "group": g.label, "baseline": base.label, "measure": name, "n_pairs": cmp.n,
