@@ -22,6 +22,7 @@ from torch import Tensor
 
 from workers.checkpoint import dump_blob, load_blob
 from workers.credit import CreditConfig, compute_advantages, planning_masks, token_uncertainty
+from workers.credit.decomposition import decomposition_metrics
 from workers.credit.gae import gae, token_rewards
 from workers.credit.pipeline import resolve_plugins
 from workers.critic import Critic
@@ -44,18 +45,25 @@ def _pad(rows: list[list[Any]], fill: Any, dtype: torch.dtype) -> Tensor:
 
 
 def _token_samples(before: Tensor, after: Tensor | None, mask: Tensor, planning: Tensor,
-                   cap: int = 4096) -> dict[str, list[float]]:
+                   cap: int = 4096, entropy: Tensor | None = None) -> dict[str, list[float]]:
     """Per-token uncertainty of execution / planning tokens before and after the token stages, at most `cap`
-    evenly spaced values per array (the report's mechanistic histogram; bounded so logs stay small)."""
+    evenly spaced values per array (the report's mechanistic histogram; bounded so logs stay small); with
+    `entropy`, also each token's full-vocabulary entropy (`<cls>_entropy`, aligned with `<cls>_before`)."""
     after = before if after is None else after.reshape(before.shape)
     out = {}
     for cls, sel in (("exec", mask & ~planning), ("plan", mask & planning)):
-        for name, values in (("before", before), ("after", after)):
+        extra = (("entropy", entropy),) if entropy is not None else ()
+        for name, values in (("before", before), ("after", after), *extra):
             v = values[sel]
             if v.numel() > cap:
                 v = v[torch.linspace(0, v.numel() - 1, cap).long()]
             out[f"{cls}_{name}"] = v.tolist()
     return out
+
+
+def _decomposes(credit: CreditConfig) -> bool:
+    """Whether the learner logs `credit/decomp_*`: asked for, or the signal is computed from logits anyway."""
+    return credit.log_decomposition or credit.uncertainty_kind != "surprisal"
 
 
 @dataclass(frozen=True)
@@ -279,8 +287,13 @@ class Learner:
         if self.critic is not None:
             metrics.update(_critic_metrics(scored.values, returns, b.mask, sums))
         metrics.update({f"credit/{k}": v for k, v in credit.stats.items()})
+        if _decomposes(self.credit):  # surprisal vs entropy from this pass (workers/credit/decomposition.py)
+            lam = float(batch.get("sepa_lambda", 0.0)) if "sepa" in self.credit.stages else None
+            metrics.update(decomposition_metrics(-scored.learner_lp, scored.entropy, b.mask, planning,
+                                                 sepa_lambda=lam))
         return {"metrics": metrics, "exec_values": scored.signals[classes["execution"]],
-                "uncertainty": _token_samples(scored.signals, credit.signal_after, b.mask, planning)
+                "uncertainty": _token_samples(scored.signals, credit.signal_after, b.mask, planning,
+                                              entropy=scored.entropy if _decomposes(self.credit) else None)
                 if batch.get("want_uncertainty") else None}
 
     def _score(self, b: Batch, temp: float, floor) -> Scored:
@@ -325,7 +338,8 @@ class Learner:
         is matched on its own, so observation text never counts and grams never span turns. All False when
         nothing reads it."""
         floors = self.iv.entropy_floor
-        if not (self.credit.needs_planning or (floors.is_active and {"planning", "execution"} & set(floors.specs()))):
+        if not (self.credit.needs_planning or _decomposes(self.credit)
+                or (floors.is_active and {"planning", "execution"} & set(floors.specs()))):
             return torch.zeros_like(b.mask)
         runs = [(i, s, e) for i, row in enumerate(b.mask_rows) for s, e in _runs(row)]
         pieces = [token_pieces(self.tokenizer, b.response_rows[i][s:e]) for i, s, e in runs]

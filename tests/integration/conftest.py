@@ -1,4 +1,4 @@
-"""Shared fixtures for integration tests: one local Ray per session, the tiny model built once."""
+"""Shared fixtures for integration tests: one local Ray per session, the tiny models built once."""
 
 from __future__ import annotations
 
@@ -15,6 +15,15 @@ def tiny_model_dir(tmp_path_factory) -> str:
     from workers.models import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny_model"), seed=0))
+
+
+@pytest.fixture(scope="session")
+def reasoner_dir() -> str:
+    """The tiny reasoner in the cache trials use (`model: {name: tiny-reasoner}`): built once per machine and
+    spec (about 2 CPU-minutes), reused by every later session, test and trial."""
+    from workers.reasoner import build_tiny_reasoner
+
+    return str(build_tiny_reasoner(seed=0))
 
 
 @pytest.fixture(scope="session")

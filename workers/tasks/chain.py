@@ -122,9 +122,9 @@ class TraceStyle:
     """
 
     error: float = 0.3
-    catch: float = 0.4
-    verify: float = 0.08
-    plan: float = 0.1
+    catch: float = 0.3
+    verify: float = 0.04
+    plan: float = 0.04
 
 
 CATCH = (" wait let me check {s} .", " wait , that's not right . let me verify {s} .", " is this right ? let me check {s} .")
