@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,7 +28,7 @@ CAMPAIGN = "tests/integration/job_roundtrip.yaml"
 STEPS = 6  # base.steps in job_roundtrip.yaml
 TRIALS = ("C1_s0", "C5_s0")
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(1500)  # generous: vLLM engine starts slow on a busy 2-core machine
 
 
 def _free_ports(n: int) -> list[int]:
@@ -98,11 +99,21 @@ def ray_head():
         if start.poll() is None:
             start.kill()
         _stop_tree(start.pid)  # start_new_session: the pgid is `ray start`'s pid; its daemons keep it
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _submit(env: dict, address: str) -> subprocess.CompletedProcess:
+def _submit(env: dict, address: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "orchestrator", "submit", CAMPAIGN, "--address", address],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+
+
+def _snapshot(dest: Path) -> Path:
+    """The checkout as the jobs upload it, frozen: both submissions must ship the same code and campaign (an
+    edit to the tree between them would be a different campaign, which `run` rightly refuses to resume)."""
+    shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "results", "__pycache__", "*.egg-info", ".pytest_cache", ".hypothesis", ".ruff_cache",
+        "wandb", "build"))
+    return dest
 
 
 def test_job_stop_and_resubmit_resumes_every_trial_exactly_once(ray_head, monkeypatch):
@@ -113,14 +124,15 @@ def test_job_stop_and_resubmit_resumes_every_trial_exactly_once(ray_head, monkey
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     client = JobSubmissionClient(address)
+    repo = _snapshot(tmp / "repo")
     trials = tmp / "store" / "job_roundtrip" / "trials"
 
     # token auth is on: a wrong token is refused with a one-line error, and nothing is submitted
-    wrong = _submit({**env, "RAY_AUTH_TOKEN": "0" * 64, "RAY_AUTH_TOKEN_PATH": ""}, address)
+    wrong = _submit({**env, "RAY_AUTH_TOKEN": "0" * 64, "RAY_AUTH_TOKEN_PATH": ""}, address, repo)
     assert wrong.returncode == 2 and wrong.stderr.startswith("error: "), wrong.stdout + wrong.stderr
     assert client.list_jobs() == []
 
-    first = _submit(env, address)
+    first = _submit(env, address, repo)
     assert first.returncode == 0, first.stdout + first.stderr
     jobs = client.list_jobs()
     assert len(jobs) == 1, jobs
@@ -128,11 +140,11 @@ def test_job_stop_and_resubmit_resumes_every_trial_exactly_once(ray_head, monkey
     assert sid in first.stdout
 
     # a second submit while the job is pending/running names that job and starts nothing
-    again = _submit(env, address)
+    again = _submit(env, address, repo)
     assert again.returncode == 0 and f"already running as job {sid}" in again.stdout, again.stdout + again.stderr
     assert [j.submission_id for j in client.list_jobs()] == [sid]
 
-    deadline = time.time() + 480
+    deadline = time.time() + 600
     while max(len(_jsonl(trials / t / "metrics.jsonl")) for t in TRIALS) < 3:  # past the first checkpoint (step 1)
         status = client.get_job_status(sid)
         assert status in (JobStatus.PENDING, JobStatus.RUNNING) and time.time() < deadline, \
@@ -146,10 +158,10 @@ def test_job_stop_and_resubmit_resumes_every_trial_exactly_once(ray_head, monkey
     done_at_stop = {t: len(_jsonl(trials / t / "metrics.jsonl")) for t in TRIALS}
     assert min(done_at_stop.values()) < STEPS, "the job finished before the stop; the test needs slower steps"
 
-    second = _submit(env, address)
+    second = _submit(env, address, repo)
     assert second.returncode == 0 and "submitted campaign job_roundtrip" in second.stdout, second.stdout + second.stderr
     sid2 = next(j.submission_id for j in client.list_jobs() if j.submission_id != sid)
-    deadline = time.time() + 480
+    deadline = time.time() + 600
     while (status := client.get_job_status(sid2)) not in (JobStatus.STOPPED, JobStatus.FAILED, JobStatus.SUCCEEDED):
         assert time.time() < deadline, client.get_job_logs(sid2)[-3000:]
         time.sleep(1)
