@@ -241,7 +241,7 @@ class Learner:
         return lp
 
     def train_step(self, batch: dict) -> dict:
-        """One optimizer step on one batch of sequences.
+        """One training step on one batch of sequences: one optimizer step, or one per PPO mini-batch and epoch.
 
         batch: prompt_ids [B][*], response_ids [B][*] (everything after the prompt: for multi-turn episodes the
         sampled ids of every turn with the observation ids between them), loss_mask [B][*] (True on sampled ids;
