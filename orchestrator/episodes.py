@@ -31,6 +31,7 @@ class Trajectory:
     loss_mask: list[bool] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     reward_positions: list[int] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)  # the user turns after the first, as text
     truncated: bool = False
 
     @property
@@ -82,6 +83,7 @@ def play_episodes(cfg: TrialConfig, workers, tokenizer, episodes: list[TextEpiso
                 t.truncated = True
                 continue
             t.response_ids += obs
+            t.observations.append(out.observation)
             t.loss_mask += [False] * len(obs)
             t.logprobs += [0.0] * len(obs)
         turn += 1
