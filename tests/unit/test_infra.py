@@ -226,6 +226,12 @@ def test_text_scan_catches_secrets_open_addresses_and_disabled_auth(text, expect
     assert found and expected in found[0], found
 
 
+def test_no_secret_values_in_campaigns_or_the_deploy_doc():
+    files = [ROOT / "docs" / "deploy.md", *sorted((ROOT / "campaigns").rglob("*.yaml"))]
+    found = [f for p in files for f in v.text_findings(p.read_text(), str(p)) if "looks like" in f]
+    assert len(files) > 3 and found == []
+
+
 # ------------------------------------------------------------------------------------------- docker images
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
 def test_dockerfile_lints_clean_with_hadolint(path):
