@@ -28,6 +28,19 @@ class ModelConfig(_Strict):
     max_model_len: int = Field(128, ge=16)
 
 
+class EngineConfig(_Strict):
+    """`vllm.LLM` settings a GPU user tunes, passed through to every rollout worker's engine (workers/rollout.py).
+    None = vLLM's own default (or the platform's, for `enforce_eager`)."""
+
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per rollout worker's engine")
+    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
+    enforce_eager: bool | None = Field(None, description=(
+        "None: off on a GPU (CUDA graphs run), on for the CPU build"))
+    enable_prefix_caching: bool = Field(True, description="the n samples of a prompt share its prefill")
+    max_num_seqs: int | None = Field(None, ge=1, description="sequences per engine step")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="tokens per engine step")
+
+
 class RolloutConfig(_Strict):
     num_workers: int = Field(2, ge=1)
     prompts_per_step: int = Field(16, ge=1)
@@ -40,6 +53,11 @@ class RolloutConfig(_Strict):
     max_turns: int = Field(5, ge=1, description="turns per episode (agentic tasks)")
     max_actions_per_turn: int = Field(2, ge=1, description="actions read from one answer (agentic tasks)")
     max_actions_per_episode: int = Field(10, ge=1, description="actions per episode (agentic tasks)")
+    engine: EngineConfig = EngineConfig()
+    mode: Literal["sync", "one_step_off"] = Field("sync", description=(
+        "one_step_off: step t+1 is generated (with the adapter of step t) while the learner trains on step t"))
+    tis_cap: float = Field(2.0, ge=1.0, description=(
+        "one_step_off: per-token truncated importance weight min(pi_old / pi_rollout, tis_cap)"))
 
     @model_validator(mode="after")
     def _action_budget(self) -> RolloutConfig:
@@ -67,6 +85,9 @@ class OptimConfig(_Strict):
     mini_batch_size: int | None = Field(None, ge=1, description=(
         "trajectories per optimizer step (PPO mini-batches, shuffled each epoch); None = the whole batch"))
     ppo_epochs: int = Field(1, ge=1, description="passes over the batch per training step")
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1, description=(
+        "micro-batches by a token budget (sequences packed greedily, padded length x rows <= budget) instead of "
+        "micro_batch_size sequences; None = by count"))
 
 
 class LossConfig(_Strict):
@@ -94,6 +115,10 @@ class LearnerConfig(_Strict):
     optim: OptimConfig = OptimConfig()
     loss: LossConfig = LossConfig()
     critic: CriticConfig = CriticConfig()
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less memory)")
+    old_logprobs: Literal["recompute", "rollout"] = Field("recompute", description=(
+        "recompute: a no-grad scoring pass (today's behaviour); rollout: vLLM's processed log-probs are the old "
+        "policy and the scoring pass is skipped (only when nothing else needs it)"))
 
 
 class EvalConfig(_Strict):
@@ -176,7 +201,30 @@ class TrialConfig(_Strict):
         if self.task.agentic and self.interventions.probability_floor.is_active:
             raise ValueError("interventions.probability_floor needs a task with a one-token action set; "
                              f"task '{self.task.name}' answers with multi-token actions")
+        if self.learner.old_logprobs == "rollout" and (needs := self._scoring_pass_needs()):
+            raise ValueError(f"learner.old_logprobs 'rollout' skips the scoring pass that {needs} needs: "
+                             "use 'recompute'")
+        if self.rollout.engine.tensor_parallel_size > max(self.resources.worker_gpus, 1.0):
+            raise ValueError(f"rollout.engine.tensor_parallel_size ({self.rollout.engine.tensor_parallel_size}) "
+                             f"needs resources.worker_gpus >= it (got {self.resources.worker_gpus})")
         if self.interventions.probability_floor.is_active and self.rollout.top_p != 1.0:
             raise ValueError("interventions.probability_floor needs rollout.top_p = 1 (the learner cannot "
                              "reproduce a top-p truncated, floored distribution)")
         return self
+
+    def _scoring_pass_needs(self) -> str | None:
+        """What reads the learner's no-grad scoring pass (None: nothing, `old_logprobs: rollout` may skip it)."""
+        c, iv = self.credit, self.interventions
+        for needed, what in (
+            (self.rollout.mode == "one_step_off", "rollout.mode one_step_off (pi_old of the importance weight)"),
+            (c.uncertainty_kind != "surprisal", f"credit.uncertainty_kind '{c.uncertainty_kind}'"),
+            (c.log_decomposition, "credit.log_decomposition"),
+            (c.uses_critic, "the critic (credit.advantage_mode gae)"),
+            (iv.kl.is_active or iv.kl.measure, "interventions.kl"),
+            (iv.entropy_bonus.is_active, "interventions.entropy_bonus"),
+            (iv.entropy_floor.is_active, "interventions.entropy_floor"),
+            (iv.probability_floor.is_active, "interventions.probability_floor"),
+        ):
+            if needed:
+                return what
+        return None

@@ -152,7 +152,7 @@ def run_trial(config: dict) -> None:
         _RolloutActor.options(num_cpus=cfg.resources.worker_cpus, num_gpus=cfg.resources.worker_gpus,
                               **_placement(pg, 1 + i)).remote(
             model_cfg, dtype=cfg.model.dtype, seed=cfg.seed, max_model_len=cfg.model.max_model_len,
-            max_lora_rank=cfg.learner.lora.rank)
+            max_lora_rank=cfg.learner.lora.rank, engine=cfg.rollout.engine.model_dump())
         for i in range(k)
     ]
     learner = _LearnerActor.options(num_cpus=cfg.resources.learner_cpus, num_gpus=cfg.resources.learner_gpus,

@@ -31,6 +31,38 @@ from typing import Any
 import ray
 
 
+ENGINE_KEYS = ("tensor_parallel_size", "gpu_memory_utilization", "enforce_eager", "enable_prefix_caching",
+               "max_num_seqs", "max_num_batched_tokens")
+
+
+def engine_settings(engine: dict | None, *, cuda: bool) -> dict[str, Any]:
+    """`rollout.engine` (orchestrator/config.py:EngineConfig, as a dict) -> `vllm.LLM` keyword arguments.
+
+    enforce_eager None = off on a GPU (CUDA graphs run) and on for the CPU build; other None values are left to
+    vLLM. On CPU chunked prefill is always off (see the comment below). Unknown keys raise: the trial config
+    validates them first, this guards direct callers.
+    """
+    engine = dict(engine or {})
+    unknown = sorted(set(engine) - set(ENGINE_KEYS))
+    if unknown:
+        raise ValueError(f"unknown engine setting(s) {unknown}; allowed: {', '.join(ENGINE_KEYS)}")
+    out: dict[str, Any] = {
+        "tensor_parallel_size": int(engine.get("tensor_parallel_size") or 1),
+        "gpu_memory_utilization": float(engine.get("gpu_memory_utilization") or 0.85),
+        "enforce_eager": (not cuda) if engine.get("enforce_eager") is None else bool(engine["enforce_eager"]),
+        "enable_prefix_caching": bool(engine.get("enable_prefix_caching", True)),
+    }
+    for key in ("max_num_seqs", "max_num_batched_tokens"):
+        if engine.get(key) is not None:
+            out[key] = int(engine[key])
+    if not cuda:
+        # vLLM-CPU: a seeded request whose prompt is prefilled in chunks kills the engine ("CPU Generator does
+        # not use offset", gpu_model_runner rewinds the generator of discarded partial-prefill samples), and
+        # multi-turn histories are long enough to be chunked. Whole prompts only on CPU.
+        out["enable_chunked_prefill"] = False
+    return out
+
+
 class RolloutWorker:
     """Owns one vllm.LLM with LoRA enabled and logprobs_mode="processed_logprobs". Thin: no RL logic."""
 
@@ -42,33 +74,37 @@ class RolloutWorker:
         seed: int = 0,
         max_model_len: int = 256,
         max_lora_rank: int = 8,
-        enforce_eager: bool = True,
-        gpu_memory_utilization: float = 0.85,
+        engine: dict | None = None,
+        enforce_eager: bool | None = None,
+        gpu_memory_utilization: float | None = None,
         engine_kwargs: dict | None = None,
     ):
+        """`engine`: the `rollout.engine` settings (`engine_settings`); `enforce_eager` /
+        `gpu_memory_utilization` given here override them; `engine_kwargs` go to `vllm.LLM` as they are."""
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; only read by the CPU backend
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        import torch
         from vllm import LLM
 
         from workers.probability_floor import ProbabilityFloorLogitsProcessor
 
+        engine = dict(engine or {})
+        if enforce_eager is not None:
+            engine["enforce_eager"] = enforce_eager
+        if gpu_memory_utilization is not None:
+            engine["gpu_memory_utilization"] = gpu_memory_utilization
         kwargs: dict[str, Any] = dict(
-            model=model, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
-            enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1,
-            logprobs_mode="processed_logprobs", gpu_memory_utilization=gpu_memory_utilization,
+            model=model, dtype=dtype, seed=seed, max_model_len=max_model_len,
+            enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1, logprobs_mode="processed_logprobs",
+            **engine_settings(engine, cuda=torch.cuda.is_available()),
         )
-        import torch
-
-        if not torch.cuda.is_available():
-            # vLLM-CPU: a seeded request whose prompt is prefilled in chunks kills the engine ("CPU Generator does
-            # not use offset", gpu_model_runner rewinds the generator of discarded partial-prefill samples), and
-            # multi-turn histories are long enough to be chunked. Whole prompts only on CPU.
-            kwargs["enable_chunked_prefill"] = False
+        self.engine_kwargs = {k: v for k, v in kwargs.items() if k != "model"}  # what the engine was built with
         extra = dict(engine_kwargs or {})
         # the floor processor is inert for requests that don't ask for it; user processors are kept after it
         kwargs["logits_processors"] = [ProbabilityFloorLogitsProcessor, *(extra.pop("logits_processors", None) or [])]
         kwargs.update(extra)
         self._llm = LLM(**kwargs)
+        self.engine_kwargs.update({k: v for k, v in extra.items() if k != "logits_processors"})
         self._root = Path(tempfile.mkdtemp(prefix="rollout_lora_"))
         self._next_id = 1  # vLLM LoRA int ids must be > 0; never reused
         self._lora = None  # the LoRARequest generate uses (None = base model)
@@ -219,6 +255,10 @@ class RolloutWorker:
     def ready(self) -> bool:
         """True once the engine is built (await it to surface construction errors)."""
         return self._llm is not None
+
+    def settings(self) -> dict:
+        """The `vllm.LLM` keyword arguments this engine was built with (model path and processors left out)."""
+        return dict(self.engine_kwargs)
 
     def __del__(self):
         root = getattr(self, "_root", None)
