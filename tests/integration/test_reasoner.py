@@ -2,7 +2,9 @@
 
 Targets (issue 15): starting pass@1 between 15% and 60%; planning tokens 2-10% of completion tokens, with
 strategic grams split across subword pieces. Measured by sampling at temperature 1 with transformers on the
-first held-out problems (sampling noise: about +-5 points at 96 samples).
+first 48 held-out problems x 4 samples (seeded; sampling noise about +-3 points). Measured: pass@1 0.198,
+planning tokens 8.0% of completion tokens, 23% of gram occurrences split inside a word, 28.4 tokens per
+completion.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ def test_reasoner_hits_its_targets(reasoner_dir):
     from pathlib import Path
 
     task = make_task(TaskConfig(name="chain"), seed=0)
-    ev = evaluate_reasoner(reasoner_dir, task.heldout(24), samples=4, seed=0)
+    ev = evaluate_reasoner(reasoner_dir, task.heldout(48), samples=4, seed=0)
     print(ev)
     assert 0.15 <= ev.pass_at_1 <= 0.60
     assert 0.02 <= ev.planning_frac <= 0.10

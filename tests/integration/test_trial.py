@@ -26,9 +26,11 @@ def stable(row: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def default_run(ray_local, tmp_path_factory):
-    """The local default trial (tiny model, arithmetic, 2 rollout workers), 40 steps."""
+    """The default trial loop (2 rollout workers, default learner and credit) on the randomly initialised tiny
+    model and the arithmetic task (fast; the reasoner is the local default of trials and `make demo`), 40 steps."""
     storage = tmp_path_factory.mktemp("default")
-    cfg = TrialConfig(name="default", output_dir=str(storage / "out"))
+    cfg = TrialConfig(name="default", output_dir=str(storage / "out"), model={"name": "tiny"},
+                      task={"name": "arithmetic"}, rollout={"max_tokens": 6})
     assert run_single_trial(cfg, storage) is not None
     return rows(cfg.output_dir)
 
@@ -78,7 +80,8 @@ def _flaky(config):
 def test_resume_equivalence_and_seeds(ray_local, tmp_path):
     from ray import tune
 
-    base = dict(steps=7, seed=3, checkpoint={"every": 2}, rollout={"prompts_per_step": 8})
+    base = dict(steps=7, seed=3, checkpoint={"every": 2}, model={"name": "tiny"}, task={"name": "arithmetic"},
+                rollout={"prompts_per_step": 8, "max_tokens": 6})
     plain = TrialConfig(name="plain", output_dir=str(tmp_path / "plain"), **base)
     assert run_single_trial(plain, tmp_path) is not None
 
