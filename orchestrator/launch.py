@@ -107,13 +107,30 @@ def _stable(config: dict) -> dict:
     return {k: v for k, v in config.items() if k not in ("wandb", "output_dir")}
 
 
+def _without_new_defaults(now: dict, before: dict, default: dict) -> dict:
+    """`now` minus the keys `before` lacks whose value is the schema default: a field added to the code since
+    the campaign started (at its default) does not change what the trial runs, so it must not block a resume."""
+    out = {}
+    for key, value in now.items():
+        if key not in before:
+            if key in default and value == default[key]:
+                continue
+        elif isinstance(value, dict) and isinstance(before[key], dict) and isinstance(default.get(key), dict):
+            value = _without_new_defaults(value, before[key], default[key])
+        out[key] = value
+    return out
+
+
 def check_same_campaign(campaign: Campaign) -> None:
-    """A resumed experiment must be the campaign that started it: same trials, same configs."""
+    """A resumed experiment must be the campaign that started it: same trials, same configs (fields the code
+    gained since, at their defaults, excepted)."""
     text = store.read_text(store.join(campaign.directory, CAMPAIGN_FILE))
     if text is None:
         return
     before = {t["name"]: _stable(t["config"]) for t in json.loads(text)["trials"]}
+    default = TrialConfig().model_dump(mode="json")
     now = {t.name: _stable(t.config) for t in campaign.trials}
+    now = {n: _without_new_defaults(c, before[n], default) if n in before else c for n, c in now.items()}
     if before != now:
         changed = sorted(set(before) ^ set(now)) or sorted(n for n in now if before[n] != now[n])
         raise UserError(f"{campaign.source}: campaign '{campaign.config.name}' in {campaign.directory} was started "
@@ -187,7 +204,9 @@ def run_single_trial(cfg: TrialConfig, storage: Path, max_failures: int = 0):
         cfg = cfg.model_copy(update={"output_dir": str(storage / cfg.name / "trial")})
     saved = storage / cfg.name / "trial_config.json"
     now = cfg.model_dump(mode="json")
-    if saved.is_file() and _stable(json.loads(saved.read_text())) != _stable(now):
+    before = _stable(json.loads(saved.read_text())) if saved.is_file() else None
+    if before is not None and before != _without_new_defaults(_stable(now), before,
+                                                             TrialConfig().model_dump(mode="json")):
         raise UserError(f"trial '{cfg.name}' in {storage / cfg.name} was started with a different config; "
                         "use another name or --storage for a new trial, or restore the config to resume it")
     saved.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -232,3 +233,21 @@ def test_lone_trial_with_a_changed_config_is_refused_before_ray_starts(tmp_path)
     with pytest.raises(UserError, match=r"trial 'local' in .* was started with a different config"):
         run_single_trial(TrialConfig(steps=4), tmp_path)
     assert not ray.is_initialized()
+
+
+def test_fields_added_to_the_code_at_their_defaults_do_not_block_a_resume(tmp_path):
+    """A campaign started before the schema grew a field (here: the critic and GAE settings) still resumes; a
+    value that differs from the new field's default is still a changed campaign."""
+    from orchestrator.errors import UserError
+    from orchestrator.launch import CAMPAIGN_FILE, check_same_campaign, write_campaign_file
+
+    first = _small_campaign(tmp_path)
+    write_campaign_file(first)
+    path = Path(first.directory) / CAMPAIGN_FILE
+    data = json.loads(path.read_text())
+    for t in data["trials"]:  # what an older version of the code wrote
+        del t["config"]["learner"]["critic"], t["config"]["credit"]["gae"]
+    path.write_text(json.dumps(data))
+    check_same_campaign(_small_campaign(tmp_path))
+    with pytest.raises(UserError, match="was started with different trials"):
+        check_same_campaign(_small_campaign(tmp_path, base={"learner": {"critic": {"lr": 0.5}}}))

@@ -16,8 +16,8 @@ Modules: `episode` (GRPO, MaxRL), `token` (SEPA pooling, GTPO weights, HICRA), `
 """
 
 from .config import NAMED_TRANSFORMS, CreditConfig, GaeConfig, SepaConfig
-from .gae import gae, masked_whiten, token_rewards
 from .errors import CreditError
+from .gae import gae, masked_whiten, token_rewards
 from .pipeline import CreditResult, compute_advantages, resolve_plugins
 from .planning import DEFAULT_GRAMS, planning_mask, planning_masks
 from .plugins import AlgorithmContext, TransformContext
