@@ -171,6 +171,7 @@ class RestoredCheckpoint:
     rows: list[dict]  # metrics rows up to and including the checkpoint's step
     location: str  # the checkpoint directory used
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (file, why) of newer unusable checkpoints
+    checkpoint: object = None  # the `ray.tune.Checkpoint` used (`.as_directory()` for other files it holds)
 
 
 def _verify(ck: _CheckpointDir, state_file: str, learner_file: str, metrics_file: str):
@@ -248,7 +249,9 @@ def restore_checkpoint(checkpoint, *, events: str | None = None, state_file: str
         if skipped and events is not None:
             append_line(events, {"event": "checkpoint_fallback", "checkpoint": str(ck), "step": state["step"],
                                  "skipped": [s for s, _ in skipped], "time": time.time()})
-        return RestoredCheckpoint(state, blob, rows, str(ck), skipped)
+        from ray import tune
+
+        return RestoredCheckpoint(state, blob, rows, str(ck), skipped, tune.Checkpoint(ck.path, ck.fs))
     first = skipped[0][1]
     err = CorruptCheckpoint(f"{first}; no older checkpoint is usable ({len(candidates)} kept)"
                             if len(candidates) > 1 else f"{first}; no older checkpoint was kept")

@@ -101,6 +101,8 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     events = tmp_path / "events.jsonl"
     got = store.restore_checkpoint(_Ckpt(latest), events=str(events))
     assert got.state["step"] == 9 and got.location == str(trial / "checkpoint_000001")
+    with got.checkpoint.as_directory() as d:  # the chosen checkpoint's other files (e.g. a prefetched batch)
+        assert json.loads((Path(d) / STATE).read_text())["step"] == 9
     assert [r["step"] for r in got.rows] == list(range(10))
     assert load_blob(got.learner, "x")["adapter"]["w"][0, 0] == 9.0
     ev = _events(events)
