@@ -34,7 +34,6 @@ from workers.objectives import (
     entropy_from_logits,
     kl_penalty,
     ppo_token_loss,
-    sequence_logprobs,
 )
 from workers.probability_floor import floor_probs, floored_token_logprobs
 
@@ -59,6 +58,28 @@ def _token_samples(before: Tensor, after: Tensor | None, mask: Tensor, planning:
                 v = v[torch.linspace(0, v.numel() - 1, cap).long()]
             out[f"{cls}_{name}"] = v.tolist()
     return out
+
+
+def _head_only(hf) -> bool:
+    """Whether the causal LM's logits are exactly its output embedding applied to the decoder's last hidden state
+    (Llama, Qwen, Mistral, ...), so the head can run at the response positions only."""
+    cfg = hf.config
+    return (hf.get_output_embeddings() is not None and hasattr(hf, getattr(hf, "base_model_prefix", "") or "_")
+            and not getattr(cfg, "final_logit_softcapping", None) and getattr(cfg, "logit_scale", None) in (None, 1.0)
+            and not getattr(cfg, "logits_scaling", None))
+
+
+def _scoring_needs(credit: CreditConfig, iv: InterventionsConfig) -> str | None:
+    """What reads the no-grad scoring pass (None: `old_logprobs: rollout` may skip it); mirrors the trial
+    config's check (orchestrator/config.py)."""
+    for needed, what in ((credit.uncertainty_kind != "surprisal", "a logit uncertainty signal"),
+                         (_decomposes(credit), "credit.log_decomposition"), (credit.uses_critic, "the critic"),
+                         (iv.kl.is_active or iv.kl.measure, "the KL"), (iv.entropy_bonus.is_active, "the entropy bonus"),
+                         (iv.entropy_floor.is_active, "the entropy floor"),
+                         (iv.probability_floor.is_active, "the probability floor")):
+        if needed:
+            return what
+    return None
 
 
 def _decomposes(credit: CreditConfig) -> bool:
@@ -194,6 +215,10 @@ class Learner:
             r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
             target_modules=lora["target_modules"], task_type="CAUSAL_LM",
         ))
+        if learner.get("gradient_checkpointing"):  # activations recomputed in backward (train mode only)
+            base.config.use_cache = False
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self._head_only = _head_only(base)
         opt = learner["optim"]
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=opt["lr"], betas=tuple(opt["betas"]),
@@ -210,27 +235,42 @@ class Learner:
                 r=c_lora["rank"], lora_alpha=c_lora["alpha"], lora_dropout=c_lora["dropout"],
                 target_modules=c_lora["target_modules"], task_type="CAUSAL_LM",
             ), self.device, self.dtype)
+        self.skip_scoring = learner.get("old_logprobs", "recompute") == "rollout"
+        if self.skip_scoring and (needs := _scoring_needs(self.credit, self.iv)):
+            raise ValueError(f"old_logprobs 'rollout' skips the scoring pass that {needs} needs")
 
     # -- forward ----------------------------------------------------------------------------------------
     def _logprobs(self, seqs: Tensor, attn: Tensor, comp_start: Tensor, comp_len: int, temperature: float,
                   want_logits: bool, floor: tuple[list[int], float] | None = None) -> tuple[Tensor, Tensor | None]:
-        """Response-window log-probs `[b, comp_len]` (and their logits) from one forward pass.
+        """Response-window log-probs `[b, comp_len]` (and the logits divided by `temperature`, float32) from one
+        forward pass.
 
+        One `[b, comp_len, V]` tensor only: the decoder runs over the whole sequence and the LM head only at the
+        response positions (no `[b, P + T, V]` logits, no gathered copy of them); the temperature is applied in
+        place and the log-probs are gathered from that tensor (log_softmax(z)[y] = z[y] - logsumexp(z)).
         `floor = (action_token_ids, min_prob)`: the first response token (the action position) is scored under
         the probability-floored distribution the sampler drew it from.
         """
-        logits = self.model(input_ids=seqs.to(self.device), attention_mask=attn.to(self.device)).logits
         idx = comp_start[:, None] - 1 + torch.arange(comp_len)[None, :]  # logits at p-1 predict token p
         idx = idx.clamp(max=seqs.shape[1] - 2).to(self.device)
-        pred = logits.gather(1, idx[..., None].expand(-1, -1, logits.shape[-1]))
-        targets = seqs.to(self.device).gather(1, idx + 1)
+        ids, mask = seqs.to(self.device), attn.to(self.device)
+        if self._head_only:
+            hf = self.model.get_base_model()
+            hidden = getattr(hf, hf.base_model_prefix)(input_ids=ids, attention_mask=mask).last_hidden_state
+            z = hf.get_output_embeddings()(hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1])))
+        else:  # an architecture whose head does more than one linear layer: full logits, then gathered
+            logits = self.model(input_ids=ids, attention_mask=mask).logits
+            z = logits.gather(1, idx[..., None].expand(-1, -1, logits.shape[-1]))
+            del logits
+        z = z.float().div_(temperature)  # a no-op cast in fp32: z / T in place, nothing else [b, T, V]
+        targets = ids.gather(1, idx + 1)
         if floor is None:
-            lp = sequence_logprobs(pred, targets, temperature)
+            lp = z.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(z, dim=-1)
         else:
             positions = torch.zeros_like(targets, dtype=torch.bool)
             positions[:, 0] = True
-            lp = floored_token_logprobs(pred, targets, floor[0], floor[1], temperature, positions=positions)
-        return lp, (pred if want_logits else None)
+            lp = floored_token_logprobs(z, targets, floor[0], floor[1], 1.0, positions=positions)
+        return lp, (z if want_logits else None)
 
     def _reference_logprobs(self, seqs: Tensor, attn: Tensor, comp_start: Tensor, comp_len: int,
                             temperature: float, floor) -> Tensor:
@@ -263,7 +303,16 @@ class Learner:
         progress = min(max(int(batch.get("step", 0)) / self.total_steps, 0.0), 1.0)
         self.model.train()
 
-        scored = self._score(b, temp, floor)
+        probe = None
+        if self.skip_scoring:  # old_logprobs: rollout; the first update's forward measures the gap instead
+            if batch.get("tis_cap") is not None:
+                raise ValueError("the truncated importance weight (tis_cap) needs pi_old: old_logprobs 'recompute'")
+            nan = torch.full_like(b.old_lp, float("nan"))
+            scored = Scored(b.old_lp, token_uncertainty("surprisal", logprobs=b.old_lp), nan, None, None)
+            probe = {"lp": nan.clone(), "entropy": nan.clone()}
+        else:
+            scored = self._score(b, temp, floor)
+        ratio_base, tis, tis_metrics = self._off_policy(b, scored, batch.get("tis_cap"))
         planning = self._planning(b)
         gae_adv = returns = None
         if self.critic is not None:
@@ -280,10 +329,17 @@ class Learner:
         floor_terms, floor_metrics = self._entropy_floor_terms(scored.entropy, classes, progress)
         scale = float(batch.get("loss_scale", 1.0))
         sums = self._optimise(b, adv, scored, returns, floor_terms, classes, temp, floor, scale,
-                              step=int(batch.get("step", 0)))
+                              step=int(batch.get("step", 0)), ratio_base=ratio_base, tis=tis, probe=probe)
         self.steps_done += 1
 
         metrics = self._metrics(b, scored, sums, floor_metrics, floor, scale)
+        metrics.update(tis_metrics)
+        if probe is not None:  # gap and entropy of the rows the first update scored before stepping
+            seen = b.mask & ~probe["lp"].isnan()
+            gap = (probe["lp"] - b.old_lp).abs()[seen]
+            metrics.update({"train/logprob_gap_mean": float(gap.mean()) if gap.numel() else 0.0,
+                            "train/logprob_gap_max": float(gap.max()) if gap.numel() else 0.0,
+                            "policy/entropy_mean": float(probe["entropy"][seen].mean()) if gap.numel() else 0.0})
         if self.critic is not None:
             metrics.update(_critic_metrics(scored.values, returns, b.mask, sums))
         metrics.update({f"credit/{k}": v for k, v in credit.stats.items()})
@@ -299,29 +355,52 @@ class Learner:
     def _score(self, b: Batch, temp: float, floor) -> Scored:
         """Score the batch with the current policy (no grad): log-probs, uncertainty signal, entropy, reference
         log-probs (KL on or measured) and, under the probability floor, the smallest valid action probability."""
-        mb = self.cfg["optim"]["micro_batch_size"]
         iv = self.iv
         use_ref = iv.kl.is_active or iv.kl.measure
-        lps, sigs, ents, refs, action_min, vals = [], [], [], [], [], []
+        lps, sigs, ents, refs, action_min, vals, order = [], [], [], [], [], [], []
         with torch.no_grad():
-            for s in range(0, b.size, mb):
-                args = (b.seqs[s:s + mb], b.attn[s:s + mb], b.start[s:s + mb], b.t, temp)
-                lp, logits = self._logprobs(*args, True, floor)
+            for seqs, attn, start, length, _, r in self._micro_batches(b, torch.arange(b.size)):
+                order.append(r)
+                args = (seqs, attn, start, length, temp)
+                lp, logits = self._logprobs(*args, True, floor)  # logits / temp
                 lps.append(lp.float().cpu())
-                sig = token_uncertainty(self.credit.uncertainty_kind, logprobs=lp, logits=logits, temperature=temp)
+                sig = token_uncertainty(self.credit.uncertainty_kind, logprobs=lp, logits=logits, temperature=1.0)
                 sigs.append(sig.float().cpu())
-                ents.append(entropy_from_logits(logits, temp, iv.entropy_bonus.chunk_size).float().cpu())
+                ents.append(entropy_from_logits(logits, 1.0, iv.entropy_bonus.chunk_size).float().cpu())
                 if use_ref:
                     refs.append(self._reference_logprobs(*args, floor).float().cpu())
                 if floor is not None:  # every valid action's probability at the action position
                     valid = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
                     valid[floor[0]] = True
-                    action_min.append(float(floor_probs(logits[:, 0], valid, floor[1], temp)[:, floor[0]].exp().min()))
+                    action_min.append(float(floor_probs(logits[:, 0], valid, floor[1], 1.0)[:, floor[0]].exp().min()))
                 if self.critic is not None:
                     with self.critic.active():
                         vals.append(self.critic.values(*args[:4]).float().cpu())
-        return Scored(torch.cat(lps), torch.cat(sigs), torch.cat(ents), torch.cat(refs) if use_ref else None,
-                      min(action_min) if action_min else None, torch.cat(vals) if vals else None)
+        inverse = torch.argsort(torch.cat(order))  # micro-batches packed by tokens may reorder the rows
+
+        def cat(parts):
+            return torch.cat(parts)[inverse] if parts else None
+
+        return Scored(cat(lps), cat(sigs), cat(ents), cat(refs), min(action_min) if action_min else None, cat(vals))
+
+    @staticmethod
+    def _off_policy(b: Batch, scored: Scored, cap) -> tuple[Tensor, Tensor | None, dict[str, float]]:
+        """The PPO ratio's denominator and the per-token truncated importance weights.
+
+        Default: the ratio is to the rollout log-probs, no weights. With `cap` (one_step_off: the batch was
+        sampled by the previous policy) the ratio is to pi_old = the learner's recomputed log-probs and each
+        token's loss is weighted by min(pi_old / pi_rollout, cap) (no gradient through the weight)."""
+        if cap is None:
+            return b.old_lp, None, {}
+        raw = torch.exp(scored.learner_lp - b.old_lp)
+        tis = raw.clamp(max=float(cap)) * b.mask
+        m = b.mask
+        return scored.learner_lp, tis, {
+            "tis/weight_mean": float(tis[m].mean()) if m.any() else 1.0,
+            "tis/ratio_max": float(raw[m].max()) if m.any() else 1.0,
+            "tis/ratio_min": float(raw[m].min()) if m.any() else 1.0,
+            "tis/truncated_frac": float((raw[m] > float(cap)).float().mean()) if m.any() else 0.0,
+        }
 
     def _gae(self, batch: dict, b: Batch, values: Tensor) -> tuple[Tensor, Tensor]:
         """GAE advantages and returns `[B, T]` from the turn rewards and the critic's (pre-update) values."""
@@ -380,7 +459,8 @@ class Learner:
 
     def _optimise(self, b: Batch, adv: Tensor, scored: Scored, returns: Tensor | None,
                   floor_terms: dict[str, float], classes: dict[str, Tensor], temp: float, floor, scale: float,
-                  step: int) -> dict[str, float]:
+                  step: int, ratio_base: Tensor | None = None, tis: Tensor | None = None,
+                  probe: dict[str, Tensor] | None = None) -> dict[str, float]:
         """PPO updates: one optimizer step per mini-batch (policy, then critic), gradient accumulated over
         micro-batches. Importance ratios are to the rollout log-probs, i.e. the policy before the step's first
         update. Returns the loss parts averaged over optimizer steps."""
@@ -390,8 +470,10 @@ class Learner:
                 "value_loss": 0.0, "value_clipped": 0.0, "critic_grad_norm": 0.0, "critic_steps": 0}
         for rows in chunks:
             if train_policy:
+                first = sums["policy_steps"] == 0
                 for k, v in self._policy_update(b, rows, adv, scored.ref_lp, floor_terms, classes, temp, floor,
-                                                scale).items():
+                                                scale, ratio_base=ratio_base, tis=tis,
+                                                probe=probe if first else None).items():
                     sums[k] += v
                 sums["policy_steps"] += 1
             if self.critic is not None:
@@ -412,18 +494,43 @@ class Learner:
         return sums
 
     def _micro_batches(self, b: Batch, rows: Tensor):
-        """(seqs, attn, start, length, loss mask, rows) of each micro-batch of `rows`."""
-        mb = self.cfg["optim"]["micro_batch_size"]
-        for s in range(0, len(rows), mb):
-            r = rows[s:s + mb]
-            yield b.seqs[r], b.attn[r], b.start[r], b.t, b.mask[r], r
+        """(seqs, attn, start, length, loss mask, rows) of each micro-batch of `rows`: `micro_batch_size` rows
+        in order, or with `max_tokens_per_micro_batch` rows packed greedily by length (longest first, a micro-batch
+        grows while rows x its longest sequence fits the budget; a longer sequence goes alone) with the columns
+        cut to the micro-batch's longest sequence."""
+        opt = self.cfg["optim"]
+        budget = opt.get("max_tokens_per_micro_batch")
+        if not budget:
+            mb = opt["micro_batch_size"]
+            for s in range(0, len(rows), mb):
+                r = rows[s:s + mb]
+                yield b.seqs[r], b.attn[r], b.start[r], b.t, b.mask[r], r
+            return
+        lengths = b.attn[rows].sum(-1)
+        packed, current, width = [], [], 0
+        for i in torch.argsort(lengths, descending=True, stable=True).tolist():
+            if current and (len(current) + 1) * width > budget:
+                packed.append(current)
+                current = []
+            if not current:
+                width = int(lengths[i])
+            current.append(i)
+        packed += [current] if current else []
+        for idx in packed:
+            r = rows[torch.tensor(idx)]
+            cols = max(int(lengths[idx].max()), 2)
+            yield b.seqs[r, :cols], b.attn[r, :cols], b.start[r], b.t, b.mask[r], r
 
     def _policy_update(self, b: Batch, rows: Tensor, adv: Tensor, ref_lp: Tensor | None,
                        floor_terms: dict[str, float], classes: dict[str, Tensor], temp: float, floor,
-                       scale: float) -> dict[str, float]:
-        """One policy optimizer step on the rows of one mini-batch."""
+                       scale: float, ratio_base: Tensor | None = None, tis: Tensor | None = None,
+                       probe: dict[str, Tensor] | None = None) -> dict[str, float]:
+        """One policy optimizer step on the rows of one mini-batch. `ratio_base`: the PPO ratio's old
+        log-probs (default the rollout's); `tis`: per-token loss weights; `probe`: [B, T] tensors that receive
+        these rows' pre-update log-probs and entropy (old_logprobs: rollout)."""
         iv, loss_cfg = self.iv, self.cfg["loss"]
-        need_logits = iv.entropy_bonus.is_active or bool(floor_terms)
+        ratio_base = b.old_lp if ratio_base is None else ratio_base
+        need_logits = iv.entropy_bonus.is_active or bool(floor_terms) or probe is not None
         agg = _totals(b, rows)
         whole = len(rows) == b.size
         self.optimizer.zero_grad(set_to_none=True)
@@ -432,9 +539,16 @@ class Learner:
             lp, logits = self._logprobs(seqs, attn, start, length, temp, need_logits, floor)
             m = mask.to(self.device)
             tok_loss, was_clipped = ppo_token_loss(
-                lp, b.old_lp[r].to(self.device), adv[r].to(self.device),
+                lp, ratio_base[r].to(self.device), adv[r].to(self.device),
                 clip_low=loss_cfg["clip_low"], clip_high=loss_cfg["clip_high"], dual_clip=loss_cfg["dual_clip"],
             )
+            if tis is not None:
+                tok_loss = tok_loss * tis[r].to(self.device)
+            if probe is not None:
+                with torch.no_grad():
+                    probe["lp"][r] = lp.detach().float().cpu()
+                    probe["entropy"][r] = entropy_from_logits(logits.detach(), 1.0,
+                                                              iv.entropy_bonus.chunk_size).float().cpu()
             pg = aggregate(tok_loss, m, loss_cfg["aggregation"], **agg)
             loss = pg
             if iv.kl.is_active:
@@ -443,7 +557,7 @@ class Learner:
                 loss = loss + iv.kl.coef * kl
                 sums["kl"] += kl.item()
             if need_logits:
-                ent = entropy_from_logits(logits, temp, iv.entropy_bonus.chunk_size)
+                ent = entropy_from_logits(logits, 1.0, iv.entropy_bonus.chunk_size)  # logits / temp
                 if iv.entropy_bonus.is_active:
                     h = aggregate(ent, m, loss_cfg["aggregation"], **agg)
                     loss = loss - iv.entropy_bonus.coeff * h

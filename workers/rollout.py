@@ -30,7 +30,6 @@ from typing import Any
 
 import ray
 
-
 ENGINE_KEYS = ("tensor_parallel_size", "gpu_memory_utilization", "enforce_eager", "enable_prefix_caching",
                "max_num_seqs", "max_num_batched_tokens")
 
