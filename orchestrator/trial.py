@@ -30,9 +30,9 @@ from orchestrator.evaluation import evaluate
 from orchestrator.sampling import action_ids, sample, step_seed
 from orchestrator.tracking import TrialTracker
 from workers.credit import SepaConfig, SepaController
+from workers.envs.tiny_agent import build_tiny_agent
 from workers.filters import rv_filter
 from workers.learner import Learner
-from workers.envs.tiny_agent import build_tiny_agent
 from workers.models import build_tiny_model, load_tokenizer
 from workers.reasoner import build_tiny_reasoner
 from workers.rollout import RolloutWorker
@@ -132,13 +132,15 @@ def run_trial(config: dict) -> None:
     cfg = TrialConfig.model_validate(config)
     out_dir = cfg.output_dir or tempfile.mkdtemp(prefix=f"trial-{cfg.name}-")
     metrics_loc = store.join(out_dir, METRICS_FILE)
-    start, version, state, rows = 0, 0, None, []
+    start, version, state, rows, pending = 0, 0, None, [], None
+    from orchestrator.pipeline import OneStepOff, load_pending
     ckpt = tune.get_checkpoint()
     if ckpt is not None:
         with ckpt.as_directory() as d:
             state = json.loads((Path(d) / STATE_FILE).read_text())
             learner_blob = (Path(d) / LEARNER_FILE).read_bytes()
             rows = store.read_jsonl(str(Path(d) / METRICS_FILE))
+            pending = load_pending(d) if cfg.rollout.mode == "one_step_off" else None  # orchestrator/pipeline.py
         start, version = state["step"] + 1, state["adapter_version"]
     store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "start", "from_step": start, "time": time.time()})
     store.write_text(metrics_loc, "".join(json.dumps(r) + "\n" for r in rows))
@@ -176,11 +178,16 @@ def run_trial(config: dict) -> None:
         tracker.log(row)
 
     actions = action_ids(cfg, task, tokenizer)
+    pipe = OneStepOff(cfg, workers, learner, tokenizer, task, actions, pending) \
+        if cfg.rollout.mode == "one_step_off" else None
     for step in range(start, cfg.steps):
         row = {}
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps - 1):
             row.update(evaluate(cfg, step, workers, tokenizer, task, actions))
-        row = {**_one_step(cfg, step, workers, learner, tokenizer, task, sepa, version, actions), **row}
+        if pipe is not None:  # generates step + 1 while the learner trains on step
+            row = {**pipe.step(step, sepa, version), **row}
+        else:
+            row = {**_one_step(cfg, step, workers, learner, tokenizer, task, sepa, version, actions), **row}
         version = int(row.pop("_version"))
         samples = row.pop("_uncertainty", None)
         if samples is not None:
@@ -195,6 +202,8 @@ def run_trial(config: dict) -> None:
             with tempfile.TemporaryDirectory() as d:
                 (Path(d) / LEARNER_FILE).write_bytes(ray.get(learner.state_dict.remote()))
                 (Path(d) / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+                if pipe is not None:
+                    pipe.save(d)  # the prefetched batch of step + 1
                 (Path(d) / STATE_FILE).write_text(json.dumps({
                     "step": step, "adapter_version": version, "task": task.state_dict(),
                     "sepa": sepa.state_dict(), "config": cfg.model_dump(mode="json"),
@@ -287,16 +296,22 @@ def _collect_episodes(cfg: TrialConfig, step: int, workers, tokenizer, task) -> 
     )
 
 
-def _one_step(cfg: TrialConfig, step: int, workers, learner, tokenizer, task, sepa: SepaController,
-              version: int, actions: list[int] | None = None) -> dict:
-    """Collect (single-turn or episodes) -> drop uninformative groups -> train -> push the new adapter."""
-    ro = cfg.rollout
+def _collect(cfg: TrialConfig, step: int, workers, tokenizer, task, actions: list[int] | None) -> Rollouts:
+    """One step's groups (single-turn or episodes); `time/generate_s` (scoring excluded) in its metrics."""
     t0 = time.perf_counter()
     if cfg.task.agentic:
         roll = _collect_episodes(cfg, step, workers, tokenizer, task)
     else:
         roll = _collect_single_turn(cfg, step, workers, tokenizer, task, actions)
-    t_gen = time.perf_counter() - t0 - roll.metrics.get("time/score_s", 0.0)
+    roll.metrics["time/generate_s"] = time.perf_counter() - t0 - roll.metrics.get("time/score_s", 0.0)
+    return roll
+
+
+def _prepare(cfg: TrialConfig, step: int, roll: Rollouts, sepa: SepaController, version: int,
+             actions: list[int] | None) -> tuple[dict, dict | None, float]:
+    """Check the adapter `roll` was sampled with (`version`), drop uninformative groups, and build the step's
+    row and learner batch (None when no group is kept). Returns (row, batch, correct rate)."""
+    ro = cfg.rollout
     expected = version or None
     if roll.versions - {expected}:
         raise RuntimeError(f"a rollout worker sampled with adapter {sorted(roll.versions - {expected}, key=str)}, "
@@ -310,6 +325,8 @@ def _one_step(cfg: TrialConfig, step: int, workers, learner, tokenizer, task, se
     keep = [i for i in filtered.keep if not (ro.skip_uninformative and uniform[i])]
 
     lam = sepa.lambda_for(step)
+    metrics = dict(roll.metrics)
+    t_gen = metrics.pop("time/generate_s")
     row: dict = {
         "step": step,
         "train/correct_rate": correct_rate,
@@ -323,35 +340,56 @@ def _one_step(cfg: TrialConfig, step: int, workers, learner, tokenizer, task, se
         "credit/sepa_lambda": lam,
         "credit/sepa_gate_open": float(sepa.gate_open),
         **(filtered.metrics if rv.enabled else {}),
-        **roll.metrics,
+        **metrics,
         "time/generate_s": t_gen,
     }
-    t0 = time.perf_counter()
-    exec_values = None
-    if keep:
-        def rows(groups):
-            return [x for i in keep for x in groups[i]]
+    if not keep:
+        return row, None, correct_rate
 
-        batch = {
-            "prompt_ids": rows(roll.prompt_ids), "response_ids": rows(roll.response_ids),
-            "loss_mask": rows(roll.loss_mask), "rollout_logprobs": rows(roll.logprobs),
-            "rewards": [rewards[i] for i in keep], **{k: rows(v) for k, v in roll.extra.items()},
-            "temperature": ro.temperature, "sepa_lambda": lam, "step": step,
-            "loss_scale": filtered.loss_scale, "action_token_ids": actions,
-            "want_uncertainty": "sepa" in cfg.credit.stages,  # the report's mechanistic histogram
-        }
-        out = ray.get(learner.train_step.remote(batch))
+    def rows(groups):
+        return [x for i in keep for x in groups[i]]
+
+    batch = {
+        "prompt_ids": rows(roll.prompt_ids), "response_ids": rows(roll.response_ids),
+        "loss_mask": rows(roll.loss_mask), "rollout_logprobs": rows(roll.logprobs),
+        "rewards": [rewards[i] for i in keep], **{k: rows(v) for k, v in roll.extra.items()},
+        "temperature": ro.temperature, "sepa_lambda": lam, "step": step,
+        "loss_scale": filtered.loss_scale, "action_token_ids": actions,
+        "want_uncertainty": "sepa" in cfg.credit.stages,  # the report's mechanistic histogram
+    }
+    return row, batch, correct_rate
+
+
+def _absorb(row: dict, out: dict | None, sepa: SepaController, correct_rate: float) -> None:
+    """The learner's result into the row (metrics, uncertainty samples); SEPA observes the step."""
+    exec_values = None
+    if out is not None:
         row.update(out["metrics"])
         exec_values = out["exec_values"]
         row["_uncertainty"] = out["uncertainty"]
-    row["time/train_s"] = time.perf_counter() - t0
     sepa.observe(correct_rate, exec_values)
 
+
+def _push_adapter(learner, workers, version: int) -> int:
+    """Export the learner's adapter as `version` and load it on every worker; returns `version`."""
+    files = ray.get(learner.export_adapter.remote(version))
+    ray.get([w.load_adapter.remote(files, version) for w in workers])
+    return version
+
+
+def _one_step(cfg: TrialConfig, step: int, workers, learner, tokenizer, task, sepa: SepaController,
+              version: int, actions: list[int] | None = None) -> dict:
+    """Collect (single-turn or episodes) -> drop uninformative groups -> train -> push the new adapter."""
+    roll = _collect(cfg, step, workers, tokenizer, task, actions)
+    row, batch, correct_rate = _prepare(cfg, step, roll, sepa, version, actions)
     t0 = time.perf_counter()
-    if keep:  # a new policy only when the learner stepped
-        version += 1
-        files = ray.get(learner.export_adapter.remote(version))
-        ray.get([w.load_adapter.remote(files, version) for w in workers])
+    out = ray.get(learner.train_step.remote(batch)) if batch is not None else None
+    _absorb(row, out, sepa, correct_rate)
+    row["time/train_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    if batch is not None:  # a new policy only when the learner stepped
+        version = _push_adapter(learner, workers, version + 1)
     row["time/sync_s"] = time.perf_counter() - t0
     row["_version"] = version
     return row
