@@ -36,7 +36,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workers.tasks.chain import CORPUS_MIN_FRACTION, Chain, TraceStyle, problem_fraction, random_chain, solution_trace
+from workers.tasks.chain import (
+    CORPUS_MIN_FRACTION,
+    Chain,
+    TraceStyle,
+    problem_fraction,
+    random_chain,
+    solution_trace,
+)
 
 NAME = "tiny-reasoner"
 SPECIAL = ["<pad>", "<unk>", "<bos>", "<eos>"]
