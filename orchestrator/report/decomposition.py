@@ -18,10 +18,11 @@ import pandas as pd
 from orchestrator.report.load import _Group
 
 PREFIX = "credit/decomp_"
+MIN_TOKENS = 30  # a step's class moments from fewer tokens are too noisy to show (planning tokens can be rare)
 PARTS = ("surprisal_var", "entropy_var", "noise_var", "cov", "entropy_part", "noise_part", "noise_share")
 REMOVAL = ("surprisal_var_after", "removed", "removed_entropy", "removed_noise", "removed_noise_share")
-STEP_COLUMNS = ["group", "step", "token_class", "n_runs"] + list(PARTS) + list(REMOVAL)
-SUMMARY_COLUMNS = ["group", "token_class", "n_runs", "n_steps"] + list(PARTS) + list(REMOVAL)
+STEP_COLUMNS = ["group", "step", "token_class", "n_runs", "tokens"] + list(PARTS) + list(REMOVAL)
+SUMMARY_COLUMNS = ["group", "token_class", "n_runs", "n_steps", "tokens"] + list(PARTS) + list(REMOVAL)
 CSV_FILES = ("decomposition_steps", "decomposition")
 
 
@@ -31,7 +32,8 @@ def _nanmean(x: np.ndarray) -> float:
 
 
 def decomposition_tables(groups: Sequence[_Group]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per-step table, per-group summary) of the `credit/decomp_*` metrics."""
+    """(per-step table, per-group summary) of the `credit/decomp_*` metrics. A run's values at a step where its
+    class had fewer than `MIN_TOKENS` tokens are left out (NaN); `tokens` is the mean token count per run."""
     step_rows, summary_rows = [], []
     for g in groups:
         runs = [r for r in g.runs if r.started and f"{PREFIX}exec_surprisal_var" in r.data]
@@ -40,17 +42,24 @@ def decomposition_tables(groups: Sequence[_Group]) -> tuple[pd.DataFrame, pd.Dat
         for cls in ("exec", "plan"):
             keys = list(PARTS) + (list(REMOVAL) if cls == "exec" else [])
             per_key = {k: [r.series(f"{PREFIX}{cls}_{k}") for r in runs] for k in keys}
+            counts = [dict(zip(*r.series(f"{PREFIX}{cls}_n"), strict=True)) for r in runs]
+            for k in keys:  # drop steps with too few tokens of the class
+                per_key[k] = [(st, np.where([counts[i].get(x, 0) >= MIN_TOKENS for x in st], v, np.nan))
+                              for i, (st, v) in enumerate(per_key[k])]
             steps = sorted({int(s) for k in keys for st, _ in per_key[k] for s in st})
             if not steps:
                 continue
             for s in steps:
-                row = {"group": g.label, "step": s, "token_class": cls, "n_runs": 0}
+                n = [c[s] for c in counts if s in c]
+                row = {"group": g.label, "step": s, "token_class": cls, "n_runs": 0,
+                       "tokens": float(np.mean(n)) if n else math.nan}
                 for k in keys:
                     vals = np.array([v[st == s][-1] for st, v in per_key[k] if np.any(st == s)], dtype=float)
                     row[k] = _nanmean(vals)
                     row["n_runs"] = max(row["n_runs"], int(np.isfinite(vals).sum()))
                 step_rows.append(row)
-            summary = {"group": g.label, "token_class": cls, "n_runs": len(runs), "n_steps": len(steps)}
+            summary = {"group": g.label, "token_class": cls, "n_runs": len(runs), "n_steps": len(steps),
+                       "tokens": float(np.mean([sum(c.values()) for c in counts]))}
             for k in keys:  # mean over steps of each run, then over runs
                 summary[k] = _nanmean(np.array([_nanmean(v) for _, v in per_key[k] if v.size], dtype=float))
             summary_rows.append(summary)
@@ -74,13 +83,14 @@ def markdown(summary: pd.DataFrame) -> list[str]:
            "N = S - H (which token the sampler happened to draw). Over a token class, exactly "
            "Var(S) = Var(H) + Var(N) + 2 Cov(H, N) = Cov(S, H) + Cov(S, N); *noise share* = Cov(S, N) / Var(S). "
            "SEPA pools execution surprisal linearly, so the variance it removes splits the same way "
-           "(*removed, noise share*; steps with lambda > 0). Mean over steps of each run, then over runs.", "",
-           "| Group | Tokens | Var(S) | Var(H) | Var(N) | 2Cov(H,N) | Noise share | Removed by SEPA | "
-           "Removed: noise share |", "|---|---|---|---|---|---|---|---|---|"]
+           "(*removed, noise share*; steps with lambda > 0). Mean over steps of each run, then over runs; steps where "
+           f"a run had fewer than {MIN_TOKENS} tokens of the class are left out. Tokens: per run, all steps.", "",
+           "| Group | Class | Tokens | Var(S) | Var(H) | Var(N) | 2Cov(H,N) | Noise share | Removed by SEPA | "
+           "Removed: noise share |", "|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in summary.iterrows():
         cls = "execution" if r.token_class == "exec" else "planning"
         removed = r.get("removed", math.nan) if r.token_class == "exec" else math.nan
-        md.append(f"| {r.group} | {cls} | {_g(r.surprisal_var)} | {_g(r.entropy_var)} | {_g(r.noise_var)} | "
+        md.append(f"| {r.group} | {cls} | {r.tokens:,.0f} | {_g(r.surprisal_var)} | {_g(r.entropy_var)} | {_g(r.noise_var)} | "
                   f"{_g(2 * r['cov'])} | {_pct(r.noise_share)} | {_g(removed)} | "
                   f"{_pct(r.get('removed_noise_share', math.nan)) if r.token_class == 'exec' else 'n/a'} |")
     ex = summary[summary.token_class == "exec"]
@@ -112,7 +122,9 @@ def figure(steps: pd.DataFrame, path: Path | str) -> Path | None:
         if len(pl) and np.isfinite(pl.noise_share.to_numpy(float)).any():
             a.plot(pl.step, pl.noise_share, color=color, ls="--", alpha=0.7, label=f"{label} planning")
     a.axhline(1.0, color="grey", lw=0.6)
-    a.set_title("(a) noise share of surprisal variance\nCov(S, S-H) / Var(S)", fontsize=10)
+    a.axhline(0.0, color="grey", lw=0.6)
+    a.set_title(f"(a) noise share of surprisal variance, Cov(S, S-H) / Var(S)\n(steps with >= {MIN_TOKENS} tokens "
+                "of the class)", fontsize=10)
     a.set_xlabel("step")
     a.set_ylabel("share")
     a.legend(fontsize=6)
