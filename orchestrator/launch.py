@@ -192,11 +192,23 @@ def run_campaign(campaign: Campaign) -> int:
         print(f"W&B offline runs: {cfg.wandb.dir or campaign.directory}/wandb (upload: wandb sync "
               f"{cfg.wandb.dir or campaign.directory}/wandb/offline-run-*)")
     for r in failed:
-        print(f"  failed: {r.metrics.get('trial', '?') if r.metrics else '?'}: {str(r.error).splitlines()[0]}")
+        print(f"  failed: {r.metrics.get('trial', '?') if r.metrics else '?'}: {failure_line(r.error)}")
     return len(failed)
 
 
 # ------------------------------------------------------------------------------------------- a lone trial
+def failure_line(err: BaseException) -> str:
+    """One line for a failed trial: the error raised inside it (Ray wraps it; `.cause` is the original), whole
+    when it is a checkpoint that cannot be used (the message names the file), else its type and first line."""
+    from workers.checkpoint import CheckpointError
+
+    cause = getattr(err, "cause", None) or err
+    if isinstance(cause, CheckpointError):
+        return str(cause)
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[0] if lines else ''}"
+
+
 def run_single_trial(cfg: TrialConfig, storage: Path, max_failures: int = 0):
     """Run one trial to completion as a one-trial experiment; returns the Tune Result (None if it errored)."""
     storage.mkdir(parents=True, exist_ok=True)
@@ -216,7 +228,7 @@ def run_single_trial(cfg: TrialConfig, storage: Path, max_failures: int = 0):
                    max_failures=max_failures, keep=cfg.checkpoint.keep)
     result = tuner.fit()[0]
     if result.error:
-        print(f"trial {cfg.name} failed: {result.error}")
+        print(f"trial {cfg.name} failed: {failure_line(result.error)}")
         return None
     print(f"trial {cfg.name} finished; metrics in {cfg.output_dir}/metrics.jsonl")
     return result

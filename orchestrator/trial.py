@@ -31,7 +31,7 @@ from orchestrator.sampling import action_ids, sample, step_seed
 from orchestrator.tracking import TrialTracker
 from workers.credit import SepaConfig, SepaController
 from workers.envs.tiny_agent import build_tiny_agent
-from workers.filters import rv_filter
+from workers.filters import nonfinite_groups, rv_filter
 from workers.learner import Learner
 from workers.models import build_tiny_model, load_tokenizer
 from workers.reasoner import build_tiny_reasoner
@@ -136,11 +136,14 @@ def run_trial(config: dict) -> None:
     from orchestrator.pipeline import OneStepOff, load_pending
     ckpt = tune.get_checkpoint()
     if ckpt is not None:
-        with ckpt.as_directory() as d:
-            state = json.loads((Path(d) / STATE_FILE).read_text())
-            learner_blob = (Path(d) / LEARNER_FILE).read_bytes()
-            rows = store.read_jsonl(str(Path(d) / METRICS_FILE))
-            pending = load_pending(d) if cfg.rollout.mode == "one_step_off" else None  # orchestrator/pipeline.py
+        # verified (weights-only learner state, manifest checksums); a damaged newest checkpoint falls back to
+        # an older kept one, recorded in events.jsonl; none usable, or a crafted one: one line naming the file
+        restored = store.restore_checkpoint(ckpt, events=store.join(out_dir, EVENTS_FILE), state_file=STATE_FILE,
+                                            learner_file=LEARNER_FILE, metrics_file=METRICS_FILE)
+        state, learner_blob, rows = restored.state, restored.learner, restored.rows
+        if cfg.rollout.mode == "one_step_off":
+            with restored.checkpoint.as_directory() as d:
+                pending = load_pending(d)  # orchestrator/pipeline.py
         start, version = state["step"] + 1, state["adapter_version"]
     store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "start", "from_step": start, "time": time.time()})
     store.write_text(metrics_loc, "".join(json.dumps(r) + "\n" for r in rows))
@@ -208,6 +211,7 @@ def run_trial(config: dict) -> None:
                     "step": step, "adapter_version": version, "task": task.state_dict(),
                     "sepa": sepa.state_dict(), "config": cfg.model_dump(mode="json"),
                 }))
+                store.seal_checkpoint(d)  # sha256 manifest: a torn or damaged checkpoint is detected on restore
                 tune.report(row, checkpoint=tune.Checkpoint.from_directory(d))
         else:
             tune.report(row)
@@ -316,13 +320,14 @@ def _prepare(cfg: TrialConfig, step: int, roll: Rollouts, sepa: SepaController, 
     if roll.versions - {expected}:
         raise RuntimeError(f"a rollout worker sampled with adapter {sorted(roll.versions - {expected}, key=str)}, "
                            f"expected {expected}")
-    rewards = roll.rewards
+    finite = nonfinite_groups(roll.rewards, roll.logprobs, roll.loss_mask)  # NaN/inf never reach the learner
+    rewards = finite.rewards  # a dropped group's rewards count as 0 in the statistics below
     flat = [r for g in rewards for r in g]
     correct_rate = sum(c for g in roll.correct for c in g) / len(flat)
     rv = cfg.interventions.rv_filter
     filtered = rv_filter(torch.tensor(rewards, dtype=torch.float64), rv)  # keeps everything unless enabled
-    uniform = [len(set(g)) == 1 for g in rewards]
-    keep = [i for i in filtered.keep if not (ro.skip_uninformative and uniform[i])]
+    uniform = [len(set(g)) == 1 and i not in finite.bad for i, g in enumerate(rewards)]
+    keep = [i for i in filtered.keep if i not in finite.bad and not (ro.skip_uninformative and uniform[i])]
 
     lam = sepa.lambda_for(step)
     metrics = dict(roll.metrics)
@@ -340,6 +345,7 @@ def _prepare(cfg: TrialConfig, step: int, roll: Rollouts, sepa: SepaController, 
         "credit/sepa_lambda": lam,
         "credit/sepa_gate_open": float(sepa.gate_open),
         **(filtered.metrics if rv.enabled else {}),
+        **finite.metrics,
         **metrics,
         "time/generate_s": t_gen,
     }

@@ -199,3 +199,15 @@ def test_learner_state_round_trips_through_weights_only_loading(tmp_path):
     with pytest.raises(UnsafeCheckpoint, match="^learner.pt: refused"):
         b.load_state_dict(_malicious_blob(tmp_path / "PWNED"), "learner.pt")
     assert not (tmp_path / "PWNED").exists()
+
+
+def test_a_trial_failing_on_its_checkpoint_is_reported_in_one_line_naming_the_file():
+    from ray.exceptions import RayTaskError
+
+    from orchestrator.launch import failure_line
+
+    msg = "/s/c/t/checkpoint_000002/learner.pt: unreadable checkpoint (EOFError: ); no older checkpoint was kept"
+    wrapped = RayTaskError("train", "Traceback (most recent call last):\n  ...", CorruptCheckpoint(msg))
+    assert failure_line(wrapped.as_instanceof_cause()) == msg
+    other = RayTaskError("train", "Traceback ...", ValueError("boom\nsecond line")).as_instanceof_cause()
+    assert failure_line(other) == "ValueError: boom"
