@@ -290,7 +290,8 @@ class Learner:
         step; optional loss_scale, action_token_ids, want_uncertainty (return per-token uncertainty samples
         before/after the token stages), and for the critic reward_positions [B][*] / turn_rewards [B][*] (each
         turn's reward and the response index of its last sampled id; default: one turn ending at the last
-        sampled id with the sequence's reward).
+        sampled id with the sequence's reward); `tis_cap` (one_step_off: the PPO ratio is to the recomputed
+        pi_old and each token's loss is weighted by min(pi_old / pi_rollout, tis_cap)).
         Returns metrics plus `exec_values` (raw execution-token uncertainties, for SEPA's auto schedule) and
         `uncertainty` (the samples, or None).
         """
