@@ -20,7 +20,8 @@ def runs(ray_local, tmp_path_factory) -> dict[str, list[dict]]:
     path = tmp / "iv.yaml"
     path.write_text(yaml.safe_dump({
         "name": "iv", "storage": str(tmp / "store"), "seeds": [0], "wandb": {"mode": "disabled"},
-        "base": {"steps": STEPS, "rollout": {"prompts_per_step": 16, "n": 8}, "learner": {"optim": {"lr": 1e-2}},
+        "base": {"steps": STEPS, "model": {"name": "tiny"}, "task": {"name": "arithmetic"},
+                 "rollout": {"prompts_per_step": 16, "n": 8, "max_tokens": 6}, "learner": {"optim": {"lr": 1e-2}},
                  "eval": {"every": 0}, "checkpoint": {"every": STEPS}},
         "conditions": {
             "plain": {"interventions": {"kl": {"measure": True}}},
