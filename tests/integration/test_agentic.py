@@ -172,7 +172,8 @@ def test_campaign_over_an_agentic_task(ray_local, agent_model_dir, tmp_path):
 
     path = tmp_path / "fl.yaml"
     path.write_text(yaml.safe_dump({
-        "name": "fl_campaign", "storage": str(tmp_path / "store"), "seeds": [0, 1],
+        "name": "fl_campaign", "storage": str(tmp_path / "store"), "seeds": [0],
+        "resources": {"rollout_workers": 1, "driver_cpus": 0.5, "worker_cpus": 0.5, "learner_cpus": 0.5},  # 2 at once
         "base": {"steps": 2, "model": AGENT, "task": FROZEN, "eval": {"every": 0},
                  "rollout": {"num_workers": 1, "prompts_per_step": 4, "n": 4, "max_tokens": 16}},
         "conditions": {"grpo": {"credit": {"advantage_mode": "grpo"}},
@@ -180,9 +181,9 @@ def test_campaign_over_an_agentic_task(ray_local, agent_model_dir, tmp_path):
         "sweep": {"task.success_rate": [1.0, 0.8]},
     }))
     campaign = load_campaign(path)
-    assert len(campaign.trials) == 8
+    assert len(campaign.trials) == 4
     assert run_campaign(campaign) == 0
     trials = sorted((tmp_path / "store" / "fl_campaign" / "trials").iterdir())
-    assert len(trials) == 8
+    assert len(trials) == 4
     for d in trials:
         assert [x["step"] for x in rows(d)] == [0, 1] and "env/success" in rows(d)[0]
