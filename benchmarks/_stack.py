@@ -1,0 +1,90 @@
+"""A trial's actors and loop body outside Tune, for the step-level benchmarks (step.py, async.py).
+
+`Stack` builds exactly what `orchestrator.trial.run_trial` builds (rollout worker actors, the learner actor,
+tokenizer, task, SEPA controller, action ids) on a local Ray without a placement group, and runs the loop body
+of either mode (`_one_step` or `OneStepOff.step`) plus the metrics write run_trial does after every step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def init_ray(num_cpus: int = 6) -> None:
+    import ray
+
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": os.environ["VLLM_CPU_KVCACHE_SPACE"],
+                                       "TOKENIZERS_PARALLELISM": "false"}})
+
+
+class Stack:
+    """`cpus` per actor: Ray sets OMP_NUM_THREADS to it, so give what a bare in-process engine / model gets."""
+
+    def __init__(self, cfg, cpus: int = 2):
+        import ray
+
+        from orchestrator.pipeline import OneStepOff
+        from orchestrator.sampling import action_ids
+        from orchestrator.trial import _LearnerActor, _RolloutActor, resolve_model, sepa_settings
+        from workers.credit import SepaController
+        from workers.models import load_tokenizer
+        from workers.tasks import make_task
+
+        self.cfg = cfg
+        model_cfg = cfg.model.model_dump()
+        self.workers = [
+            _RolloutActor.options(num_cpus=cpus).remote(
+                model_cfg, dtype=cfg.model.dtype, seed=cfg.seed, max_model_len=cfg.model.max_model_len,
+                max_lora_rank=cfg.learner.lora.rank, engine=cfg.rollout.engine.model_dump())
+            for _ in range(cfg.rollout.num_workers)
+        ]
+        self.learner = _LearnerActor.options(num_cpus=cpus).remote(
+            model_cfg, learner=cfg.learner.model_dump(), credit=cfg.credit.model_dump(), seed=cfg.seed,
+            total_steps=cfg.steps, dtype=cfg.model.dtype, interventions=cfg.interventions.model_dump())
+        self.model_path = resolve_model(cfg.model)
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.task = make_task(cfg.task, cfg.seed)
+        self.sepa = SepaController(sepa_settings(cfg))
+        self.actions = action_ids(cfg, self.task, self.tokenizer)
+        ray.get([w.ready.remote() for w in self.workers] + [self.learner.ready.remote()])
+        self.version, self.step_idx, self.rows = 0, 0, []
+        self.pipe = OneStepOff(cfg, self.workers, self.learner, self.tokenizer, self.task, self.actions)
+        self.metrics_file = Path(tempfile.mkdtemp(prefix="bench-step-")) / "metrics.jsonl"
+
+    def step(self, mode: str) -> tuple[float, dict]:
+        """One loop iteration of `mode` as run_trial runs it (no eval, no Tune report); (wall s, row)."""
+        from orchestrator import storage as store
+        from orchestrator.trial import _one_step
+
+        t0 = time.perf_counter()
+        if mode == "one_step_off":
+            row = self.pipe.step(self.step_idx, self.sepa, self.version)
+        else:
+            if self.pipe.pending is not None:  # a sync step after async ones: drop the prefetched batch
+                self.pipe.pending = None
+            row = _one_step(self.cfg, self.step_idx, self.workers, self.learner, self.tokenizer, self.task,
+                            self.sepa, self.version, self.actions)
+        self.version = int(row.pop("_version"))
+        row.pop("_uncertainty", None)
+        self.rows.append(row)
+        store.write_text(str(self.metrics_file), "".join(json.dumps(r) + "\n" for r in self.rows))
+        self.step_idx += 1
+        return time.perf_counter() - t0, row
+
+    def close(self) -> None:
+        import ray
+
+        for a in [*self.workers, self.learner]:
+            ray.kill(a)
+        self.task.close()
