@@ -33,6 +33,10 @@ integration: setup
 bench: setup
 	$(BIN)/python benchmarks/credit.py
 	$(BIN)/python benchmarks/rollout.py
+	$(BIN)/python benchmarks/learner.py --shape qwen3-0.6b --layers 2 --vocab 8192 --groups 2 --group 4 \
+		--prompt-len 32 --response-len 128 --reps 3
+	$(BIN)/python benchmarks/step.py
+	$(BIN)/python benchmarks/async.py
 
 trial: setup
 	$(BIN)/python -m orchestrator trial
