@@ -21,6 +21,7 @@ import ray
 
 from orchestrator.config import TrialConfig
 from orchestrator.launch import run_single_trial
+from tests.integration import test_trial
 from workers.learner import Learner
 
 pytestmark = pytest.mark.integration
@@ -69,28 +70,6 @@ def test_one_step_off_equals_sync_when_the_policy_does_not_move(ray_local, tmp_p
     assert [r["rollout/adapter_version"] for r in b][1:] == [r["rollout/adapter_version"] for r in a][:-1]
 
 
-def _flaky(config):
-    """run_trial that dies once right after the report of step 4 (checkpoint at step 3, prefetch of step 4)."""
-    from ray import tune
-
-    from orchestrator.trial import run_trial
-
-    marker = Path(config["output_dir"]) / "failed_once"
-    real_report = tune.report
-
-    def report(metrics, checkpoint=None):
-        real_report(metrics, checkpoint=checkpoint)
-        if metrics["step"] == 4 and not marker.exists():
-            marker.touch()
-            raise RuntimeError("injected preemption")
-
-    tune.report = report
-    try:
-        run_trial(config)
-    finally:
-        tune.report = real_report
-
-
 def test_one_step_off_resume_equivalence(ray_local, tmp_path):
     from ray import tune
 
@@ -100,9 +79,10 @@ def test_one_step_off_resume_equivalence(ray_local, tmp_path):
     plain = _cfg("plain", tmp_path, "one_step_off", **over)
     assert run_single_trial(plain, tmp_path) is not None
     flaky = _cfg("flaky", tmp_path, "one_step_off", **over)
+    cloudpickle.register_pickle_by_value(test_trial)  # its _flaky dies after step 4 (checkpoint 3, prefetch 4)
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     tuner = tune.Tuner(
-        tune.with_resources(_flaky, tune.PlacementGroupFactory(bundles(flaky), strategy="PACK")),
+        tune.with_resources(test_trial._flaky, tune.PlacementGroupFactory(bundles(flaky), strategy="PACK")),
         param_space=flaky.model_dump(),
         run_config=tune.RunConfig(name="flaky", storage_path=str(tmp_path),
                                   failure_config=tune.FailureConfig(max_failures=1)),
