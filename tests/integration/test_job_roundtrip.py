@@ -123,7 +123,10 @@ def test_job_stop_and_resubmit_resumes_every_trial_exactly_once(ray_head, monkey
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    client = JobSubmissionClient(address)
+    # the token as an explicit header: Ray caches the token it loaded first in a process, and earlier tests in the
+    # same pytest process may have loaded another (or none)
+    token = Path(env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+    client = JobSubmissionClient(address, headers={"Authorization": f"Bearer {token}"})
     repo = _snapshot(tmp / "repo")
     trials = tmp / "store" / "job_roundtrip" / "trials"
 
