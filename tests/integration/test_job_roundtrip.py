@@ -80,7 +80,8 @@ def ray_head():
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # the job's `python`
            "TOKENIZERS_PARALLELISM": "false", "VLLM_CPU_KVCACHE_SPACE": "1", "ROUNDTRIP_STORAGE": str(tmp / "store"),
-           "RAY_USAGE_STATS_ENABLED": "0"}
+           "RAY_USAGE_STATS_ENABLED": "0",
+           "TUNE_GLOBAL_CHECKPOINT_S": "1"}  # Tune's experiment snapshot within a second of each checkpoint
     env.pop("RAY_ADDRESS", None)
     env.pop("RAY_AUTH_TOKEN", None)
     ray_bin = str(Path(sys.executable).parent / "ray")
@@ -148,7 +149,7 @@ def test_job_stop_and_resubmit_resumes_every_trial_exactly_once(ray_head, monkey
     assert [j.submission_id for j in client.list_jobs()] == [sid]
 
     deadline = time.time() + 600
-    while max(len(_jsonl(trials / t / "metrics.jsonl")) for t in TRIALS) < 3:  # past the first checkpoint (step 1)
+    while max(len(_jsonl(trials / t / "metrics.jsonl")) for t in TRIALS) < 4:  # past two checkpoints (steps 1, 3)
         status = client.get_job_status(sid)
         assert status in (JobStatus.PENDING, JobStatus.RUNNING) and time.time() < deadline, \
             f"{status}: {client.get_job_logs(sid)[-3000:]}"
