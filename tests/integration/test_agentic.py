@@ -8,7 +8,6 @@ import math
 import sys
 from pathlib import Path
 
-import cloudpickle
 import pytest
 import yaml
 
@@ -137,9 +136,7 @@ def test_frozen_lake_trial_raises_validation_success(ray_local, agent_model_dir,
 
 def test_sokoban_ppo_gae_trial_resumes_equivalently(ray_local, agent_model_dir, tmp_path):
     """PPO + GAE (critic, 2 mini-batches per step) on Sokoban, killed after step 4, restored from step 3."""
-    from ray import tune
 
-    from orchestrator.trial import bundles
     from tests.integration import test_trial
 
     base = dict(steps=6, seed=5, task={"name": "sokoban", "fixed_level": None}, model={"max_model_len": 420},
@@ -148,15 +145,7 @@ def test_sokoban_ppo_gae_trial_resumes_equivalently(ray_local, agent_model_dir, 
     plain = _trial("plain", tmp_path, **base)
     assert run_single_trial(plain, tmp_path) is not None
     flaky = _trial("flaky", tmp_path, **base)
-    cloudpickle.register_pickle_by_value(test_trial)
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    tuner = tune.Tuner(
-        tune.with_resources(test_trial._flaky, tune.PlacementGroupFactory(bundles(flaky), strategy="PACK")),
-        param_space=flaky.model_dump(),
-        run_config=tune.RunConfig(name="flaky", storage_path=str(tmp_path),
-                                  failure_config=tune.FailureConfig(max_failures=1)),
-    )
-    assert tuner.fit()[0].error is None
+    assert test_trial.run_preempted(flaky, tmp_path, sys.modules[__name__]).error is None
     assert (tmp_path / "flaky" / "failed_once").exists()  # it really died after step 4 and restored step 3
     a, b = rows(plain.output_dir), rows(flaky.output_dir)
     assert [x["step"] for x in b] == list(range(6))

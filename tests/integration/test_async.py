@@ -71,23 +71,13 @@ def test_one_step_off_equals_sync_when_the_policy_does_not_move(ray_local, tmp_p
 
 
 def test_one_step_off_resume_equivalence(ray_local, tmp_path):
-    from ray import tune
 
-    from orchestrator.trial import bundles
 
     over = dict(steps=6, seed=5, checkpoint={"every": 2})
     plain = _cfg("plain", tmp_path, "one_step_off", **over)
     assert run_single_trial(plain, tmp_path) is not None
-    flaky = _cfg("flaky", tmp_path, "one_step_off", **over)
-    cloudpickle.register_pickle_by_value(test_trial)  # its _flaky dies after step 4 (checkpoint 3, prefetch 4)
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    tuner = tune.Tuner(
-        tune.with_resources(test_trial._flaky, tune.PlacementGroupFactory(bundles(flaky), strategy="PACK")),
-        param_space=flaky.model_dump(),
-        run_config=tune.RunConfig(name="flaky", storage_path=str(tmp_path),
-                                  failure_config=tune.FailureConfig(max_failures=1)),
-    )
-    result = tuner.fit()[0]
+    flaky = _cfg("flaky", tmp_path, "one_step_off", **over)  # dies after step 4: checkpoint 3, prefetch 4
+    result = test_trial.run_preempted(flaky, tmp_path, sys.modules[__name__])
     assert result.error is None and (tmp_path / "flaky" / "failed_once").exists()
     assert list((tmp_path / "flaky").rglob("prefetch.json"))  # the checkpoints hold the prefetched batch
     a, b = _rows(plain), _rows(flaky)

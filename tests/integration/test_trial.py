@@ -77,8 +77,25 @@ def _flaky(config):
         tune.report = real_report
 
 
-def test_resume_equivalence_and_seeds(ray_local, tmp_path):
+def run_preempted(cfg: TrialConfig, storage: Path, *by_value):
+    """Run `cfg` under Tune with `_flaky` (one injected preemption after step 4, one retry); returns the Result.
+    `by_value`: the calling test modules, pickled by value so Ray workers never import them from disk."""
     from ray import tune
+
+    from orchestrator.trial import bundles
+
+    for module in (sys.modules[__name__], *by_value):
+        cloudpickle.register_pickle_by_value(module)
+    tuner = tune.Tuner(
+        tune.with_resources(_flaky, tune.PlacementGroupFactory(bundles(cfg), strategy="PACK")),
+        param_space=cfg.model_dump(),
+        run_config=tune.RunConfig(name=cfg.name, storage_path=str(storage),
+                                  failure_config=tune.FailureConfig(max_failures=1)),
+    )
+    return tuner.fit()[0]
+
+
+def test_resume_equivalence_and_seeds(ray_local, tmp_path):
 
     base = dict(steps=7, seed=3, checkpoint={"every": 2}, model={"name": "tiny"}, task={"name": "arithmetic"},
                 rollout={"prompts_per_step": 8, "max_tokens": 6})
@@ -86,16 +103,7 @@ def test_resume_equivalence_and_seeds(ray_local, tmp_path):
     assert run_single_trial(plain, tmp_path) is not None
 
     flaky_cfg = TrialConfig(name="flaky", output_dir=str(tmp_path / "flaky"), **base)
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    from orchestrator.trial import bundles
-
-    tuner = tune.Tuner(
-        tune.with_resources(_flaky, tune.PlacementGroupFactory(bundles(flaky_cfg), strategy="PACK")),
-        param_space=flaky_cfg.model_dump(),
-        run_config=tune.RunConfig(name="flaky", storage_path=str(tmp_path),
-                                  failure_config=tune.FailureConfig(max_failures=1)),
-    )
-    result = tuner.fit()[0]
+    result = run_preempted(flaky_cfg, tmp_path)
     assert result.error is None
     assert (tmp_path / "flaky" / "failed_once").exists()
     a, b = rows(plain.output_dir), rows(flaky_cfg.output_dir)
