@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from workers.credit import CreditConfig, compute_advantages, gae, masked_whiten, token_rewards
@@ -44,7 +44,16 @@ def test_gae_matches_per_sequence_reference(batch):
     np.testing.assert_allclose(ret.numpy(), ref_ret, atol=1e-9)
 
 
+# CI once found this case: two masked tokens, raw variance ~3e-5, where eps visibly shrinks the std.
+CI_CASE = (np.array([[-1.43915682, -0.42502466, -0.5115849, 1.22760141, 1.27530112, 0.27144537, -1.39160219,
+                      1.91040266]]),
+           np.array([[-1.04227376, -0.77043403, 1.23032061, 0.70692714, -1.05905785, 1.51753967, 0.71404549,
+                      0.22340295]]),
+           np.array([[False, True, False, True, False, False, False, False]]), 0.21875, 0.25)
+
+
 @given(batches())
+@example(CI_CASE)
 @settings(max_examples=100, deadline=None)
 def test_whitening_is_over_masked_tokens_only(batch):
     r, v, m, gamma, lam = batch
@@ -55,7 +64,9 @@ def test_whitening_is_over_masked_tokens_only(batch):
     assert (white[~sel] == 0).all()
     if sel.sum() >= 2 and float(raw[sel].std()) > 1e-6:
         assert float(white[sel].mean()) == pytest.approx(0.0, abs=1e-6)
-        assert float(white[sel].std()) == pytest.approx(1.0, rel=1e-4)
+        # eps in sqrt(var + eps) shrinks the std below 1 when the raw spread is tiny: compare to that closed form
+        var = float(raw[sel].var())
+        assert float(white[sel].std()) == pytest.approx((var / (var + 1e-8)) ** 0.5, rel=1e-6)
 
 
 def test_closed_forms():
