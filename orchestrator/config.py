@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from workers.credit.config import CreditConfig
 from workers.interventions import InterventionsConfig
@@ -142,7 +142,17 @@ class EvalConfig(_Strict):
 
 class CheckpointSettings(_Strict):
     every: int = Field(5, ge=1, description="report a checkpoint every this many steps (and at the end)")
-    keep: int = Field(2, ge=1)
+    keep: int = Field(2, description="checkpoints kept per trial, at least 2: Tune deletes the older one when it "
+                      "records a new one, and its experiment snapshot can still name the deleted one when a job "
+                      "stops in between, so with 1 a stopped job could not resume")
+
+    @field_validator("keep")
+    @classmethod
+    def _keep_two(cls, v: int) -> int:
+        if v < 2:
+            raise ValueError(f"keep must be at least 2, got {v}: with 1, a job stopped between a checkpoint and "
+                             "Tune's experiment snapshot cannot resume")
+        return v
 
 
 class ResourcesConfig(_Strict):

@@ -19,7 +19,7 @@ from orchestrator.wandb_offline import read_run
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"model": {"name": "tiny"}, "task": {"name": "arithmetic"},
-         "rollout": {"prompts_per_step": 4, "n": 4, "max_tokens": 4}, "checkpoint": {"every": 2, "keep": 1}}
+         "rollout": {"prompts_per_step": 4, "n": 4, "max_tokens": 4}, "checkpoint": {"every": 2, "keep": 2}}
 
 
 def _write(tmp_path: Path, **campaign) -> Path:
@@ -87,7 +87,7 @@ def test_sigkilled_campaign_resumes_with_the_same_command(ray_local, tmp_path):
     path = _write(
         tmp_path, name="resume",
         base={"steps": steps, "model": {"name": "tiny"}, "task": {"name": "arithmetic"},
-              "rollout": {"prompts_per_step": 8, "n": 8, "max_tokens": 6}, "checkpoint": {"every": 3, "keep": 1}},
+              "rollout": {"prompts_per_step": 8, "n": 8, "max_tokens": 6}, "checkpoint": {"every": 3, "keep": 2}},
         conditions={"C1": {"credit": {"advantage_mode": "grpo"}},
                     "C4": {"credit": {"transform_mode": "gtpo_sepa",
                                       "sepa": {"steps": 4, "delay_steps": 1}}}},
