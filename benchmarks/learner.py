@@ -108,7 +108,7 @@ class BareStep:
         self.opt = torch.optim.AdamW(self.params, lr=1e-5)
 
     def tensors(self, batch: dict, pad_id: int, device: str) -> tuple:
-        from workers.learner import collate
+        from workers.batch import collate
 
         b = collate(batch, pad_id)
         flat = torch.tensor([r for g in batch["rewards"] for r in g])

@@ -1,25 +1,24 @@
 """Learner: the HF policy with a PEFT LoRA adapter, its optimizer, and one training step.
 
-Thin by design: the math lives in `workers.credit` (advantages) and `workers.objectives` (loss). It trains on
-sequences with a loss mask: the response window after the prompt holds the sampled ids of every turn (loss
-mask True) and, for multi-turn episodes, the observation ids between turns (loss mask False). Every per-token
-quantity reads the loss mask; a single-turn completion is the case of one contiguous sampled run. `train_step`
-is split by concept: collate -> score (no grad) -> planning mask -> credit -> entropy floors -> optimise ->
-metrics.
+Thin by design: the math lives in `workers.credit` (advantages) and `workers.objectives` (loss), the batch and
+how it is cut into mini- / micro-batches in `workers.batch`, what a step reports in `workers.learner_metrics`.
+It trains on sequences with a loss mask: the response window after the prompt holds the sampled ids of every turn
+(loss mask True) and, for multi-turn episodes, the observation ids between turns (loss mask False). Every
+per-token quantity reads the loss mask; a single-turn completion is the case of one contiguous sampled run.
+`train_step` is split by concept: collate -> score (no grad) -> planning mask -> credit -> entropy floors ->
+optimise -> metrics.
 """
 
 from __future__ import annotations
 
-import math
 import random
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
 
+from workers.batch import Batch, Scored, collate, loss_totals, micro_batches, mini_batches, sampled_runs
 from workers.checkpoint import dump_blob, load_blob
 from workers.credit import CreditConfig, compute_advantages, planning_masks, token_uncertainty
 from workers.credit.decomposition import decomposition_metrics
@@ -27,6 +26,7 @@ from workers.credit.gae import gae, token_rewards
 from workers.credit.pipeline import resolve_plugins
 from workers.critic import Critic
 from workers.interventions import InterventionsConfig
+from workers.learner_metrics import critic_metrics, probe_metrics, step_metrics, token_samples
 from workers.models import load_model, load_tokenizer, token_pieces
 from workers.objectives import (
     aggregate,
@@ -36,28 +36,6 @@ from workers.objectives import (
     ppo_token_loss,
 )
 from workers.probability_floor import floor_probs, floored_token_logprobs
-
-
-def _pad(rows: list[list[Any]], fill: Any, dtype: torch.dtype) -> Tensor:
-    width = max((len(r) for r in rows), default=0)
-    return torch.tensor([list(r) + [fill] * (width - len(r)) for r in rows], dtype=dtype)
-
-
-def _token_samples(before: Tensor, after: Tensor | None, mask: Tensor, planning: Tensor,
-                   cap: int = 4096, entropy: Tensor | None = None) -> dict[str, list[float]]:
-    """Per-token uncertainty of execution / planning tokens before and after the token stages, at most `cap`
-    evenly spaced values per array (the report's mechanistic histogram; bounded so logs stay small); with
-    `entropy`, also each token's full-vocabulary entropy (`<cls>_entropy`, aligned with `<cls>_before`)."""
-    after = before if after is None else after.reshape(before.shape)
-    out = {}
-    for cls, sel in (("exec", mask & ~planning), ("plan", mask & planning)):
-        extra = (("entropy", entropy),) if entropy is not None else ()
-        for name, values in (("before", before), ("after", after), *extra):
-            v = values[sel]
-            if v.numel() > cap:
-                v = v[torch.linspace(0, v.numel() - 1, cap).long()]
-            out[f"{cls}_{name}"] = v.tolist()
-    return out
 
 
 def _head_only(hf) -> bool:
@@ -85,107 +63,6 @@ def _scoring_needs(credit: CreditConfig, iv: InterventionsConfig) -> str | None:
 def _decomposes(credit: CreditConfig) -> bool:
     """Whether the learner logs `credit/decomp_*`: asked for, or the signal is computed from logits anyway."""
     return credit.log_decomposition or credit.uncertainty_kind != "surprisal"
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One training batch as padded tensors. `[B, T]` tensors cover the response window (everything after the
-    prompt); `mask` is the loss mask (sampled ids only). B = n_groups * group, grouped by prompt / level."""
-
-    seqs: Tensor  # [B, P + T] long: prompt + response ids, right-padded
-    attn: Tensor  # [B, P + T] long
-    start: Tensor  # [B] long: index of the first response id in seqs
-    mask: Tensor  # [B, T] bool
-    old_lp: Tensor  # [B, T] float32: rollout log-probs (0 where mask is False)
-    rewards: Tensor  # [N, G] float32: episode returns
-    response_rows: list[list[int]]
-    mask_rows: list[list[bool]]
-
-    @property
-    def size(self) -> int:
-        return len(self.response_rows)
-
-    @property
-    def t(self) -> int:
-        return self.mask.shape[1]
-
-    @property
-    def n_groups(self) -> int:
-        return self.rewards.shape[0]
-
-    @property
-    def group(self) -> int:
-        return self.rewards.shape[1]
-
-
-@dataclass(frozen=True)
-class Scored:
-    """The no-grad scoring pass over a batch; `[B, T]` float32 tensors on the CPU."""
-
-    learner_lp: Tensor
-    signals: Tensor
-    entropy: Tensor
-    ref_lp: Tensor | None
-    action_min: float | None
-    values: Tensor | None = None  # the critic's values before this step's updates (GAE)
-
-
-def collate(batch: dict, pad_id: int) -> Batch:
-    """Pad a batch of plain lists (see `Learner.train_step`) into tensors; checks the rows line up."""
-    prompts, responses = batch["prompt_ids"], batch["response_ids"]
-    masks = batch.get("loss_mask") or [[True] * len(r) for r in responses]
-    old = batch["rollout_logprobs"]
-    if not len(prompts) == len(responses) == len(masks) == len(old):
-        raise ValueError("prompt_ids, response_ids, loss_mask and rollout_logprobs need one row per sequence")
-    for r, m, lp in zip(responses, masks, old, strict=True):
-        if not len(r) == len(m) == len(lp):
-            raise ValueError(f"a response of {len(r)} ids has {len(m)} mask flags and {len(lp)} log-probs")
-    rewards = torch.tensor(batch["rewards"], dtype=torch.float32)
-    if rewards.dim() != 2 or rewards.numel() != len(responses):
-        raise ValueError(f"rewards must be [N][G] with N*G = {len(responses)} sequences")
-    masks = [[bool(x) for x in m] for m in masks]
-    return Batch(
-        seqs=_pad([p + r for p, r in zip(prompts, responses, strict=True)], pad_id, torch.long),
-        attn=_pad([[1] * (len(p) + len(r)) for p, r in zip(prompts, responses, strict=True)], 0, torch.long),
-        start=torch.tensor([len(p) for p in prompts]),
-        mask=_pad(masks, False, torch.bool),
-        old_lp=_pad([[lp if m else 0.0 for lp, m in zip(row, mrow, strict=True)] for row, mrow in zip(old, masks, strict=True)],
-                    0.0, torch.float32),
-        rewards=rewards, response_rows=[list(r) for r in responses], mask_rows=masks,
-    )
-
-
-def _totals(b: Batch, rows: Tensor) -> dict[str, float]:
-    """Loss-aggregation denominators of one mini-batch (its loss-mask tokens and sequences)."""
-    return {"total_tokens": float(b.mask[rows].sum()), "total_seqs": float(len(rows))}
-
-
-def _critic_metrics(values: Tensor, returns: Tensor, mask: Tensor, sums: dict) -> dict[str, float]:
-    """Value loss, clip fraction, explained variance of the pre-update values, value / return means."""
-    v, r = values[mask], returns[mask]
-    var_r = float(r.var()) if r.numel() > 1 else 0.0
-    n = max(float(mask.sum()), 1.0) * max(sums["critic_steps"], 1)
-    return {
-        "loss/value": sums["value_loss"],
-        "critic/vf_clip_frac": sums["value_clipped"] / n,
-        "critic/grad_norm": sums["critic_grad_norm"],
-        "critic/value_mean": float(v.mean()) if v.numel() else 0.0,
-        "critic/return_mean": float(r.mean()) if r.numel() else 0.0,
-        "critic/explained_variance": 1.0 - float((r - v).var()) / var_r if var_r > 0 else 0.0,
-        "critic/optimizer_steps": sums["critic_steps"],
-    }
-
-
-def _runs(flags: list[bool]) -> list[tuple[int, int]]:
-    """[start, end) of each maximal run of True in `flags` (the turns of a multi-turn response)."""
-    out, start = [], None
-    for i, f in enumerate([*flags, False]):
-        if f and start is None:
-            start = i
-        elif not f and start is not None:
-            out.append((start, i))
-            start = None
-    return out
 
 
 class Learner:
@@ -333,23 +210,20 @@ class Learner:
                               step=int(batch.get("step", 0)), ratio_base=ratio_base, tis=tis, probe=probe)
         self.steps_done += 1
 
-        metrics = self._metrics(b, scored, sums, floor_metrics, floor, scale)
+        metrics = step_metrics(b, scored, sums, floor_metrics, floor, scale, iv=iv,
+                               ppo_epochs=self.cfg["optim"].get("ppo_epochs", 1), lr=self.scheduler.get_last_lr()[0])
         metrics.update(tis_metrics)
-        if probe is not None:  # gap and entropy of the rows the first update scored before stepping
-            seen = b.mask & ~probe["lp"].isnan()
-            gap = (probe["lp"] - b.old_lp).abs()[seen]
-            metrics.update({"train/logprob_gap_mean": float(gap.mean()) if gap.numel() else 0.0,
-                            "train/logprob_gap_max": float(gap.max()) if gap.numel() else 0.0,
-                            "policy/entropy_mean": float(probe["entropy"][seen].mean()) if gap.numel() else 0.0})
+        if probe is not None:
+            metrics.update(probe_metrics(b, probe))
         if self.critic is not None:
-            metrics.update(_critic_metrics(scored.values, returns, b.mask, sums))
+            metrics.update(critic_metrics(scored.values, returns, b.mask, sums))
         metrics.update({f"credit/{k}": v for k, v in credit.stats.items()})
         if _decomposes(self.credit):  # surprisal vs entropy from this pass (workers/credit/decomposition.py)
             lam = float(batch.get("sepa_lambda", 0.0)) if "sepa" in self.credit.stages else None
             metrics.update(decomposition_metrics(-scored.learner_lp, scored.entropy, b.mask, planning,
                                                  sepa_lambda=lam))
         return {"metrics": metrics, "exec_values": scored.signals[classes["execution"]],
-                "uncertainty": _token_samples(scored.signals, credit.signal_after, b.mask, planning,
+                "uncertainty": token_samples(scored.signals, credit.signal_after, b.mask, planning,
                                               entropy=scored.entropy if _decomposes(self.credit) else None)
                 if batch.get("want_uncertainty") else None}
 
@@ -360,7 +234,7 @@ class Learner:
         use_ref = iv.kl.is_active or iv.kl.measure
         lps, sigs, ents, refs, action_min, vals, order = [], [], [], [], [], [], []
         with torch.no_grad():
-            for seqs, attn, start, length, _, r in self._micro_batches(b, torch.arange(b.size)):
+            for seqs, attn, start, length, _, r in micro_batches(b, torch.arange(b.size), self.cfg["optim"]):
                 order.append(r)
                 args = (seqs, attn, start, length, temp)
                 lp, logits = self._logprobs(*args, True, floor)  # logits / temp
@@ -421,7 +295,7 @@ class Learner:
         if not (self.credit.needs_planning or _decomposes(self.credit)
                 or (floors.is_active and {"planning", "execution"} & set(floors.specs()))):
             return torch.zeros_like(b.mask)
-        runs = [(i, s, e) for i, row in enumerate(b.mask_rows) for s, e in _runs(row)]
+        runs = [(i, s, e) for i, row in enumerate(b.mask_rows) for s, e in sampled_runs(row)]
         pieces = [token_pieces(self.tokenizer, b.response_rows[i][s:e]) for i, s, e in runs]
         found = planning_masks(pieces, max((e - s for _, s, e in runs), default=0), self.credit.strategic_grams,
                                self.detector)
@@ -448,16 +322,6 @@ class Learner:
                 terms[c] = 2.0 * coefs[c] * gap_c / float(classes[c].sum())
         return terms, metrics
 
-    def _mini_batches(self, size: int, step: int) -> list[Tensor]:
-        """Row indices of each optimizer step: `ppo_epochs` passes over a seeded shuffle of the batch, cut into
-        `mini_batch_size` rows. The default (one mini-batch, one epoch) is the batch in order: one step."""
-        opt = self.cfg["optim"]
-        mbs, epochs = opt.get("mini_batch_size") or size, opt.get("ppo_epochs", 1)
-        if mbs >= size and epochs == 1:
-            return [torch.arange(size)]
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        return [chunk for _ in range(epochs) for chunk in torch.randperm(size, generator=gen).split(mbs)]
-
     def _optimise(self, b: Batch, adv: Tensor, scored: Scored, returns: Tensor | None,
                   floor_terms: dict[str, float], classes: dict[str, Tensor], temp: float, floor, scale: float,
                   step: int, ratio_base: Tensor | None = None, tis: Tensor | None = None,
@@ -465,7 +329,7 @@ class Learner:
         """PPO updates: one optimizer step per mini-batch (policy, then critic), gradient accumulated over
         micro-batches. Importance ratios are to the rollout log-probs, i.e. the policy before the step's first
         update. Returns the loss parts averaged over optimizer steps."""
-        chunks = self._mini_batches(b.size, step)
+        chunks = mini_batches(b.size, self.cfg["optim"], self.seed, step)
         train_policy = self.critic is None or self.steps_done >= self.cfg["critic"]["warmup_steps"]
         sums = {"pg": 0.0, "kl": 0.0, "ent": 0.0, "clipped": 0.0, "grad_norm": 0.0, "policy_steps": 0,
                 "value_loss": 0.0, "value_clipped": 0.0, "critic_grad_norm": 0.0, "critic_steps": 0}
@@ -478,8 +342,8 @@ class Learner:
                     sums[k] += v
                 sums["policy_steps"] += 1
             if self.critic is not None:
-                out = self.critic.update(self._micro_batches(b, rows), returns, scored.values,
-                                         self.cfg["loss"]["aggregation"], _totals(b, rows))
+                out = self.critic.update(micro_batches(b, rows, self.cfg["optim"]), returns, scored.values,
+                                         self.cfg["loss"]["aggregation"], loss_totals(b, rows))
                 sums["value_loss"] += out["value_loss"]
                 sums["value_clipped"] += out["clipped"]
                 sums["critic_grad_norm"] += out["grad_norm"]
@@ -494,34 +358,6 @@ class Learner:
         self.optimizer_steps += sums["policy_steps"]
         return sums
 
-    def _micro_batches(self, b: Batch, rows: Tensor):
-        """(seqs, attn, start, length, loss mask, rows) of each micro-batch of `rows`: `micro_batch_size` rows
-        in order, or with `max_tokens_per_micro_batch` rows packed greedily by length (longest first, a micro-batch
-        grows while rows x its longest sequence fits the budget; a longer sequence goes alone) with the columns
-        cut to the micro-batch's longest sequence."""
-        opt = self.cfg["optim"]
-        budget = opt.get("max_tokens_per_micro_batch")
-        if not budget:
-            mb = opt["micro_batch_size"]
-            for s in range(0, len(rows), mb):
-                r = rows[s:s + mb]
-                yield b.seqs[r], b.attn[r], b.start[r], b.t, b.mask[r], r
-            return
-        lengths = b.attn[rows].sum(-1)
-        packed, current, width = [], [], 0
-        for i in torch.argsort(lengths, descending=True, stable=True).tolist():
-            if current and (len(current) + 1) * width > budget:
-                packed.append(current)
-                current = []
-            if not current:
-                width = int(lengths[i])
-            current.append(i)
-        packed += [current] if current else []
-        for idx in packed:
-            r = rows[torch.tensor(idx)]
-            cols = max(int(lengths[idx].max()), 2)
-            yield b.seqs[r, :cols], b.attn[r, :cols], b.start[r], b.t, b.mask[r], r
-
     def _policy_update(self, b: Batch, rows: Tensor, adv: Tensor, ref_lp: Tensor | None,
                        floor_terms: dict[str, float], classes: dict[str, Tensor], temp: float, floor,
                        scale: float, ratio_base: Tensor | None = None, tis: Tensor | None = None,
@@ -532,11 +368,11 @@ class Learner:
         iv, loss_cfg = self.iv, self.cfg["loss"]
         ratio_base = b.old_lp if ratio_base is None else ratio_base
         need_logits = iv.entropy_bonus.is_active or bool(floor_terms) or probe is not None
-        agg = _totals(b, rows)
+        agg = loss_totals(b, rows)
         whole = len(rows) == b.size
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"pg": 0.0, "kl": 0.0, "ent": 0.0, "clipped": 0.0}
-        for seqs, attn, start, length, mask, r in self._micro_batches(b, rows):
+        for seqs, attn, start, length, mask, r in micro_batches(b, rows, self.cfg["optim"]):
             lp, logits = self._logprobs(seqs, attn, start, length, temp, need_logits, floor)
             m = mask.to(self.device)
             tok_loss, was_clipped = ppo_token_loss(
@@ -575,43 +411,6 @@ class Learner:
         sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, self.cfg["optim"]["grad_clip"]))
         self.optimizer.step()
         return sums
-
-    def _metrics(self, b: Batch, scored: Scored, sums: dict[str, float], floor_metrics: dict[str, float], floor,
-                 scale: float) -> dict[str, float]:
-        iv, mask = self.iv, b.mask
-        total_tokens = float(mask.sum())
-        gap = (scored.learner_lp - b.old_lp).abs()[mask]
-        grad_norm = sums["grad_norm"]
-        metrics = {
-            # the objective itself (the floor's gradient surrogate is not its value)
-            "loss/total": scale * (sums["pg"] + iv.kl.coef * sums["kl"] - iv.entropy_bonus.coeff * sums["ent"]
-                                   + floor_metrics.get("entropy/floor_penalty", 0.0)),
-            "loss/policy": sums["pg"],
-            "train/grad_norm": grad_norm if math.isfinite(grad_norm) else float("nan"),
-            "train/clip_frac": sums["clipped"] / max(total_tokens * self.cfg["optim"].get("ppo_epochs", 1), 1.0),
-            "train/optimizer_steps": sums["policy_steps"],
-            "train/lr": self.scheduler.get_last_lr()[0],
-            "train/logprob_gap_mean": float(gap.mean()) if gap.numel() else 0.0,
-            "train/logprob_gap_max": float(gap.max()) if gap.numel() else 0.0,
-            "train/tokens": total_tokens,
-            "train/loss_scale": scale,
-            "policy/entropy_mean": float(scored.entropy[mask].mean()) if mask.any() else 0.0,
-        }
-        if iv.entropy_bonus.is_active:
-            metrics["loss/entropy_bonus"] = sums["ent"]
-        if scored.ref_lp is not None:
-            per_token = kl_penalty(scored.learner_lp, scored.ref_lp, iv.kl.estimator)
-            metrics["kl/ref"] = float(per_token[mask].mean()) if mask.any() else 0.0
-            metrics["kl/ref_k3"] = float(kl_penalty(scored.learner_lp, scored.ref_lp, "k3")[mask].mean()) \
-                if mask.any() else 0.0
-            if iv.kl.is_active:
-                metrics["loss/kl"] = sums["kl"]
-        metrics.update(floor_metrics)
-        if floor is not None:
-            first = scored.learner_lp[:, 0][mask[:, 0]]
-            metrics["floor/action_logprob_min"] = float(first.min()) if first.numel() else 0.0
-            metrics["floor/learner_min_valid_prob"] = scored.action_min
-        return metrics
 
     # -- adapters and state -----------------------------------------------------------------------------
     def export_adapter(self, version: int) -> dict[str, bytes]:

@@ -31,15 +31,27 @@ from typing import Any
 import ray
 
 ENGINE_KEYS = ("tensor_parallel_size", "gpu_memory_utilization", "enforce_eager", "enable_prefix_caching",
-               "max_num_seqs", "max_num_batched_tokens")
+               "max_num_seqs", "max_num_batched_tokens", "in_process")
 
 
-def engine_settings(engine: dict | None, *, cuda: bool) -> dict[str, Any]:
+def engine_in_process(engine: dict | None, *, cuda: bool, own_process: bool) -> bool:
+    """Whether vLLM's engine core and model worker run inside the rollout worker's process (`in_process`).
+
+    None = yes for the CPU build when the worker has a process of its own (a Ray actor): the two extra processes
+    vLLM would start cost about 17 s of imports per engine (27 s -> 10 s to a ready engine on 2 cores) and there
+    is no GPU work for a separate engine core to overlap. Not by default in a shared process: vLLM's CPU worker
+    replaces that process's `torch.set_num_threads` with a no-op."""
+    value = (engine or {}).get("in_process")
+    return (not cuda and own_process) if value is None else bool(value)
+
+
+def engine_settings(engine: dict | None, *, cuda: bool, in_process: bool = False) -> dict[str, Any]:
     """`rollout.engine` (orchestrator/config.py:EngineConfig, as a dict) -> `vllm.LLM` keyword arguments.
 
     enforce_eager None = off on a GPU (CUDA graphs run) and on for the CPU build; other None values are left to
-    vLLM. On CPU chunked prefill is always off (see the comment below). Unknown keys raise: the trial config
-    validates them first, this guards direct callers.
+    vLLM. On CPU chunked prefill is always off (see the comment below). `in_process` (`engine_in_process`): the
+    model worker runs in the engine core (`distributed_executor_backend="uni"`; the caller also turns off vLLM's
+    engine-core process). Unknown keys raise: the trial config validates them first, this guards direct callers.
     """
     engine = dict(engine or {})
     unknown = sorted(set(engine) - set(ENGINE_KEYS))
@@ -54,6 +66,10 @@ def engine_settings(engine: dict | None, *, cuda: bool) -> dict[str, Any]:
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         if engine.get(key) is not None:
             out[key] = int(engine[key])
+    if in_process:
+        if out["tensor_parallel_size"] != 1:
+            raise ValueError("an in-process engine runs one model worker: tensor_parallel_size must be 1")
+        out["distributed_executor_backend"] = "uni"
     if not cuda:
         # vLLM-CPU: a seeded request whose prompt is prefilled in chunks kills the engine ("CPU Generator does
         # not use offset", gpu_model_runner rewinds the generator of discarded partial-prefill samples), and
@@ -92,10 +108,14 @@ class RolloutWorker:
             engine["enforce_eager"] = enforce_eager
         if gpu_memory_utilization is not None:
             engine["gpu_memory_utilization"] = gpu_memory_utilization
+        cuda = torch.cuda.is_available()
+        self.in_process = engine_in_process(
+            engine, cuda=cuda, own_process=ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"  # read when LLM() starts
         kwargs: dict[str, Any] = dict(
             model=model, dtype=dtype, seed=seed, max_model_len=max_model_len,
             enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1, logprobs_mode="processed_logprobs",
-            **engine_settings(engine, cuda=torch.cuda.is_available()),
+            **engine_settings(engine, cuda=cuda, in_process=self.in_process),
         )
         self.engine_kwargs = {k: v for k, v in kwargs.items() if k != "model"}  # what the engine was built with
         extra = dict(engine_kwargs or {})

@@ -43,9 +43,10 @@ def test_multi_turn_batch_is_token_exact_and_matches_the_learner(ray_local, agen
     import ray
 
     import orchestrator.episodes as episodes
+    from workers.batch import collate
     from workers.envs import EnvTask
     from workers.envs.tokens import first_prompt_ids, observation_ids
-    from workers.learner import Learner, collate
+    from workers.learner import Learner
     from workers.models import load_tokenizer
     from workers.rollout import RolloutActor
 

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from orchestrator.config import LearnerConfig
+from workers.batch import collate
 from workers.credit import CreditConfig
-from workers.learner import Learner, collate
+from workers.learner import Learner
 from workers.models import load_tokenizer
 
 pytestmark = pytest.mark.integration
@@ -119,18 +120,6 @@ def test_micro_batching_and_checkpointing_keep_the_update(tiny_model_dir, over):
     _assert_same_update(whole, other)
     for key in ("loss/policy", "train/grad_norm", "policy/entropy_mean", "credit/sepa_lambda"):
         assert m_o[key] == pytest.approx(m_w[key], rel=1e-4, abs=1e-6), key
-
-
-def test_token_budget_packing(tiny_model_dir):
-    budget = 40
-    learner = _learner(tiny_model_dir, optim={"max_tokens_per_micro_batch": budget})
-    b = collate(_batch(tiny_model_dir), learner.tokenizer.pad_token_id)
-    parts = list(learner._micro_batches(b, torch.arange(b.size)))
-    assert sorted(torch.cat([p[-1] for p in parts]).tolist()) == list(range(b.size))  # each row exactly once
-    for seqs, attn, _, _, _, rows in parts:
-        assert int(attn.sum(-1).max()) == seqs.shape[1]  # columns cut to the longest sequence
-        assert len(rows) == 1 or seqs.numel() <= budget
-    assert 1 < len(parts) < b.size
 
 
 def test_head_runs_on_the_response_window_only(tiny_model_dir):

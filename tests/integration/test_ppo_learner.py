@@ -96,7 +96,7 @@ def test_multi_turn_gae_batch_trains_only_sampled_tokens(tiny_model_dir):
     batch = {"prompt_ids": [prompt] * 2, "response_ids": [resp] * 2, "loss_mask": [mask] * 2,
              "rollout_logprobs": [[-1.0] * len(resp)] * 2, "rewards": [[0.9, -0.1]],
              "turn_rewards": [[1.0, -0.1], [-0.1, 0.0]], "reward_positions": [ends, ends], "temperature": 1.0}
-    from workers.learner import collate
+    from workers.batch import collate
 
     b = collate(batch, tok.pad_token_id)
     scored = learner._score(b, 1.0, None)

@@ -173,6 +173,26 @@ def test_seeding(worker, prompt_ids):
     assert ids(d)[0] != ids(d)[1]
 
 
+def test_in_process_engine_samples_what_a_separate_process_engine_does(worker, prompt_ids, tiny_model_dir):
+    """The CPU default runs vLLM inside the actor (no engine-core / model-worker processes); it must be a pure
+    start-up saving: the same seeds give the same tokens and log-probs as vLLM's own multi-process engine."""
+    import ray
+
+    from workers.rollout import RolloutActor
+
+    assert ray.get(worker.settings.remote())["distributed_executor_backend"] == "uni"
+    separate = RolloutActor.options(num_cpus=1).remote(tiny_model_dir, seed=0, engine={"in_process": False})
+    try:
+        assert "distributed_executor_backend" not in ray.get(separate.settings.remote(), timeout=600)
+        a, b = _gen(worker, prompt_ids, seed=21), _gen(separate, prompt_ids, seed=21)
+    finally:
+        ray.kill(separate)
+    for ga, gb in zip(a["completions"], b["completions"], strict=True):
+        for ca, cb in zip(ga, gb, strict=True):
+            assert ca["token_ids"] == cb["token_ids"]
+            assert ca["logprobs"] == pytest.approx(cb["logprobs"], abs=1e-6)
+
+
 # ------------------------------------------------------------------------------------------------ adapters
 def test_lora_hot_swap(worker, prompt_ids, base_model, tiny_model_dir, tmp_path):
     import ray

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from orchestrator.config import TrialConfig
 from orchestrator.errors import UserError, validate
-from workers.rollout import ENGINE_KEYS, engine_settings
+from workers.rollout import ENGINE_KEYS, engine_in_process, engine_settings
 
 
 def test_defaults_are_todays_behaviour():
@@ -45,12 +45,29 @@ def test_engine_settings_pass_through():
         engine_settings({"max_num_seq": 4}, cuda=False)
 
 
+def test_in_process_engine_is_the_cpu_default_in_an_actor_only():
+    default = TrialConfig().rollout.engine.model_dump()
+    assert default["in_process"] is None
+    assert engine_in_process(default, cuda=False, own_process=True)
+    assert not engine_in_process(default, cuda=False, own_process=False)  # a shared process keeps vLLM's own
+    assert not engine_in_process(default, cuda=True, own_process=True)  # GPU: the engine core overlaps work
+    assert engine_in_process({**default, "in_process": True}, cuda=True, own_process=False)
+    assert not engine_in_process({**default, "in_process": False}, cuda=False, own_process=True)
+    kw = engine_settings(default, cuda=False, in_process=True)
+    assert kw["distributed_executor_backend"] == "uni"
+    assert "distributed_executor_backend" not in engine_settings(default, cuda=False, in_process=False)
+    with pytest.raises(ValueError, match="tensor_parallel_size must be 1"):
+        engine_settings({**default, "tensor_parallel_size": 2}, cuda=True, in_process=True)
+
+
 @pytest.mark.parametrize("over, needle", [
     ({"rollout": {"engine": {"max_num_seq": 4}}}, "rollout.engine.max_num_seq: unknown key"),
     ({"rollout": {"engine": {"gpu_memory_utilization": 1.5}}}, "rollout.engine.gpu_memory_utilization"),
     ({"rollout": {"engine": {"tensor_parallel_size": 0}}}, "rollout.engine.tensor_parallel_size"),
     ({"rollout": {"engine": {"max_num_batched_tokens": -1}}}, "rollout.engine.max_num_batched_tokens"),
     ({"rollout": {"engine": {"tensor_parallel_size": 4}}}, "needs resources.worker_gpus"),
+    ({"rollout": {"engine": {"tensor_parallel_size": 2, "in_process": True}}, "resources": {"worker_gpus": 2}},
+     "in_process runs one model worker"),
     ({"rollout": {"mode": "async"}}, "rollout.mode"),
     ({"rollout": {"tis_cap": 0.5}}, "rollout.tis_cap"),
     ({"learner": {"old_logprobs": "vllm"}}, "learner.old_logprobs"),
