@@ -2,7 +2,7 @@
 
 `Stack` builds exactly what `orchestrator.trial.run_trial` builds (rollout worker actors, the learner actor,
 tokenizer, task, SEPA controller, action ids) on a local Ray without a placement group, and runs the loop body
-of either mode (`_one_step` or `OneStepOff.step`) plus the metrics write run_trial does after every step.
+of either mode (`orchestrator.step.one_step` or `OneStepOff.step`) plus the metrics write run_trial does after every step.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ class Stack:
     def __init__(self, cfg, cpus: int = 2):
         import ray
 
+        from orchestrator.actors import _LearnerActor, _RolloutActor, resolve_model
         from orchestrator.pipeline import OneStepOff
         from orchestrator.sampling import action_ids
-        from orchestrator.trial import _LearnerActor, _RolloutActor, resolve_model, sepa_settings
+        from orchestrator.step import sepa_settings
         from workers.credit import SepaController
         from workers.models import load_tokenizer
         from workers.tasks import make_task
@@ -65,7 +66,7 @@ class Stack:
     def step(self, mode: str) -> tuple[float, dict]:
         """One loop iteration of `mode` as run_trial runs it (no eval, no Tune report); (wall s, row)."""
         from orchestrator import storage as store
-        from orchestrator.trial import _one_step
+        from orchestrator.step import one_step
 
         t0 = time.perf_counter()
         if mode == "one_step_off":
@@ -73,7 +74,7 @@ class Stack:
         else:
             if self.pipe.pending is not None:  # a sync step after async ones: drop the prefetched batch
                 self.pipe.pending = None
-            row = _one_step(self.cfg, self.step_idx, self.workers, self.learner, self.tokenizer, self.task,
+            row = one_step(self.cfg, self.step_idx, self.workers, self.learner, self.tokenizer, self.task,
                             self.sepa, self.version, self.actions)
         self.version = int(row.pop("_version"))
         row.pop("_uncertainty", None)

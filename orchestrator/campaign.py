@@ -302,7 +302,7 @@ def load_campaign(path: str | Path) -> Campaign:
 
 def trial_table(trials: list[ExpandedTrial]) -> str:
     """The plain-text table `expand` prints."""
-    from orchestrator.trial import bundles
+    from orchestrator.actors import bundles
 
     rows = [("trial", "condition", "seed", "sweep", "steps", "bundles (driver + workers + learner)")]
     for t in trials:

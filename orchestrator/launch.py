@@ -16,11 +16,12 @@ import ray
 from ray import tune
 
 from orchestrator import storage as store
+from orchestrator.actors import bundles
 from orchestrator.campaign import Campaign
 from orchestrator.config import TrialConfig
 from orchestrator.errors import UserError
 from orchestrator.jobs import refuse_storage_inside
-from orchestrator.trial import bundles, run_trial
+from orchestrator.trial import run_trial
 
 CAMPAIGN_FILE = "campaign.json"
 

@@ -6,8 +6,8 @@ new adapter and loads it on the workers. Generation and training overlap; the ba
 version stale (`rollout/staleness`), which the learner corrects per token with the truncated importance weight
 min(pi_old / pi_rollout, C) (`rollout.tis_cap`; pi_old is the learner's recomputed log-prob, pi_rollout vLLM's).
 
-Everything else is the sync step's (orchestrator/trial.py: `_collect`, `_prepare`, `_absorb`,
-`_push_adapter`): the same seeds, task cursor order (next_batch for t+1 runs after step t's, as in sync), SEPA
+Everything else is the sync step's (orchestrator/step.py: `collect`, `prepare`, `absorb`,
+`push_adapter`): the same seeds, task cursor order (next_batch for t+1 runs after step t's, as in sync), SEPA
 lambda and observation order, filtering and metrics. The prefetched batch and the version it was sampled with
 are saved in the checkpoint (`PREFETCH_FILE`), so a restored trial trains on exactly the batch the uninterrupted
 one would have (regenerating it would need the previous adapter).
@@ -23,7 +23,7 @@ from pathlib import Path
 import ray
 
 from orchestrator.config import TrialConfig
-from orchestrator.trial import Rollouts, _absorb, _collect, _prepare, _push_adapter
+from orchestrator.step import Rollouts, absorb, collect, prepare, push_adapter
 from workers.credit import SepaController
 
 PREFETCH_FILE = "prefetch.json"
@@ -50,7 +50,7 @@ def load_pending(checkpoint_dir: str | Path) -> tuple[Rollouts, int] | None:
 
 
 class OneStepOff:
-    """The one_step_off step loop body; `step` replaces `orchestrator.trial._one_step` (same row, plus
+    """The one_step_off step loop body; `step` replaces `orchestrator.step.one_step` (same row, plus
     `rollout/staleness`, `time/prefetch_s`, `time/learner_wait_s` and the learner's `tis/*`)."""
 
     def __init__(self, cfg: TrialConfig, workers, learner, tokenizer, task, actions: list[int] | None,
@@ -61,17 +61,17 @@ class OneStepOff:
         self.timeline: list[dict] = []  # driver-side intervals of the latest steps (tests, benchmarks)
 
     def _collect(self, step: int) -> Rollouts:
-        return _collect(self.cfg, step, self.workers, self.tokenizer, self.task, self.actions)
+        return collect(self.cfg, step, self.workers, self.tokenizer, self.task, self.actions)
 
     def step(self, step: int, sepa: SepaController, version: int) -> dict:
         """Train on step `step` (prefetched, or generated now on the first step of this process) while
-        generating step + 1; returns the row with `_version` like `_one_step`."""
+        generating step + 1; returns the row with `_version` like `one_step`."""
         cfg = self.cfg
         if self.pending is None:
             self.pending = (self._collect(step), version)
         roll, gen_version = self.pending
         self.pending = None
-        row, batch, correct_rate = _prepare(cfg, step, roll, sepa, gen_version, self.actions)
+        row, batch, correct_rate = prepare(cfg, step, roll, sepa, gen_version, self.actions)
         row["rollout/staleness"] = version - gen_version
         t0 = time.perf_counter()
         future = None
@@ -84,7 +84,7 @@ class OneStepOff:
         t_pre = t2 - t1
         out = ray.get(future) if future is not None else None
         t_end = time.perf_counter()
-        _absorb(row, out, sepa, correct_rate)
+        absorb(row, out, sepa, correct_rate)
         row["time/train_s"] = t_end - t0  # submit -> result, the next step's generation ran inside it
         row["time/prefetch_s"] = t_pre
         row["time/learner_wait_s"] = t_end - t2
@@ -93,7 +93,7 @@ class OneStepOff:
 
         t0 = time.perf_counter()
         if batch is not None:
-            version = _push_adapter(self.learner, self.workers, version + 1)
+            version = push_adapter(self.learner, self.workers, version + 1)
         row["time/sync_s"] = time.perf_counter() - t0
         row["_version"] = version
         return row

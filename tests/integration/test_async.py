@@ -103,7 +103,7 @@ class _SleepyLearner(Learner):
 
 def test_generation_overlaps_training(ray_local, tiny_model_dir, tmp_path):
     from orchestrator.pipeline import OneStepOff
-    from orchestrator.trial import sepa_settings
+    from orchestrator.step import sepa_settings
     from workers.credit import SepaController
     from workers.models import load_tokenizer
     from workers.rollout import RolloutActor

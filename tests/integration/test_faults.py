@@ -125,10 +125,11 @@ def test_sigkilled_actors_and_a_damaged_checkpoint_resume_to_the_same_trajectory
 def _poisoned(config):
     """run_trial whose task returns a NaN reward in one group each step and raises for some completions,
     and whose sampler hands back a NaN log-prob in another group."""
+    import orchestrator.step as step_mod
     import orchestrator.trial as trial_mod
     from workers.tasks.base import ScoreResult
 
-    real_make_task, real_sample = trial_mod.make_task, trial_mod.sample
+    real_make_task, real_sample = trial_mod.make_task, step_mod.sample
     calls = {"score": 0}
 
     def make_task(cfg, seed):
@@ -150,7 +151,7 @@ def _poisoned(config):
         results[0]["completions"][5][0]["logprobs"][0] = math.nan  # group 5: a worker's broken log-prob
         return results
 
-    trial_mod.make_task, trial_mod.sample = make_task, sample
+    trial_mod.make_task, step_mod.sample = make_task, sample
     import workers.tasks.arithmetic as arith
 
     real_correct = arith.ArithmeticTask._correct
@@ -164,14 +165,14 @@ def _poisoned(config):
     try:
         trial_mod.run_trial(config)
     finally:
-        trial_mod.make_task, trial_mod.sample = real_make_task, real_sample
+        trial_mod.make_task, step_mod.sample = real_make_task, real_sample
         arith.ArithmeticTask._correct = staticmethod(real_correct)
 
 
 def test_nonfinite_groups_and_failing_rewards_are_dropped_and_counted(ray_local, tmp_path):
     from ray import tune
 
-    from orchestrator.trial import bundles
+    from orchestrator.actors import bundles
 
     cfg = TrialConfig(name="poisoned", output_dir=str(tmp_path / "out"), **{**BASE, "steps": 3})
     cloudpickle.register_pickle_by_value(sys.modules[__name__])

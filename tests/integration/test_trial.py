@@ -82,7 +82,7 @@ def run_preempted(cfg: TrialConfig, storage: Path, *by_value):
     `by_value`: the calling test modules, pickled by value so Ray workers never import them from disk."""
     from ray import tune
 
-    from orchestrator.trial import bundles
+    from orchestrator.actors import bundles
 
     for module in (sys.modules[__name__], *by_value):
         cloudpickle.register_pickle_by_value(module)

@@ -12,7 +12,7 @@ from orchestrator.pipeline import (
     rollouts_from_json,
     rollouts_to_json,
 )
-from orchestrator.trial import Rollouts
+from orchestrator.step import Rollouts
 
 
 def _roll() -> Rollouts:

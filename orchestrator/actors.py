@@ -1,0 +1,109 @@
+"""A trial's actors: the model they load (hub name, local path, or a tiny model built here), the rollout worker
+and learner actor classes, and the placement-group bundles that pack them ([driver, worker x k, learner])."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import ray
+import torch
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from orchestrator.config import ModelConfig, TrialConfig
+from workers.envs.tiny_agent import build_tiny_agent
+from workers.learner import Learner
+from workers.models import build_tiny_model
+from workers.reasoner import build_tiny_reasoner
+from workers.rollout import RolloutWorker
+
+# models built locally (deterministic, cached under the temp dir by name and seed) instead of loaded by name
+LOCAL_MODELS = {"tiny": build_tiny_model, "tiny-agent": build_tiny_agent, "tiny-reasoner": build_tiny_reasoner}
+
+
+def resolve_model(cfg: ModelConfig) -> str:
+    """Hub name / local path as given; a LOCAL_MODELS name is built (once) on whichever node asks."""
+    builder = LOCAL_MODELS.get(cfg.name)
+    if builder is None:
+        return cfg.name
+    root = Path(tempfile.gettempdir()) / f"credit-orchestrator-{cfg.name}-{cfg.tiny_seed}"
+    return str(builder(root, seed=cfg.tiny_seed))
+
+
+def _where() -> dict:
+    ctx = ray.get_runtime_context()
+    return {"placement_group": ctx.get_placement_group_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+
+def _engine_dtype(dtype: str) -> str:
+    """'auto' is decided where the engine runs: bf16 on a real GPU, fp32 on CPU (logical GPUs included)."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if torch.cuda.is_available() else "float32"
+
+
+@ray.remote
+class _RolloutActor(RolloutWorker):
+    def __init__(self, model_cfg: dict, dtype: str, **kw):
+        super().__init__(resolve_model(ModelConfig(**model_cfg)), dtype=_engine_dtype(dtype), **kw)
+
+    def placement(self) -> dict:
+        return _where()
+
+
+@ray.remote
+class _LearnerActor(Learner):
+    def __init__(self, model_cfg: dict, **kw):
+        super().__init__(resolve_model(ModelConfig(**model_cfg)), **kw)
+
+    def placement(self) -> dict:
+        return _where()
+
+
+def _placement(pg, bundle: int) -> dict:
+    if pg is None:
+        return {}
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)}
+
+
+def bundles(cfg: TrialConfig) -> list[dict[str, float]]:
+    """Placement-group bundles: [driver, worker x k, learner]."""
+    r = cfg.resources
+
+    def b(cpu: float, gpu: float) -> dict[str, float]:
+        return {"CPU": cpu, **({"GPU": gpu} if gpu else {})}
+
+    return [b(r.driver_cpus, 0)] + [b(r.worker_cpus, r.worker_gpus)] * cfg.rollout.num_workers + [
+        b(r.learner_cpus, r.learner_gpus)
+    ]
+
+
+def placement_record(pg, workers, learner) -> dict:
+    """Where the trial's actors run: their placement group and GPU ids (checked by tests, handy on a cluster)."""
+    ctx = ray.get_runtime_context()
+    return {
+        "placement_group": pg.id.hex() if pg is not None else None,
+        "driver": _where(),
+        "workers": ray.get([w.placement.remote() for w in workers]),
+        "learner": ray.get(learner.placement.remote()),
+        "node_id": ctx.get_node_id(),
+    }
+
+
+def start_actors(cfg: TrialConfig, pg) -> tuple[list, object]:
+    """The trial's rollout workers and learner, each in its bundle of the trial's placement group `pg` (None:
+    no group). Returns at once; `ready` on each says when it has built its model."""
+    k = cfg.rollout.num_workers
+    model_cfg = cfg.model.model_dump()
+    workers = [
+        _RolloutActor.options(num_cpus=cfg.resources.worker_cpus, num_gpus=cfg.resources.worker_gpus,
+                              **_placement(pg, 1 + i)).remote(
+            model_cfg, dtype=cfg.model.dtype, seed=cfg.seed, max_model_len=cfg.model.max_model_len,
+            max_lora_rank=cfg.learner.lora.rank, engine=cfg.rollout.engine.model_dump())
+        for i in range(k)
+    ]
+    learner = _LearnerActor.options(num_cpus=cfg.resources.learner_cpus, num_gpus=cfg.resources.learner_gpus,
+                                    **_placement(pg, 1 + k)).remote(
+        model_cfg, learner=cfg.learner.model_dump(), credit=cfg.credit.model_dump(), seed=cfg.seed,
+        total_steps=cfg.steps, dtype=cfg.model.dtype, interventions=cfg.interventions.model_dump())
+    return workers, learner
