@@ -99,7 +99,11 @@ def test_sigkilled_campaign_resumes_with_the_same_command(ray_local, tmp_path):
     env = {**os.environ, "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address}
     cmd = [sys.executable, "-m", "orchestrator", "run", str(path)]
     log = (tmp_path / "first.log").open("w")
-    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    # Tune's experiment snapshot (what a restore reads) runs every 10 s, or after `keep` checkpoints of a trial:
+    # a driver killed sooner resumes from the snapshot's older checkpoint. Snapshot on every result here, so the
+    # kill below (a step after C4's first checkpoint) finds that checkpoint recorded.
+    first = subprocess.Popen(cmd, cwd=ROOT, env={**env, "TUNE_GLOBAL_CHECKPOINT_S": "0"}, stdout=log,
+                             stderr=subprocess.STDOUT)
     second_rows = cdir / "trials" / "C4_s0" / "metrics.jsonl"
     deadline = time.time() + 600
     while len(_jsonl(second_rows)) < 4:  # C1 finished, C4 checkpointed after step 2 and ran step 3
