@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from workers.credit.config import CreditConfig
-from workers.interventions import InterventionsConfig
+from workers.interventions import InterventionsConfig, scoring_pass_needs
 from workers.objectives import Aggregation
 from workers.tasks.config import TaskConfig
 
@@ -239,17 +239,6 @@ class TrialConfig(_Strict):
 
     def _scoring_pass_needs(self) -> str | None:
         """What reads the learner's no-grad scoring pass (None: nothing, `old_logprobs: rollout` may skip it)."""
-        c, iv = self.credit, self.interventions
-        for needed, what in (
-            (self.rollout.mode == "one_step_off", "rollout.mode one_step_off (pi_old of the importance weight)"),
-            (c.uncertainty_kind != "surprisal", f"credit.uncertainty_kind '{c.uncertainty_kind}'"),
-            (c.log_decomposition, "credit.log_decomposition"),
-            (c.uses_critic, "the critic (credit.advantage_mode gae)"),
-            (iv.kl.is_active or iv.kl.measure, "interventions.kl"),
-            (iv.entropy_bonus.is_active, "interventions.entropy_bonus"),
-            (iv.entropy_floor.is_active, "interventions.entropy_floor"),
-            (iv.probability_floor.is_active, "interventions.probability_floor"),
-        ):
-            if needed:
-                return what
-        return None
+        if self.rollout.mode == "one_step_off":
+            return "rollout.mode one_step_off (pi_old of the importance weight)"
+        return scoring_pass_needs(self.credit, self.interventions)

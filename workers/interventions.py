@@ -132,3 +132,21 @@ class InterventionsConfig(_Strict):
     rv_filter: RVFilterConfig = Field(default_factory=RVFilterConfig)
     entropy_floor: EntropyFloorConfig = Field(default_factory=EntropyFloorConfig)
     probability_floor: ProbabilityFloorConfig = Field(default_factory=ProbabilityFloorConfig)
+
+
+def scoring_pass_needs(credit, iv: InterventionsConfig) -> str | None:
+    """What reads the learner's no-grad scoring pass, by its config key (None: nothing, so `learner.old_logprobs:
+    rollout` may skip it). `credit`: a `workers.credit.CreditConfig`. The trial config refuses the combination up
+    front (orchestrator/config.py); the learner refuses it for direct callers."""
+    for needed, what in (
+        (credit.uncertainty_kind != "surprisal", f"credit.uncertainty_kind '{credit.uncertainty_kind}'"),
+        (credit.log_decomposition, "credit.log_decomposition"),
+        (credit.uses_critic, "the critic (credit.advantage_mode gae)"),
+        (iv.kl.is_active or iv.kl.measure, "interventions.kl (the KL to the reference)"),
+        (iv.entropy_bonus.is_active, "interventions.entropy_bonus"),
+        (iv.entropy_floor.is_active, "interventions.entropy_floor"),
+        (iv.probability_floor.is_active, "interventions.probability_floor"),
+    ):
+        if needed:
+            return what
+    return None

@@ -25,39 +25,18 @@ from workers.credit.decomposition import decomposition_metrics
 from workers.credit.gae import gae, token_rewards
 from workers.credit.pipeline import resolve_plugins
 from workers.critic import Critic
-from workers.interventions import InterventionsConfig
+from workers.interventions import InterventionsConfig, scoring_pass_needs
 from workers.learner_metrics import critic_metrics, probe_metrics, step_metrics, token_samples
-from workers.models import load_model, load_tokenizer, token_pieces
+from workers.models import head_is_linear, load_model, load_tokenizer, token_pieces
 from workers.objectives import (
     aggregate,
-    entropy_floor_penalty,
+    entropy_floor_surrogate,
     entropy_from_logits,
     kl_penalty,
     ppo_token_loss,
+    truncated_importance_weights,
 )
 from workers.probability_floor import floor_probs, floored_token_logprobs
-
-
-def _head_only(hf) -> bool:
-    """Whether the causal LM's logits are exactly its output embedding applied to the decoder's last hidden state
-    (Llama, Qwen, Mistral, ...), so the head can run at the response positions only."""
-    cfg = hf.config
-    return (hf.get_output_embeddings() is not None and hasattr(hf, getattr(hf, "base_model_prefix", "") or "_")
-            and not getattr(cfg, "final_logit_softcapping", None) and getattr(cfg, "logit_scale", None) in (None, 1.0)
-            and not getattr(cfg, "logits_scaling", None))
-
-
-def _scoring_needs(credit: CreditConfig, iv: InterventionsConfig) -> str | None:
-    """What reads the no-grad scoring pass (None: `old_logprobs: rollout` may skip it); mirrors the trial
-    config's check (orchestrator/config.py)."""
-    for needed, what in ((credit.uncertainty_kind != "surprisal", "a logit uncertainty signal"),
-                         (_decomposes(credit), "credit.log_decomposition"), (credit.uses_critic, "the critic"),
-                         (iv.kl.is_active or iv.kl.measure, "the KL"), (iv.entropy_bonus.is_active, "the entropy bonus"),
-                         (iv.entropy_floor.is_active, "the entropy floor"),
-                         (iv.probability_floor.is_active, "the probability floor")):
-        if needed:
-            return what
-    return None
 
 
 def _decomposes(credit: CreditConfig) -> bool:
@@ -95,7 +74,7 @@ class Learner:
         if learner.get("gradient_checkpointing"):  # activations recomputed in backward (train mode only)
             base.config.use_cache = False
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self._head_only = _head_only(base)
+        self._head_only = head_is_linear(base)
         opt = learner["optim"]
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=opt["lr"], betas=tuple(opt["betas"]),
@@ -113,7 +92,7 @@ class Learner:
                 target_modules=c_lora["target_modules"], task_type="CAUSAL_LM",
             ), self.device, self.dtype)
         self.skip_scoring = learner.get("old_logprobs", "recompute") == "rollout"
-        if self.skip_scoring and (needs := _scoring_needs(self.credit, self.iv)):
+        if self.skip_scoring and (needs := scoring_pass_needs(self.credit, self.iv)):
             raise ValueError(f"old_logprobs 'rollout' skips the scoring pass that {needs} needs")
 
     # -- forward ----------------------------------------------------------------------------------------
@@ -190,7 +169,8 @@ class Learner:
             probe = {"lp": nan.clone(), "entropy": nan.clone()}
         else:
             scored = self._score(b, temp, floor)
-        ratio_base, tis, tis_metrics = self._off_policy(b, scored, batch.get("tis_cap"))
+        ratio_base, tis, tis_metrics = truncated_importance_weights(scored.learner_lp, b.old_lp, b.mask,
+                                                                    batch.get("tis_cap"))
         planning = self._planning(b)
         gae_adv = returns = None
         if self.critic is not None:
@@ -204,7 +184,9 @@ class Learner:
         )
         adv = credit.token_advantages.reshape(-1, b.t)
         classes = {"all": b.mask, "planning": b.mask & planning, "execution": b.mask & ~planning}
-        floor_terms, floor_metrics = self._entropy_floor_terms(scored.entropy, classes, progress)
+        floors = iv.entropy_floor  # the penalty's value and, per class, its gradient surrogate's weight
+        floor_terms, floor_metrics = entropy_floor_surrogate(
+            scored.entropy, classes, floors.floors_at(progress), floors.coefs()) if floors.is_active else ({}, {})
         scale = float(batch.get("loss_scale", 1.0))
         sums = self._optimise(b, adv, scored, returns, floor_terms, classes, temp, floor, scale,
                               step=int(batch.get("step", 0)), ratio_base=ratio_base, tis=tis, probe=probe)
@@ -258,25 +240,6 @@ class Learner:
 
         return Scored(cat(lps), cat(sigs), cat(ents), cat(refs), min(action_min) if action_min else None, cat(vals))
 
-    @staticmethod
-    def _off_policy(b: Batch, scored: Scored, cap) -> tuple[Tensor, Tensor | None, dict[str, float]]:
-        """The PPO ratio's denominator and the per-token truncated importance weights.
-
-        Default: the ratio is to the rollout log-probs, no weights. With `cap` (one_step_off: the batch was
-        sampled by the previous policy) the ratio is to pi_old = the learner's recomputed log-probs and each
-        token's loss is weighted by min(pi_old / pi_rollout, cap) (no gradient through the weight)."""
-        if cap is None:
-            return b.old_lp, None, {}
-        raw = torch.exp(scored.learner_lp - b.old_lp)
-        tis = raw.clamp(max=float(cap)) * b.mask
-        m = b.mask
-        return scored.learner_lp, tis, {
-            "tis/weight_mean": float(tis[m].mean()) if m.any() else 1.0,
-            "tis/ratio_max": float(raw[m].max()) if m.any() else 1.0,
-            "tis/ratio_min": float(raw[m].min()) if m.any() else 1.0,
-            "tis/truncated_frac": float((raw[m] > float(cap)).float().mean()) if m.any() else 0.0,
-        }
-
     def _gae(self, batch: dict, b: Batch, values: Tensor) -> tuple[Tensor, Tensor]:
         """GAE advantages and returns `[B, T]` from the turn rewards and the critic's (pre-update) values."""
         g = self.credit.gae
@@ -303,24 +266,6 @@ class Learner:
         for k, (i, s, e) in enumerate(runs):
             out[i, s:e] = found[k, : e - s]
         return out
-
-    def _entropy_floor_terms(self, entropy: Tensor, classes: dict[str, Tensor], progress: float
-                             ) -> tuple[dict[str, float], dict[str, float]]:
-        """Entropy floors: the penalty's value from the whole batch, and per class the weight of a gradient
-        surrogate that reproduces its exact gradient under micro-batching (d/dθ of coef * gap^2 =
-        -2 coef gap * d mean_c / dθ, gap a constant here). Returns ({class: 2 coef gap / n_class}, metrics)."""
-        floors = self.iv.entropy_floor
-        if not floors.is_active:
-            return {}, {}
-        targets, coefs = floors.floors_at(progress), floors.coefs()
-        penalty, metrics = entropy_floor_penalty(entropy, {c: classes[c] for c in targets}, targets, coefs)
-        metrics["entropy/floor_penalty"] = float(penalty)
-        terms = {}
-        for c, target in targets.items():
-            if f"entropy/{c}_mean" in metrics:  # absent when the class has no tokens
-                gap_c = max(0.0, target - metrics[f"entropy/{c}_mean"])
-                terms[c] = 2.0 * coefs[c] * gap_c / float(classes[c].sum())
-        return terms, metrics
 
     def _optimise(self, b: Batch, adv: Tensor, scored: Scored, returns: Tensor | None,
                   floor_terms: dict[str, float], classes: dict[str, Tensor], temp: float, floor, scale: float,

@@ -111,3 +111,12 @@ def token_pieces(tokenizer, ids: Sequence[int]) -> list[str]:
         out.append(cur[len(prev) :] if cur.startswith(prev) else cur)
         prev = cur
     return out
+
+
+def head_is_linear(hf) -> bool:
+    """Whether the causal LM's logits are exactly its output embedding applied to the decoder's last hidden state
+    (Llama, Qwen, Mistral, ...), so the head can run at the response positions only."""
+    cfg = hf.config
+    return (hf.get_output_embeddings() is not None and hasattr(hf, getattr(hf, "base_model_prefix", "") or "_")
+            and not getattr(cfg, "final_logit_softcapping", None) and getattr(cfg, "logit_scale", None) in (None, 1.0)
+            and not getattr(cfg, "logits_scaling", None))

@@ -178,6 +178,42 @@ def entropy_floor_penalty(entropy: Tensor, class_masks: dict[str, Tensor], floor
     return total, metrics
 
 
+def entropy_floor_surrogate(entropy: Tensor, classes: dict[str, Tensor], targets: dict[str, float],
+                            coefs: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """Entropy floors under micro-batching: the penalty's value from the whole batch (`entropy_floor_penalty`),
+    and per class the weight of a gradient surrogate that reproduces its exact gradient (d/dθ of coef * gap^2 =
+    -2 coef gap * d mean_c / dθ, gap a constant here). `entropy`, `classes[c]`: `[B, T]`. Returns
+    ({class: 2 coef gap / n_class}, metrics incl. `entropy/floor_penalty`)."""
+    penalty, metrics = entropy_floor_penalty(entropy, {c: classes[c] for c in targets}, targets, coefs)
+    metrics["entropy/floor_penalty"] = float(penalty)
+    terms = {}
+    for c, target in targets.items():
+        if f"entropy/{c}_mean" in metrics:  # absent when the class has no tokens
+            gap_c = max(0.0, target - metrics[f"entropy/{c}_mean"])
+            terms[c] = 2.0 * coefs[c] * gap_c / float(classes[c].sum())
+    return terms, metrics
+
+
+def truncated_importance_weights(learner_lp: Tensor, rollout_lp: Tensor, mask: Tensor, cap: float | None
+                                 ) -> tuple[Tensor, Tensor | None, dict[str, float]]:
+    """The PPO ratio's denominator and the per-token truncated importance weights, all `[B, T]`.
+
+    No `cap`: the ratio is to the rollout log-probs, no weights. With `cap` (one_step_off: the batch was sampled
+    by the previous policy) the ratio is to pi_old = the learner's recomputed log-probs and each token's loss is
+    weighted by min(pi_old / pi_rollout, cap) (no gradient through the weight)."""
+    if cap is None:
+        return rollout_lp, None, {}
+    raw = torch.exp(learner_lp - rollout_lp)
+    tis = raw.clamp(max=float(cap)) * mask
+    m = mask
+    return learner_lp, tis, {
+        "tis/weight_mean": float(tis[m].mean()) if m.any() else 1.0,
+        "tis/ratio_max": float(raw[m].max()) if m.any() else 1.0,
+        "tis/ratio_min": float(raw[m].min()) if m.any() else 1.0,
+        "tis/truncated_frac": float((raw[m] > float(cap)).float().mean()) if m.any() else 0.0,
+    }
+
+
 SCHEDULES = ("constant", "linear", "cosine")
 
 
