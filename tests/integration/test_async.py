@@ -71,8 +71,6 @@ def test_one_step_off_equals_sync_when_the_policy_does_not_move(ray_local, tmp_p
 
 
 def test_one_step_off_resume_equivalence(ray_local, tmp_path):
-
-
     over = dict(steps=6, seed=5, checkpoint={"every": 2})
     plain = _cfg("plain", tmp_path, "one_step_off", **over)
     assert run_single_trial(plain, tmp_path) is not None

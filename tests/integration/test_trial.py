@@ -96,7 +96,6 @@ def run_preempted(cfg: TrialConfig, storage: Path, *by_value):
 
 
 def test_resume_equivalence_and_seeds(ray_local, tmp_path):
-
     base = dict(steps=7, seed=3, checkpoint={"every": 2}, model={"name": "tiny"}, task={"name": "arithmetic"},
                 rollout={"prompts_per_step": 8, "max_tokens": 6})
     plain = TrialConfig(name="plain", output_dir=str(tmp_path / "plain"), **base)
