@@ -152,16 +152,15 @@ class EvalConfig(_Strict):
 
 class CheckpointSettings(_Strict):
     every: int = Field(5, ge=1, description="report a checkpoint every this many steps (and at the end)")
-    keep: int = Field(2, description="checkpoints kept per trial, at least 2: Tune deletes the older one when it "
-                      "records a new one, and its experiment snapshot can still name the deleted one when a job "
-                      "stops in between, so with 1 a stopped job could not resume")
+    keep: int = Field(2, description="checkpoints kept per trial, at least 2: a newest checkpoint found damaged "
+                      "on resume (a torn upload, a bad disk) needs an older one to fall back to")
 
     @field_validator("keep")
     @classmethod
     def _keep_two(cls, v: int) -> int:
         if v < 2:
-            raise ValueError(f"keep must be at least 2, got {v}: with 1, a job stopped between a checkpoint and "
-                             "Tune's experiment snapshot cannot resume")
+            raise ValueError(f"keep must be at least 2, got {v}: with 1, a damaged newest checkpoint leaves "
+                             "nothing to resume from")
         return v
 
 

@@ -1,7 +1,9 @@
 """Tuner assembly: a campaign (or a lone trial) is one Tune experiment; each trial one placement group.
 
 Resume is Tune's: running a campaign whose experiment directory exists restores it (`Tuner.restore`), finished
-trials stay finished, errored and interrupted ones continue from their last checkpoint.
+trials stay finished, errored and interrupted ones continue from their last checkpoint. A Tune snapshot torn by a
+killed driver is set aside and the experiment starts afresh in the same directory: each trial then finds its own
+newest checkpoint (orchestrator/trial.py `_resume`), so nothing done is lost.
 """
 
 from __future__ import annotations
@@ -58,15 +60,45 @@ def _trainable(trials: dict[str, dict]):
     return tune.with_resources(tune.with_parameters(_campaign_trial, trials=trials), _factory(trials))
 
 
+def _torn_snapshot(directory: str) -> str | None:
+    """Why Tune could not restore the experiment in `directory` (its newest experiment snapshot is not whole JSON:
+    the driver was killed while Tune copied it to storage), or None. The torn file is moved aside (`.torn`) so
+    that no later restore reads it."""
+    import pyarrow.fs
+
+    fs, path = pyarrow.fs.FileSystem.from_uri(directory) if store.is_uri(directory) else \
+        (pyarrow.fs.LocalFileSystem(), directory)
+    names = sorted(i.base_name for i in fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+                   if i.base_name.startswith("experiment_state-") and i.base_name.endswith(".json"))
+    if not names:
+        return None
+    newest = f"{path}/{names[-1]}"
+    with fs.open_input_stream(newest) as f:
+        raw = f.read()
+    try:
+        json.loads(raw)
+        return None
+    except ValueError:
+        fs.move(newest, newest + ".torn")
+        return f"Tune's experiment snapshot {names[-1]} is torn ({len(raw)} bytes, not whole JSON)"
+
+
 def _tuner(name: str, storage: str, trials: dict[str, dict], *, max_concurrent: int | None, max_failures: int,
            keep: int) -> tune.Tuner:
     directory = store.join(storage, name)
     trainable = _trainable(trials)
+    param_space = {"trial": tune.grid_search(list(trials))}
     if tune.Tuner.can_restore(directory):
-        return tune.Tuner.restore(directory, trainable=trainable, resume_unfinished=True, resume_errored=True)
+        torn = _torn_snapshot(directory)
+        if torn is None:
+            # param_space again: were Tune's restore to fail anyway, its fallback fresh run has the right trials
+            return tune.Tuner.restore(directory, trainable=trainable, param_space=param_space,
+                                      resume_unfinished=True, resume_errored=True)
+        print(f"{torn}: starting Tune afresh in {directory}; every trial resumes from its newest checkpoint",
+              flush=True)
     return tune.Tuner(
         trainable,
-        param_space={"trial": tune.grid_search(list(trials))},
+        param_space=param_space,
         tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent,
                                     trial_name_creator=lambda t: t.config["trial"],
                                     trial_dirname_creator=lambda t: t.config["trial"]),

@@ -17,14 +17,19 @@ KEY_METRICS = ("train/correct_rate", "eval/pass@1", "credit/sepa_lambda")
 
 
 def tune_states(directory: str) -> dict[str, str]:
-    """Trial name -> Tune status, read from the newest experiment_state file (local storage only)."""
+    """Trial name -> Tune status, read from the newest experiment_state file (local storage only; {} when there is
+    none or it is torn: a driver killed while Tune wrote it, which the next `run` sets aside)."""
     if store.is_uri(directory):
         return {}
     files = sorted(glob.glob(str(Path(directory) / "experiment_state-*.json")))
     if not files:
         return {}
+    try:
+        snapshot = json.loads(Path(files[-1]).read_text())
+    except ValueError:
+        return {}
     states = {}
-    for entry in json.loads(Path(files[-1]).read_text()).get("trial_data", []):
+    for entry in snapshot.get("trial_data", []):
         state = json.loads(entry[0]) if isinstance(entry, list | tuple) else entry
         name = (state.get("config") or {}).get("trial") or state.get("custom_trial_name")
         if name:

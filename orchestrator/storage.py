@@ -107,9 +107,11 @@ def trial_dir(campaign_dir: str, trial: str) -> str:
 
 # ------------------------------------------------------------------------------------------------ checkpoints
 # A trial checkpoint is a directory of our files plus MANIFEST (sha256 and size of each), written by
-# `seal_checkpoint` just before the directory is handed to Tune. `restore_checkpoint` verifies the newest one and,
-# when it is truncated or damaged, falls back to the previous checkpoint Tune kept (CheckpointConfig.num_to_keep),
-# saying so in the trial's events.jsonl. A learner blob that would run code when unpickled is refused outright.
+# `seal_checkpoint` just before the directory is handed to Tune. `restore_checkpoint` reads every `checkpoint_<n>`
+# in the trial's Tune directory, newest step first, and takes the first that verifies: a torn or damaged one is
+# skipped (said in the trial's events.jsonl), and a checkpoint Tune's experiment snapshot had not recorded yet
+# (the driver was killed between a checkpoint and the next snapshot) is used all the same. A learner blob that
+# would run code when unpickled is refused outright.
 CHECKPOINT_MANIFEST = "manifest.json"
 _CKPT_DIR = re.compile(r"^checkpoint_(\d+)$")
 
@@ -149,19 +151,25 @@ class _CheckpointDir:
         with self.fs.open_input_stream(p) as f:
             return f.read()
 
+    def step(self, state_file: str) -> float:
+        """The step its state file names; +inf when unreadable (tried first, so its damage is reported)."""
+        try:
+            step = json.loads(self.read(state_file) or b"")["step"]
+        except (ValueError, KeyError, TypeError):
+            return float("inf")
+        return step if isinstance(step, int) else float("inf")
 
-def _older_checkpoints(fs, path: str) -> list[_CheckpointDir]:
-    """The sibling `checkpoint_<n>` directories older than `path`, newest first (the ones Tune kept)."""
+
+def _checkpoint_dirs(fs, trial_path: str, state_file: str) -> list[_CheckpointDir]:
+    """Every `checkpoint_<n>` directory of a trial, newest step first (index breaks ties: a fresh Tune run
+    numbers its checkpoints from 0 again, so the index alone does not say which is newest)."""
     import pyarrow.fs
 
-    parent, _, name = path.rstrip("/").rpartition("/")
-    m = _CKPT_DIR.match(name)
-    if not parent or not m:
-        return []
-    infos = fs.get_file_info(pyarrow.fs.FileSelector(parent, allow_not_found=True))
-    older = [(int(mm.group(1)), i.path) for i in infos if i.type == pyarrow.fs.FileType.Directory
-             and (mm := _CKPT_DIR.match(i.base_name)) and int(mm.group(1)) < int(m.group(1))]
-    return [_CheckpointDir(fs, p) for _, p in sorted(older, reverse=True)]
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(trial_path.rstrip("/"), allow_not_found=True))
+    dirs = [(int(m.group(1)), _CheckpointDir(fs, i.path)) for i in infos
+            if i.type == pyarrow.fs.FileType.Directory and (m := _CKPT_DIR.match(i.base_name))]
+    keyed = [(ck.step(state_file), index, ck) for index, ck in dirs]
+    return [ck for _, _, ck in sorted(keyed, key=lambda k: (k[0], k[1]), reverse=True)]
 
 
 @dataclass
@@ -218,19 +226,22 @@ def _verify(ck: _CheckpointDir, state_file: str, learner_file: str, metrics_file
     return state, blobs[learner_file], rows
 
 
-def restore_checkpoint(checkpoint, *, events: str | None = None, state_file: str = "trial_state.json",
-                       learner_file: str = "learner.pt", metrics_file: str = "metrics.jsonl") -> RestoredCheckpoint:
-    """Verify Tune's latest checkpoint (`ray.tune.Checkpoint`) and, if it is unusable, each older one Tune kept,
-    newest first. Each skipped checkpoint is one `checkpoint_skipped` line in `events` (a jsonl location).
+def restore_checkpoint(fs, trial_path: str, *, recorded: bool, events: str | None = None,
+                       state_file: str = "trial_state.json", learner_file: str = "learner.pt",
+                       metrics_file: str = "metrics.jsonl") -> RestoredCheckpoint | None:
+    """The newest usable checkpoint of the trial whose Tune directory is `trial_path` on pyarrow filesystem `fs`,
+    or None when it has none. Each skipped checkpoint is one `checkpoint_skipped` line in `events` (a jsonl
+    location).
 
-    Raises `workers.checkpoint.UnsafeCheckpoint` for a learner blob that would run code (never skipped), and
-    `CorruptCheckpoint` naming the newest checkpoint's bad file when no kept checkpoint is usable: a trial never
-    restarts from step 0 silently.
+    `recorded`: Tune handed the trial a checkpoint (`tune.get_checkpoint()`). Then one of them must be usable:
+    raises `CorruptCheckpoint` naming the newest checkpoint's bad file when none is, never restarting from step 0
+    silently. Without it, damaged directories (a first checkpoint torn by a killed driver) are skipped and the
+    trial starts from step 0. Raises `workers.checkpoint.UnsafeCheckpoint` for a learner blob that would run code
+    (never skipped).
     """
     from workers.checkpoint import CorruptCheckpoint, UnsafeCheckpoint
 
-    candidates = [_CheckpointDir(checkpoint.filesystem, checkpoint.path),
-                  *_older_checkpoints(checkpoint.filesystem, checkpoint.path)]
+    candidates = _checkpoint_dirs(fs, trial_path, state_file)
     skipped: list[tuple[str, str]] = []
     for ck in candidates:
         try:
@@ -252,9 +263,14 @@ def restore_checkpoint(checkpoint, *, events: str | None = None, state_file: str
         from ray import tune
 
         return RestoredCheckpoint(state, blob, rows, str(ck), skipped, tune.Checkpoint(ck.path, ck.fs))
-    first = skipped[0][1]
-    err = CorruptCheckpoint(f"{first}; no older checkpoint is usable ({len(candidates)} kept)"
-                            if len(candidates) > 1 else f"{first}; no older checkpoint was kept")
+    if not recorded:
+        return None
+    if not skipped:
+        err = CorruptCheckpoint(f"{trial_path}: Tune recorded a checkpoint of this trial but none is there")
+    else:
+        first = skipped[0][1]
+        err = CorruptCheckpoint(f"{first}; no older checkpoint is usable ({len(candidates)} kept)"
+                                if len(candidates) > 1 else f"{first}; no older checkpoint was kept")
     if events is not None:
         append_line(events, {"event": "checkpoint_unusable", "reason": str(err), "time": time.time()})
     raise err

@@ -59,14 +59,18 @@ class Resume:
 
 
 def _resume(cfg: TrialConfig, out_dir: str) -> Resume:
-    """Tune's checkpoint for this trial, verified (weights-only learner state, manifest checksums); a damaged
-    newest checkpoint falls back to an older kept one, recorded in events.jsonl; none usable, or a crafted one:
-    one line naming the file."""
-    ckpt = tune.get_checkpoint()
-    if ckpt is None:
-        return Resume()
-    restored = store.restore_checkpoint(ckpt, events=store.join(out_dir, EVENTS_FILE), state_file=STATE_FILE,
+    """The trial's newest usable checkpoint in its Tune directory, verified (weights-only learner state, manifest
+    checksums). Not only the one Tune hands back: a driver killed between a checkpoint and Tune's next experiment
+    snapshot, or a snapshot torn by the kill (the campaign then restarts Tune afresh), leaves newer checkpoints
+    than Tune knows of. Damaged ones are skipped, said in events.jsonl; none usable while Tune recorded one, or a
+    crafted one: one line naming the file."""
+    storage = tune.get_context().get_storage()
+    restored = store.restore_checkpoint(storage.storage_filesystem, storage.trial_fs_path,
+                                        recorded=tune.get_checkpoint() is not None,
+                                        events=store.join(out_dir, EVENTS_FILE), state_file=STATE_FILE,
                                         learner_file=LEARNER_FILE, metrics_file=METRICS_FILE)
+    if restored is None:
+        return Resume()
     pending = None
     if cfg.rollout.mode == "one_step_off":
         with restored.checkpoint.as_directory() as d:

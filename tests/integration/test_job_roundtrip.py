@@ -80,8 +80,7 @@ def ray_head():
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # the job's `python`
            "TOKENIZERS_PARALLELISM": "false", "VLLM_CPU_KVCACHE_SPACE": "1", "ROUNDTRIP_STORAGE": str(tmp / "store"),
-           "RAY_USAGE_STATS_ENABLED": "0",
-           "TUNE_GLOBAL_CHECKPOINT_S": "0"}  # Tune's experiment snapshot after every result (default: 10 s)
+           "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
     env.pop("RAY_AUTH_TOKEN", None)
     ray_bin = str(Path(sys.executable).parent / "ray")

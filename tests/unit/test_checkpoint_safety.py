@@ -35,13 +35,12 @@ def _malicious_blob(marker: Path) -> bytes:
     return buf.getvalue()
 
 
-class _Ckpt:
-    """What restore_checkpoint reads from a `ray.tune.Checkpoint`: a pyarrow filesystem and a path."""
+def _restore(trial_dir: Path, *, recorded: bool = True, events: Path | None = None):
+    """restore_checkpoint as a trial calls it: its Tune directory on a pyarrow filesystem."""
+    import pyarrow.fs
 
-    def __init__(self, path: Path):
-        import pyarrow.fs
-
-        self.filesystem, self.path = pyarrow.fs.LocalFileSystem(), str(path)
+    return store.restore_checkpoint(pyarrow.fs.LocalFileSystem(), str(trial_dir), recorded=recorded,
+                                    events=None if events is None else str(events))
 
 
 def _write_checkpoint(trial_dir: Path, index: int, step: int, *, seal: bool = True) -> Path:
@@ -85,7 +84,7 @@ def test_a_crafted_pickle_is_refused_and_never_runs(tmp_path):
             store.seal_checkpoint(latest)
         events = tmp_path / f"events_{seal}.jsonl"
         with pytest.raises(UnsafeCheckpoint) as e:
-            store.restore_checkpoint(_Ckpt(latest), events=str(events))
+            _restore(latest.parent, events=events)
         assert str(e.value).startswith(f"{latest}/{LEARNER}: refused: not a weights-only checkpoint")
         assert not marker.exists()
         assert [(e["event"], e["reason"]) for e in _events(events)] == [("checkpoint_refused", str(e.value))]
@@ -99,7 +98,7 @@ def test_a_truncated_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     blob = (latest / LEARNER).read_bytes()
     (latest / LEARNER).write_bytes(blob[: len(blob) // 2])
     events = tmp_path / "events.jsonl"
-    got = store.restore_checkpoint(_Ckpt(latest), events=str(events))
+    got = _restore(latest.parent, events=events)
     assert got.state["step"] == 9 and got.location == str(trial / "checkpoint_000001")
     with got.checkpoint.as_directory() as d:  # the chosen checkpoint's other files (e.g. a prefetched batch)
         assert json.loads((Path(d) / STATE).read_text())["step"] == 9
@@ -122,14 +121,14 @@ def test_damage_torch_would_not_notice_is_caught_by_the_manifest(tmp_path):
     data[i + 2] ^= 0x40
     (latest / LEARNER).write_bytes(bytes(data))
     assert load_blob(bytes(data), "x")["adapter"]["w"][0, 0] != 9.0
-    got = store.restore_checkpoint(_Ckpt(latest))
+    got = _restore(latest.parent)
     assert got.state["step"] == 4 and got.skipped[0][0] == str(latest)
     # a damaged state file or metrics file is caught the same way
     for name, junk in ((STATE, b'{"step": 9, "adapter_ver'), (METRICS, b"")):
         other = _write_checkpoint(tmp_path / f"t_{name}", 1, 2)
         _write_checkpoint(tmp_path / f"t_{name}", 0, 1)
         (other / name).write_bytes(junk)
-        r = store.restore_checkpoint(_Ckpt(other))
+        r = _restore(other.parent)
         assert r.state["step"] == 1 and f"{other}/{name}" in r.skipped[0][1]
 
 
@@ -139,7 +138,7 @@ def test_no_usable_checkpoint_is_one_line_naming_the_file_never_a_restart_from_z
     (only / LEARNER).write_bytes(b"")
     events = tmp_path / "events.jsonl"
     with pytest.raises(CorruptCheckpoint) as e:
-        store.restore_checkpoint(_Ckpt(only), events=str(events))
+        _restore(only.parent, events=events)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"{only}/{LEARNER}: ") and "no older checkpoint was kept" in msg
     assert [x["event"] for x in _events(events)] == ["checkpoint_skipped", "checkpoint_unusable"]
@@ -150,20 +149,39 @@ def test_no_usable_checkpoint_is_one_line_naming_the_file_never_a_restart_from_z
     older = _write_checkpoint(trial, 2, 9)
     (older / STATE).unlink()
     with pytest.raises(CorruptCheckpoint, match=r"no older checkpoint is usable \(2 kept\)"):
-        store.restore_checkpoint(_Ckpt(only))
+        _restore(only.parent)
 
 
 def test_checkpoints_without_manifest_still_restore(tmp_path):
     latest = _write_checkpoint(tmp_path / "trial", 0, 3, seal=False)
-    assert store.restore_checkpoint(_Ckpt(latest)).state["step"] == 3
+    assert _restore(latest.parent).state["step"] == 3
 
 
-def test_tune_checkpoint_objects_work_as_they_are(tmp_path):
-    from ray import tune
+def test_the_newest_step_on_disk_wins_whatever_tune_recorded(tmp_path):
+    # A driver killed after a checkpoint but before Tune's next experiment snapshot: Tune hands back the older
+    # one, the newer is on disk. A fresh Tune run (after a torn snapshot) numbers from 0 again: the index alone
+    # does not order them, the step does.
+    trial = tmp_path / "trial"
+    _write_checkpoint(trial, 3, 5)
+    _write_checkpoint(trial, 4, 8)
+    newest = _write_checkpoint(trial, 0, 11)
+    got = _restore(trial)
+    assert got.state["step"] == 11 and got.location == str(newest) and not got.skipped
+    with got.checkpoint.as_directory() as d:
+        assert json.loads((Path(d) / STATE).read_text())["step"] == 11
 
-    d = _write_checkpoint(tmp_path / "trial", 7, 5)
-    got = store.restore_checkpoint(tune.Checkpoint.from_directory(str(d)))
-    assert got.state["step"] == 5 and got.location == str(d)
+
+def test_without_a_recorded_checkpoint_a_torn_first_one_means_step_zero(tmp_path):
+    trial = tmp_path / "trial"
+    assert _restore(trial, recorded=False) is None  # no directory at all: a fresh trial
+    torn = _write_checkpoint(trial, 0, 1)
+    (torn / LEARNER).write_bytes((torn / LEARNER).read_bytes()[:10])  # the driver died mid-upload
+    events = tmp_path / "events.jsonl"
+    assert _restore(trial, recorded=False, events=events) is None
+    assert [e["event"] for e in _events(events)] == ["checkpoint_skipped"]
+    # Tune recorded one that is not there at all: named, not a silent restart
+    with pytest.raises(CorruptCheckpoint, match="Tune recorded a checkpoint of this trial but none is there"):
+        _restore(tmp_path / "empty")
 
 
 def test_learner_state_round_trips_through_weights_only_loading(tmp_path):
