@@ -34,7 +34,7 @@ class Stack:
     def __init__(self, cfg, cpus: int = 2):
         import ray
 
-        from orchestrator.actors import _LearnerActor, _RolloutActor, resolve_model
+        from orchestrator.actors import _LearnerActor, _RolloutActor, resolve_model, rollout_engine
         from orchestrator.pipeline import OneStepOff
         from orchestrator.sampling import action_ids
         from orchestrator.step import sepa_settings
@@ -47,7 +47,7 @@ class Stack:
         self.workers = [
             _RolloutActor.options(num_cpus=cpus).remote(
                 model_cfg, dtype=cfg.model.dtype, seed=cfg.seed, max_model_len=cfg.model.max_model_len,
-                max_lora_rank=cfg.learner.lora.rank, engine=cfg.rollout.engine.model_dump())
+                max_lora_rank=cfg.learner.lora.rank, engine=rollout_engine(cfg))
             for _ in range(cfg.rollout.num_workers)
         ]
         self.learner = _LearnerActor.options(num_cpus=cpus).remote(

@@ -8,7 +8,9 @@ Reports steps/s and the median generation and training time of each mode.
 On a CPU box the rollout worker and the learner share the same cores, so overlapping them mostly trades one
 for the other: the ratio measures how much of the step was idle waiting (Ray round trips, scoring, the driver),
 not the GPU gain. On a GPU machine (worker and learner on their own GPUs) this is the command to run; peers
-report +23-40% for one-step-off at scale. Prints the ratio one_step_off / sync steps/s last.
+report +23-40% for one-step-off at scale. Measured on 2 cores: 0.79-0.93 with vLLM in its own processes (the
+one_step_off default, orchestrator/actors.py:rollout_engine); 0.24 with vLLM inside the rollout actor, whose CPU
+worker and the learner then fight over the same cores. Prints the ratio one_step_off / sync steps/s last.
 """
 
 from __future__ import annotations

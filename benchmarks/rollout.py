@@ -44,8 +44,19 @@ def main(model_dir: str, prompts: list[list[int]]) -> None:
 
     actor = RolloutActor.options(num_cpus=2).remote(model_dir, **_engine_kwargs())
     ray.get(actor.ready.remote())
-    # same engine settings as the worker builds (LoRA on, processed log-probs), no adapter loaded on either side
-    llm = LLM(model=model_dir, enable_lora=True, max_loras=1, logprobs_mode="processed_logprobs", **_engine_kwargs())
+    # same engine settings as the worker builds (LoRA on, processed log-probs, `rollout.engine` defaults, vLLM in
+    # this process as in the actor on the CPU build: a bare engine in its own processes busy-polls for a second
+    # after each generate and would slow the worker call after it), no adapter loaded on either side
+    import torch
+
+    from workers.rollout import engine_in_process, engine_settings
+
+    cuda = torch.cuda.is_available()
+    in_process = engine_in_process(None, cuda=cuda, own_process=True)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+    kwargs = {k: v for k, v in _engine_kwargs().items() if k != "enforce_eager"}
+    llm = LLM(model=model_dir, enable_lora=True, max_loras=1, logprobs_mode="processed_logprobs", **kwargs,
+              **engine_settings(None, cuda=cuda, in_process=in_process))
     kw = dict(n=N, temperature=TEMPERATURE, max_tokens=MAX_TOKENS, seed=SEED)
     params = [SamplingParams(n=N, temperature=TEMPERATURE, top_p=1.0, max_tokens=MAX_TOKENS, seed=SEED + i,
                              logprobs=0) for i in range(len(prompts))]

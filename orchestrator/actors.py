@@ -90,6 +90,17 @@ def placement_record(pg, workers, learner) -> dict:
     }
 
 
+def rollout_engine(cfg: TrialConfig) -> dict:
+    """`rollout.engine` as the workers get it. `in_process: null` is decided by the worker (on for the CPU build),
+    except with `one_step_off`, where it means separate processes: generation then overlaps the learner, and vLLM's
+    CPU worker inside the actor fought the learner for the same cores (measured on 2 cores, benchmarks/async.py:
+    one_step_off ran at 0.24x sync's steps/s in-process, 0.93x with separate processes)."""
+    engine = cfg.rollout.engine.model_dump()
+    if engine["in_process"] is None and cfg.rollout.mode == "one_step_off":
+        engine["in_process"] = False
+    return engine
+
+
 def start_actors(cfg: TrialConfig, pg) -> tuple[list, object]:
     """The trial's rollout workers and learner, each in its bundle of the trial's placement group `pg` (None:
     no group). Returns at once; `ready` on each says when it has built its model."""
@@ -99,7 +110,7 @@ def start_actors(cfg: TrialConfig, pg) -> tuple[list, object]:
         _RolloutActor.options(num_cpus=cfg.resources.worker_cpus, num_gpus=cfg.resources.worker_gpus,
                               **_placement(pg, 1 + i)).remote(
             model_cfg, dtype=cfg.model.dtype, seed=cfg.seed, max_model_len=cfg.model.max_model_len,
-            max_lora_rank=cfg.learner.lora.rank, engine=cfg.rollout.engine.model_dump())
+            max_lora_rank=cfg.learner.lora.rank, engine=rollout_engine(cfg))
         for i in range(k)
     ]
     learner = _LearnerActor.options(num_cpus=cfg.resources.learner_cpus, num_gpus=cfg.resources.learner_gpus,

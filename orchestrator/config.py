@@ -43,8 +43,9 @@ class EngineConfig(_Strict):
     max_num_batched_tokens: int | None = Field(None, ge=1, description="tokens per engine step")
     in_process: bool | None = Field(None, description=(
         "run vLLM's engine core and model worker inside the rollout actor's process. None: on for the CPU build "
-        "(saves two process starts per engine), off on a GPU (a separate engine core overlaps scheduling with the "
-        "forward pass)"))
+        "(saves two process starts per engine) except with rollout.mode one_step_off (generation overlapping the "
+        "learner in-process fights it for the cores), off on a GPU (a separate engine core overlaps scheduling "
+        "with the forward pass)"))
 
     @model_validator(mode="after")
     def _one_worker_in_process(self) -> EngineConfig:

@@ -60,6 +60,18 @@ def test_in_process_engine_is_the_cpu_default_in_an_actor_only():
         engine_settings({**default, "tensor_parallel_size": 2}, cuda=True, in_process=True)
 
 
+def test_one_step_off_keeps_vllm_in_its_own_processes_unless_told():
+    from orchestrator.actors import rollout_engine
+
+    sync, async_ = TrialConfig(), TrialConfig(rollout={"mode": "one_step_off"})
+    assert rollout_engine(sync)["in_process"] is None  # the worker decides: in-process on the CPU build
+    assert rollout_engine(async_)["in_process"] is False
+    assert not engine_in_process(rollout_engine(async_), cuda=False, own_process=True)
+    forced = TrialConfig(rollout={"mode": "one_step_off", "engine": {"in_process": True}})
+    assert rollout_engine(forced)["in_process"] is True
+    assert rollout_engine(async_) == {**async_.rollout.engine.model_dump(), "in_process": False}
+
+
 @pytest.mark.parametrize("over, needle", [
     ({"rollout": {"engine": {"max_num_seq": 4}}}, "rollout.engine.max_num_seq: unknown key"),
     ({"rollout": {"engine": {"gpu_memory_utilization": 1.5}}}, "rollout.engine.gpu_memory_utilization"),
