@@ -115,7 +115,8 @@ def test_frozen_lake_hand_played_rewards_holes_and_goal():
     out = ep.play("<answer>Down || Down</answer>")
     assert (out.reward, out.done, out.actions) == (0.0, False, 2) and "Actions left: 8." in out.observation
     out = ep.play("<answer>Right || Jump</answer>")  # one valid action, one unknown: penalty, move applied
-    assert out.reward == pytest.approx(-0.1) and out.invalid and "No valid action was given." in out.observation
+    assert out.reward == pytest.approx(-0.1) and out.invalid and out.actions == 1
+    assert out.observation.startswith("An invalid action was dropped. Reward: -0.1\n")
     out = ep.play("<answer>Right || Down</answer>")
     assert out.reward == 0.0 and not out.done
     out = ep.play("<answer>Right || Right</answer>")  # (3,2) -> goal at (3,3); the second action is not applied
@@ -123,6 +124,9 @@ def test_frozen_lake_hand_played_rewards_holes_and_goal():
     assert ep.stats.success and ep.stats.episode_return == pytest.approx(0.9) and ep.stats.actions == 6
 
     ep = TextEpisode(_frozen(desc), dynamics_seed=0, **_budget())
+    out = ep.play("<answer>Jump</answer>")  # nothing valid: penalty, no move
+    assert out.reward == pytest.approx(-0.1) and out.actions == 0
+    assert out.observation.startswith("No valid action was given. Reward: -0.1\n")
     out = ep.play("<answer>Right || Down</answer>")  # (0,1) -> hole at (1,1)
     assert out.done and out.reward == 0.0 and not ep.stats.success
     assert ep.env.grid_text().splitlines()[1] == "_ X _ O"

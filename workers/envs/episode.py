@@ -89,7 +89,8 @@ class TextEpisode:
                      or len(self.stats.turn_rewards) >= self.max_turns)
         obs = None
         if not self.done:
-            note = "No valid action was given. " if parsed.invalid else ""
+            note = ("" if not parsed.invalid else "No valid action was given. " if not parsed.actions
+                    else "An invalid action was dropped. ")
             obs = f"{note}Reward: {reward:.1f}\n{self._state()}"
         return TurnOutcome(reward=reward, done=self.done, observation=obs, invalid=parsed.invalid, actions=applied)
 
