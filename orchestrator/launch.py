@@ -60,27 +60,31 @@ def _trainable(trials: dict[str, dict]):
     return tune.with_resources(tune.with_parameters(_campaign_trial, trials=trials), _factory(trials))
 
 
+SNAPSHOT_FILES = ("experiment_state-", "basic-variant-state-")  # Tune's JSON snapshot: trials, search state
+
+
 def _torn_snapshot(directory: str) -> str | None:
-    """Why Tune could not restore the experiment in `directory` (its newest experiment snapshot is not whole JSON:
-    the driver was killed while Tune copied it to storage), or None. The torn file is moved aside (`.torn`) so
+    """Why Tune could not restore the experiment in `directory` (the newest of its snapshot files is not whole
+    JSON: the driver was killed while Tune copied it to storage), or None. A torn file is moved aside (`.torn`) so
     that no later restore reads it."""
     import pyarrow.fs
 
     fs, path = pyarrow.fs.FileSystem.from_uri(directory) if store.is_uri(directory) else \
         (pyarrow.fs.LocalFileSystem(), directory)
-    names = sorted(i.base_name for i in fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
-                   if i.base_name.startswith("experiment_state-") and i.base_name.endswith(".json"))
-    if not names:
-        return None
-    newest = f"{path}/{names[-1]}"
-    with fs.open_input_stream(newest) as f:
-        raw = f.read()
-    try:
-        json.loads(raw)
-        return None
-    except ValueError:
-        fs.move(newest, newest + ".torn")
-        return f"Tune's experiment snapshot {names[-1]} is torn ({len(raw)} bytes, not whole JSON)"
+    listed = [i.base_name for i in fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))]
+    for prefix in SNAPSHOT_FILES:
+        names = sorted(n for n in listed if n.startswith(prefix) and n.endswith(".json"))
+        if not names:
+            continue
+        newest = f"{path}/{names[-1]}"
+        with fs.open_input_stream(newest) as f:
+            raw = f.read()
+        try:
+            json.loads(raw)
+        except ValueError:
+            fs.move(newest, newest + ".torn")
+            return f"Tune's experiment snapshot {names[-1]} is torn ({len(raw)} bytes, not whole JSON)"
+    return None
 
 
 def _tuner(name: str, storage: str, trials: dict[str, dict], *, max_concurrent: int | None, max_failures: int,

@@ -251,3 +251,21 @@ def test_fields_added_to_the_code_at_their_defaults_do_not_block_a_resume(tmp_pa
     check_same_campaign(_small_campaign(tmp_path))
     with pytest.raises(UserError, match="was started with different trials"):
         check_same_campaign(_small_campaign(tmp_path, base={"learner": {"critic": {"lr": 0.5}}}))
+
+
+def test_a_torn_tune_snapshot_is_named_and_set_aside(tmp_path):
+    from orchestrator.launch import _torn_snapshot
+
+    assert _torn_snapshot(str(tmp_path / "none")) is None  # no experiment yet
+    (tmp_path / "experiment_state-2026-01-01_00-00-00.json").write_text('{"trial_data": []}')
+    (tmp_path / "basic-variant-state-2026-01-01_00-00-00.json").write_text('{"counter": 1}')
+    assert _torn_snapshot(str(tmp_path)) is None
+    newer = tmp_path / "experiment_state-2026-01-02_00-00-00.json"
+    newer.write_text('{"trial_data": [["{\\"status\\": \\"RUN')  # cut mid-copy by a SIGKILL
+    size = newer.stat().st_size
+    assert _torn_snapshot(str(tmp_path)) == f"Tune's experiment snapshot {newer.name} is torn ({size} bytes, not whole JSON)"
+    assert not newer.exists() and (tmp_path / f"{newer.name}.torn").is_file()
+    assert _torn_snapshot(str(tmp_path)) is None  # the older, whole one is newest again
+    searcher = tmp_path / "basic-variant-state-2026-01-02_00-00-00.json"
+    searcher.write_text("")
+    assert searcher.name in _torn_snapshot(str(tmp_path)) and not searcher.exists()
