@@ -49,11 +49,11 @@ def main(model_dir: str, prompts: list[list[int]]) -> None:
     # after each generate and would slow the worker call after it), no adapter loaded on either side
     import torch
 
-    from workers.rollout import engine_in_process, engine_settings
+    from workers.rollout import engine_in_process, engine_settings, use_engine_processes
 
     cuda = torch.cuda.is_available()
     in_process = engine_in_process(None, cuda=cuda, own_process=True)
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+    use_engine_processes(in_process)
     kwargs = {k: v for k, v in _engine_kwargs().items() if k != "enforce_eager"}
     llm = LLM(model=model_dir, enable_lora=True, max_loras=1, logprobs_mode="processed_logprobs", **kwargs,
               **engine_settings(None, cuda=cuda, in_process=in_process))

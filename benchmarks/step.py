@@ -16,7 +16,6 @@ Prints the parts and the overhead (trial step / (bare generate + bare train) - 1
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -47,7 +46,7 @@ def main() -> None:
     from orchestrator.config import TrialConfig
     from orchestrator.sampling import step_seed
     from workers.models import load_model
-    from workers.rollout import engine_in_process, engine_settings
+    from workers.rollout import engine_in_process, engine_settings, use_engine_processes
     from workers.tasks import make_task
 
     cfg = TrialConfig(
@@ -67,7 +66,7 @@ def main() -> None:
     # slow whatever the trial side runs next: measured here, that alone read as 33% "overhead".
     cuda = torch.cuda.is_available()
     in_process = engine_in_process(cfg.rollout.engine.model_dump(), cuda=cuda, own_process=True)
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+    use_engine_processes(in_process)
     llm = LLM(model=stack.model_path, dtype="float32", seed=cfg.seed, max_model_len=cfg.model.max_model_len,
               enable_lora=True, max_lora_rank=cfg.learner.lora.rank, max_loras=1,
               logprobs_mode="processed_logprobs", **engine_settings(cfg.rollout.engine.model_dump(), cuda=cuda,

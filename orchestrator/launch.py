@@ -69,8 +69,7 @@ def _torn_snapshot(directory: str) -> str | None:
     that no later restore reads it."""
     import pyarrow.fs
 
-    fs, path = pyarrow.fs.FileSystem.from_uri(directory) if store.is_uri(directory) else \
-        (pyarrow.fs.LocalFileSystem(), directory)
+    fs, path = store.filesystem(directory)
     listed = [i.base_name for i in fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))]
     for prefix in SNAPSHOT_FILES:
         names = sorted(n for n in listed if n.startswith(prefix) and n.endswith(".json"))

@@ -53,10 +53,11 @@ def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *parts])
 
 
-def _fs(location: str):
+def filesystem(location: str):
+    """`(pyarrow filesystem, path)` of a local path or a URI."""
     import pyarrow.fs
 
-    return pyarrow.fs.FileSystem.from_uri(location)
+    return pyarrow.fs.FileSystem.from_uri(location) if is_uri(location) else (pyarrow.fs.LocalFileSystem(), location)
 
 
 def write_bytes(location: str, data: bytes) -> None:
@@ -67,7 +68,7 @@ def write_bytes(location: str, data: bytes) -> None:
         tmp.write_bytes(data)
         os.replace(tmp, p)  # readers never see half a file
         return
-    fs, path = _fs(location)
+    fs, path = filesystem(location)
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(path) as f:
         f.write(data)
@@ -84,7 +85,7 @@ def read_text(location: str) -> str | None:
         return p.read_text() if p.is_file() else None
     import pyarrow.fs
 
-    fs, path = _fs(location)
+    fs, path = filesystem(location)
     if fs.get_file_info(path).type != pyarrow.fs.FileType.File:
         return None
     with fs.open_input_stream(path) as f:
@@ -168,8 +169,7 @@ def _checkpoint_dirs(fs, trial_path: str, state_file: str) -> list[_CheckpointDi
     infos = fs.get_file_info(pyarrow.fs.FileSelector(trial_path.rstrip("/"), allow_not_found=True))
     dirs = [(int(m.group(1)), _CheckpointDir(fs, i.path)) for i in infos
             if i.type == pyarrow.fs.FileType.Directory and (m := _CKPT_DIR.match(i.base_name))]
-    keyed = [(ck.step(state_file), index, ck) for index, ck in dirs]
-    return [ck for _, _, ck in sorted(keyed, key=lambda k: (k[0], k[1]), reverse=True)]
+    return [ck for _, ck in sorted(dirs, key=lambda d: (d[1].step(state_file), d[0]), reverse=True)]
 
 
 @dataclass

@@ -45,6 +45,12 @@ def engine_in_process(engine: dict | None, *, cuda: bool, own_process: bool) -> 
     return (not cuda and own_process) if value is None else bool(value)
 
 
+def use_engine_processes(in_process: bool) -> None:
+    """Tell vLLM, before `vllm.LLM()` starts in this process, whether its engine core runs here (`in_process`) or
+    in a process of its own."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+
+
 def engine_settings(engine: dict | None, *, cuda: bool, in_process: bool = False) -> dict[str, Any]:
     """`rollout.engine` (orchestrator/config.py:EngineConfig, as a dict) -> `vllm.LLM` keyword arguments.
 
@@ -111,7 +117,7 @@ class RolloutWorker:
         cuda = torch.cuda.is_available()
         self.in_process = engine_in_process(
             engine, cuda=cuda, own_process=ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None)
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"  # read when LLM() starts
+        use_engine_processes(self.in_process)
         kwargs: dict[str, Any] = dict(
             model=model, dtype=dtype, seed=seed, max_model_len=max_model_len,
             enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1, logprobs_mode="processed_logprobs",
