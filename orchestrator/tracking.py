@@ -15,6 +15,7 @@ from typing import Any
 
 from orchestrator import storage as store
 from orchestrator.config import TrialConfig
+from orchestrator.metric_names import AUC_PREFIX, TRAIN_METRIC, logged_metrics, report_metric
 from orchestrator.wandb_offline import last_step, offline_files
 
 
@@ -43,6 +44,8 @@ class TrialTracker:
         self.run = None
         self._offline: tuple[Path, str] | None = None
         self.logged_through = -1
+        self._known, self._unknown = logged_metrics(cfg), set()  # orchestrator/metric_names.py
+        self._curves: dict[str, dict[int, float]] = {report_metric(cfg): {}, TRAIN_METRIC: {}}  # -> auc/*
         w = cfg.wandb
         if w.mode == "disabled":
             return
@@ -67,11 +70,30 @@ class TrialTracker:
 
     def log(self, row: dict[str, Any]) -> None:
         step = int(row["step"])
+        for name, curve in self._curves.items():
+            if name in row:
+                curve[step] = float(row[name])
+        new = set(row) - self._known - self._unknown - {"step"}
+        if new and self.run is not None:  # a metric nobody listed: no dashboard panel would show it
+            print(f"warning: metrics {sorted(new)} are not in orchestrator/metric_names.py", flush=True)
+            self._unknown |= new
         if step <= self.logged_through:
             return  # logged before the restore; W&B keeps the first record of a step
         self.logged_through = step
         if self.run is not None:
             self.run.log({k: v for k, v in row.items() if k != "step"}, step=step)
+
+    def auc_summary(self) -> dict[str, float]:
+        """`auc/<metric>`: the normalized AUC over the whole run of the report's metric and the train correct
+        rate (the dashboard's swept-value panels plot it); a metric with fewer than two points has none."""
+        from orchestrator.report.stats import normalized_auc
+
+        out = {}
+        for name, curve in self._curves.items():
+            if len(curve) > 1:
+                steps = sorted(curve)
+                out[AUC_PREFIX + name] = normalized_auc(steps, [curve[s] for s in steps], (steps[0], steps[-1]))
+        return out
 
     def finish(self, timeout_s: float = 60.0) -> None:
         """Finish the run and make its data durable before the trial function returns.
@@ -83,6 +105,7 @@ class TrialTracker:
             return
         import wandb
 
+        self.run.summary.update(self.auc_summary())
         self.run.finish()
         self.run = None
         wandb.teardown()
