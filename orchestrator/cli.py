@@ -1,4 +1,4 @@
-"""`python -m orchestrator {expand,run,status,submit,report,trial}`. User mistakes: one line on stderr, exit code 2."""
+"""`python -m orchestrator {expand,run,status,submit,report,dashboard,trial}`. User mistakes: one line on stderr, exit code 2."""
 
 from __future__ import annotations
 
@@ -105,10 +105,18 @@ def _report(args: argparse.Namespace) -> int:
     print(report.headline)
     print(f"\nreport: {where}/report.md ({len(report.figures)} figures, "
           f"{len(report.tables)} CSV tables in {where})")
-    if args.wandb:
-        from orchestrator.report.publish import log_report
+    if args.wandb or args.publish == "wandb":
+        from orchestrator.report.publish import publish
 
-        print(f"W&B report run: {log_report(campaign, report)}")
+        print(publish(campaign, report, dry_run=args.dry_run, run_only=not args.publish))
+    return 0
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    from orchestrator.campaign import load_campaign
+    from orchestrator.dashboard import dashboard
+
+    print(dashboard(load_campaign(args.file), args.entity, args.project, dry_run=args.dry_run))
     return 0
 
 
@@ -133,7 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--baseline", help="condition or group the others are compared with (default: the first)")
     r.add_argument("--out", help="output directory (default: <campaign dir>/report)")
     r.add_argument("--wandb", action="store_true", help="also log tables and figures as a W&B report run")
+    r.add_argument("--publish", choices=["wandb"], help="also publish the report as a W&B Report (its figures "
+                   "logged once to a report run of the campaign's group; offline: written for a later sync)")
+    r.add_argument("--dry-run", action="store_true", help="with --publish: write the Report's JSON, send nothing")
     r.set_defaults(fn=_report)
+    d = sub.add_parser("dashboard", help="save the campaign's W&B workspace (view) or, with --dry-run, write it")
+    d.add_argument("file", help="campaign YAML")
+    d.add_argument("--dry-run", action="store_true", help="write the view's JSON next to the report; no network")
+    d.add_argument("--entity", help="W&B entity (default: the campaign's wandb.entity, else your default)")
+    d.add_argument("--project", help="W&B project (default: the campaign's wandb.project)")
+    d.set_defaults(fn=_dashboard)
     t = sub.add_parser("trial", help="run one trial (default: the tiny local default)")
     t.add_argument("config", nargs="?", help="trial config YAML (keys of orchestrator.config.TrialConfig)")
     t.add_argument("--steps", type=int, help="override the number of steps")

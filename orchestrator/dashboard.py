@@ -38,6 +38,7 @@ class CampaignMetrics:
     agentic: bool
     sepa: bool  # some trial runs SEPA (lambda moves)
     token_stages: bool  # some trial changes the uncertainty signal (before != after)
+    rv_filter: bool  # some trial's RV filter drops groups (enabled at top-p 1 with zeros it logs, keeps all)
 
 
 def campaign_metrics(campaign: Campaign) -> CampaignMetrics:
@@ -49,7 +50,8 @@ def campaign_metrics(campaign: Campaign) -> CampaignMetrics:
         logged=set().union(*(logged_metrics(c) for c in trials)), metric=metrics.pop(),
         swept=list(campaign.config.sweep), agentic=any(c.task.agentic for c in trials),
         sepa=any(sepa_settings(c).steps > 0 for c in trials),
-        token_stages=any(c.credit.stages for c in trials))
+        token_stages=any(c.credit.stages for c in trials),
+        rv_filter=any(c.interventions.rv_filter.is_active for c in trials))
 
 
 def _line(m: CampaignMetrics, title: str, *names: str) -> wr.LinePlot | None:
@@ -109,12 +111,14 @@ def _credit(m: CampaignMetrics) -> ws.Section | None:
 
 def _interventions(m: CampaignMetrics) -> ws.Section | None:
     floors = sorted(n for n in m.logged if n.startswith("entropy/") and n.endswith("_mean"))
+    rv = m.rv_filter
     return _section("Interventions", [
         _line(m, "entropy bonus term", "loss/entropy_bonus"),
         _line(m, "KL to the reference", "kl/ref", "kl/ref_k3"), _line(m, "KL loss term", "loss/kl"),
-        _line(m, "RV filter: kept ratio", "rv_filter/kept_ratio"),
-        _line(m, "RV filter: return std (all vs kept groups)", "rv_filter/std_all_mean", "rv_filter/std_kept_mean"),
-        _line(m, "RV filter: zero-std groups", "rv_filter/zero_std_groups"),
+        _line(m, "RV filter: kept ratio", "rv_filter/kept_ratio") if rv else None,
+        _line(m, "RV filter: return std (all vs kept groups)", "rv_filter/std_all_mean",
+              "rv_filter/std_kept_mean") if rv else None,
+        _line(m, "RV filter: zero-std groups", "rv_filter/zero_std_groups") if rv else None,
         _line(m, "entropy floors: class mean entropy", *floors),
         _line(m, "entropy floors: penalty", "entropy/floor_penalty"),
         _line(m, "probability floor: smallest valid action prob", "floor/learner_min_valid_prob",
@@ -179,7 +183,7 @@ def build_workspace(campaign: Campaign, entity: str, project: str) -> ws.Workspa
         entity=entity, project=project, name=cfg.name, sections=[s for s in sections if s is not None],
         settings=ws.WorkspaceSettings(max_runs=max(10, len(campaign.trials))),
         runset_settings=ws.RunsetSettings(
-            filters=[expr.Metric("Group") == cfg.name, expr.Metric("JobType").isin(list(cfg.conditions))],
+            filters=expr.And(expr.Metric("Group") == cfg.name, expr.Metric("JobType").isin(list(cfg.conditions))),
             groupby=[expr.Config("condition"), *(expr.Config(k) for k in m.swept)]),
     )
     view._internal_name = view_name(entity, project, cfg.name)
@@ -196,7 +200,7 @@ def payload(view: ws.Workspace) -> dict:
 
 def describe(view: ws.Workspace) -> str:
     """Sections and panels as text, one panel a line."""
-    lines = [f"view '{view.name}' in {view.entity}/{view.project}",
+    lines = [f"view '{view.name}' in {view.entity or '(your default entity)'}/{view.project}",
              f"  runs: {view.runset_settings.filters}; grouped by {', '.join(str(g) for g in view.runset_settings.groupby)}"]
     for s in view.sections:
         lines.append(f"  [{s.name}]")
@@ -252,3 +256,46 @@ def save_workspace(view: ws.Workspace) -> str:
         pass
     view.save()
     return view.url
+
+
+def where_to_save(campaign: Campaign, entity: str | None, project: str | None, *, online: bool) -> tuple[str, str]:
+    """Entity and project: the flags, else the campaign's `wandb:`, else (online) the key's default entity."""
+    w = campaign.config.wandb
+    entity, project = entity or w.entity, project or w.project
+    if not entity and online:
+        import wandb
+
+        entity = wandb.Api().default_entity
+    return entity or "", project
+
+
+def dashboard(campaign: Campaign, entity: str | None = None, project: str | None = None,
+              dry_run: bool = False) -> str:
+    """`python -m orchestrator dashboard`: dry run -> the view's JSON next to the report and its sections and
+    panels as text; else the view saved (and the W&B Report a `report --publish wandb` left for a later sync).
+    Returns what to print."""
+    if not dry_run:
+        wandb_login(campaign)
+    entity, project = where_to_save(campaign, entity, project, online=not dry_run)
+    view = build_workspace(campaign, entity, project)
+    text = describe(view)
+    if dry_run:
+        return f"{text}\ndry run: view JSON written to {write_dry_run(campaign, view)} (nothing sent to W&B)"
+    lines = [text, f"W&B workspace: {save_workspace(view)}"]
+    report_dir = Path(store.join(campaign.directory, "report"))
+    if not store.is_uri(campaign.directory) and (report_dir / "wandb_report.json").is_file():
+        from orchestrator.report.publish import save_wandb_report
+
+        lines.append(f"W&B Report: {save_wandb_report(campaign, report_dir, entity, project)}")
+    return "\n".join(lines)
+
+
+def save_at_start(campaign: Campaign) -> None:
+    """A `wandb: {mode: online}` campaign saves its view as it starts; W&B unreachable is one warning."""
+    if campaign.config.wandb.mode != "online":
+        return
+    try:
+        print(dashboard(campaign).splitlines()[-1], flush=True)
+    except Exception as exc:  # the campaign runs on without its view
+        print(f"warning: W&B workspace not saved ({type(exc).__name__}: {str(exc)[:200]}); save it later with "
+              "python -m orchestrator dashboard CAMPAIGN", flush=True)

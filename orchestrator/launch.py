@@ -218,6 +218,9 @@ def run_campaign(campaign: Campaign) -> int:
         keep = max(t.trial.checkpoint.keep for t in campaign.trials)
         print(f"{'resuming' if resumed else 'starting'} campaign {cfg.name}: {len(campaign.trials)} trials -> "
               f"{campaign.directory}", flush=True)
+        from orchestrator.dashboard import save_at_start  # wandb-workspaces loads only here
+
+        save_at_start(campaign)  # online: the campaign's W&B workspace, saved now
         tuner = _tuner(cfg.name, campaign.storage, {t.name: t.config for t in campaign.trials},
                        max_concurrent=cfg.max_concurrent_trials, max_failures=cfg.max_failures, keep=keep)
         results = tuner.fit()
@@ -226,7 +229,8 @@ def run_campaign(campaign: Campaign) -> int:
           f"results in {campaign.directory}")
     if cfg.wandb.mode == "offline":
         print(f"W&B offline runs: {cfg.wandb.dir or campaign.directory}/wandb (upload: wandb sync "
-              f"{cfg.wandb.dir or campaign.directory}/wandb/offline-run-*)")
+              f"{cfg.wandb.dir or campaign.directory}/wandb/offline-run-*; then the campaign's W&B workspace: "
+              f"python -m orchestrator dashboard {campaign.source})")
     for r in failed:
         print(f"  failed: {r.metrics.get('trial', '?') if r.metrics else '?'}: {failure_line(r.error)}")
     return len(failed)

@@ -70,8 +70,9 @@ def last_step(files: list[Path]) -> int:
 
 
 def read_run(path: Path) -> dict:
-    """{"run_id", "group", "job_type", "config": {...}, "history": [{"_step": int, key: value}]}"""
-    run: dict = {"history": [], "config": {}}
+    """{"run_id", "group", "job_type", "config": {...}, "history": [{"_step": int, key: value}],
+    "summary": {key: value}} (the summary as the last summary records left it)"""
+    run: dict = {"history": [], "config": {}, "summary": {}}
     for rec in records(path):
         kind = rec.WhichOneof("record_type")
         if kind == "run":
@@ -90,4 +91,7 @@ def read_run(path: Path) -> dict:
             if rec.history.HasField("step"):
                 row.setdefault("_step", rec.history.step.num)
             run["history"].append(row)
+        elif kind == "summary":
+            for item in rec.summary.update:
+                run["summary"][item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
     return run

@@ -1,0 +1,200 @@
+"""The campaign's W&B view, built with the real wandb-workspaces library for the shipped campaigns (no network)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import wandb_workspaces.reports.v2 as wr
+import wandb_workspaces.workspaces as ws
+from wandb_workspaces.workspaces import internal
+
+from orchestrator import dashboard as dash
+from orchestrator.campaign import load_campaign
+from orchestrator.cli import main
+from orchestrator.config import TrialConfig
+from orchestrator.metric_names import family, logged_metrics, summary_metrics
+from orchestrator.tracking import TrialTracker
+
+ROOT = Path(__file__).resolve().parents[2]
+CAMPAIGNS = ["campaigns/sepa_lean.yaml", "campaigns/ragen/sokoban_kl.yaml", "campaigns/ragen/frozenlake_rv_filter.yaml"]
+
+
+@pytest.fixture(autouse=True)
+def _storage(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORCHESTRATOR_STORAGE", str(tmp_path / "store"))
+
+
+def _view(path: str):
+    campaign = load_campaign(ROOT / path)
+    return campaign, dash.build_workspace(campaign, "ent", "proj")
+
+
+def _panels(view) -> dict[str, list]:
+    return {s.name: s.panels for s in view.sections}
+
+
+def _titles(view) -> set[str]:
+    return {p.title for s in view.sections for p in s.panels}
+
+
+def _keys(view) -> list[str]:
+    return [k for s in view.sections for p in s.panels for k in dash.panel_keys(p)]
+
+
+@pytest.mark.parametrize("path", CAMPAIGNS)
+def test_view_is_filtered_grouped_and_names_only_logged_metrics(path):
+    campaign, view = _view(path)
+    cfg = campaign.config
+    assert view.name == cfg.name and (view.entity, view.project) == ("ent", "proj")
+    filters = dash.payload(view)["spec"]["section"]["runSets"][0]["filters"]["filters"]
+    assert [(f["key"]["name"], f["op"], f["value"]) for f in filters] == [
+        ("group", "=", cfg.name), ("jobType", "IN", list(cfg.conditions))]
+    assert [g.name for g in view.runset_settings.groupby] == ["condition", *cfg.sweep]
+    logged = set().union(*(logged_metrics(t.trial) for t in campaign.trials))
+    summary = set().union(*(summary_metrics(t.trial) for t in campaign.trials))
+    for key in _keys(view):
+        kind, _, name = key.rpartition(":")
+        if kind == "config":
+            assert name in cfg.sweep, key
+        else:
+            assert name in (logged | summary if kind == "summary" else logged), key
+    assert all(s.panels for s in view.sections)
+    assert view.settings.max_runs >= len(campaign.trials)
+    json.dumps(dash.payload(view))  # what the library would send, built offline
+
+
+def test_sepa_lean_shows_credit_diagnostics_and_no_interventions_or_sweep():
+    _, view = _view("campaigns/sepa_lean.yaml")
+    sections = _panels(view)
+    assert list(sections) == ["Outcome", "Credit diagnostics", "PPO and critic", "Rollout and timing"]
+    outcome = {p.title: p for p in sections["Outcome"]}
+    curve = outcome["eval/pass@1 (report metric)"]
+    assert curve.y == ["eval/pass@1"] and (curve.groupby_aggfunc, curve.groupby_rangefunc) == ("mean", "stderr")
+    assert outcome["train correct rate"].y == ["train/correct_rate"]
+    credit = {p.title: p.y for p in sections["Credit diagnostics"]}
+    assert credit["SEPA lambda"][0] == "credit/sepa_lambda"
+    assert credit["execution surprisal variance (before / after the token stages)"] == [
+        "credit/exec_surprisal_var", "credit/exec_surprisal_var_after"]
+    assert not any(k.startswith(("kl/", "rv_filter/", "env/", "critic/", "loss/value")) for k in _keys(view))
+
+
+@pytest.mark.parametrize("path, key", [("campaigns/ragen/sokoban_kl.yaml", "interventions.kl.coef"),
+                                       ("campaigns/ragen/frozenlake_rv_filter.yaml", "task.success_rate")])
+def test_a_sweep_section_per_swept_key_with_final_auc_and_parallel_coordinates(path, key):
+    _, view = _view(path)
+    sections = _panels(view)
+    final, auc = sections[f"Sweep: {key}"]
+    assert isinstance(final, wr.ScatterPlot) and final.x == wr.Config(key)
+    assert final.y == wr.SummaryMetric("eval/success") and auc.y == wr.SummaryMetric("auc/eval/success")
+    (parallel,) = sections["Sweep: all keys"]
+    assert isinstance(parallel, wr.ParallelCoordinatesPlot)
+    assert dash.panel_keys(parallel) == [f"config:{key}", "summary:eval/success", "summary:auc/eval/success"]
+    assert "Environment" in sections and "Credit diagnostics" in sections
+    assert {"critic explained variance", "value loss", "clip fraction"} <= _titles(view)
+    assert "SEPA lambda" not in _titles(view)  # no trial runs SEPA
+
+
+def test_panels_follow_the_interventions_the_trials_use():
+    _, kl = _view("campaigns/ragen/sokoban_kl.yaml")
+    _, rv = _view("campaigns/ragen/frozenlake_rv_filter.yaml")
+    kl_titles, rv_titles = _titles(kl), _titles(rv)
+    assert {"KL to the reference", "KL loss term"} <= kl_titles
+    assert not any(t.startswith("RV filter") for t in kl_titles)  # enabled at top-p 1 keeping zeros: drops nothing
+    assert "entropy bonus term" not in kl_titles  # coeff 0
+    assert {"RV filter: kept ratio", "entropy bonus term"} <= rv_titles
+    assert not any("KL" in t for t in rv_titles)
+
+
+def test_saving_again_updates_the_same_view(monkeypatch):
+    campaign, view = _view("campaigns/ragen/sokoban_kl.yaml")
+    again = dash.build_workspace(campaign, "ent", "proj")
+    other = dash.build_workspace(load_campaign(ROOT / "campaigns/sepa_lean.yaml"), "ent", "proj")
+    assert view._internal_name == again._internal_name != other._internal_name
+    assert internal._internal_name_to_url_query_str(view._internal_name).isalnum()
+    sent, stored = [], {}
+
+    def upsert(model):  # W&B's server, as the library talks to it: names are unique per project
+        sent.append((model.name, model.id, model.display_name))
+        stored.setdefault(model.name, f"id-{len(stored)}")
+        return {"upsertView": {"view": {"name": model.name, "id": stored[model.name]}}}
+
+    def from_name(entity, project, name):
+        if name not in stored:
+            raise ValueError(f"Workspace `{name}` not found in project `{project}`")
+        return type("V", (), {"id": stored[name]})()
+
+    monkeypatch.setattr(internal, "upsert_view2", upsert)
+    monkeypatch.setattr(internal.View, "from_name", staticmethod(from_name))
+    monkeypatch.setattr(ws.Workspace, "url", property(lambda self: f"https://wandb.ai/{self._internal_name}"))
+    first = dash.save_workspace(view)
+    second = dash.save_workspace(again)
+    assert first == second and sent == [(view._internal_name, "", "sokoban_kl"),
+                                        (view._internal_name, "id-0", "sokoban_kl")]
+
+
+def test_dry_run_writes_the_view_next_to_the_report(tmp_path, capsys):
+    assert main(["dashboard", str(ROOT / "campaigns/ragen/frozenlake_rv_filter.yaml"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "[Sweep: task.success_rate]" in out and "[Environment]" in out and "nothing sent to W&B" in out
+    written = tmp_path / "store" / "frozenlake_rv_filter" / "report" / dash.VIEW_FILE
+    spec = json.loads(written.read_text())["spec"]
+    names = [s["name"] for s in spec["section"]["panelBankConfig"]["sections"]]
+    assert names[:3] == ["Outcome", "Sweep: task.success_rate", "Sweep: all keys"]
+
+
+def test_a_missing_campaign_file_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["dashboard", str(tmp_path / "nope.yaml"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_wandb_report_is_built_offline_from_the_report_dir(tmp_path):
+    from orchestrator.report.publish import build_wandb_report, describe_report, report_payload
+
+    campaign = load_campaign(ROOT / "campaigns/ragen/sokoban_kl.yaml")
+    (tmp_path / "report.md").write_text("# Report\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+                                        "![learning_curves](learning_curves.png)\n![auc_forest](auc_forest.png)\n")
+    report = build_wandb_report(campaign, tmp_path, "run-123", "ent", "proj", resolve=False)
+    markdown, _, figures, _, runs = report.blocks
+    assert "| 1 | 2 |" in markdown.text and "png" not in markdown.text
+    assert [p.media_keys for p in figures.panels] == [["figures/learning_curves"], ["figures/auc_forest"]]
+    assert figures.runsets[0].filters == 'Name == "run-123"' or "run-123" in str(figures.runsets[0].filters)
+    assert any(isinstance(p, wr.ScatterPlot) for p in runs.panels)
+    payload = report_payload(report)
+    assert payload["spec"]["blocks"] and "Report" in describe_report(report)
+
+
+def test_tracker_writes_the_auc_summary_of_the_report_metric():
+    cfg = TrialConfig(steps=21)
+    tracker = TrialTracker(cfg)  # wandb disabled: no run, still the summary it would write
+    values = {0: 0.1, 10: 0.5, 20: 0.3}
+    for step in range(21):
+        tracker.log({"step": step, "train/correct_rate": step / 20,
+                     **({"eval/pass@1": values[step]} if step in values else {})})
+    auc = tracker.auc_summary()
+    assert auc["auc/eval/pass@1"] == pytest.approx(((0.1 + 0.5) / 2 * 10 + (0.5 + 0.3) / 2 * 10) / 20)
+    assert auc["auc/train/correct_rate"] == pytest.approx(0.5)
+
+
+def test_metric_list_names_what_the_producers_return():
+    from workers.credit.decomposition import decomposition_metrics
+    from workers.filters import nonfinite_groups, rv_filter
+    from workers.interventions import RVFilterConfig
+    from workers.objectives import truncated_importance_weights
+
+    cfg = TrialConfig.model_validate({"credit": {"transform_mode": "gtpo_sepa", "log_decomposition": True,
+                                                 "sepa": {"steps": 10}},
+                                      "interventions": {"rv_filter": {"enabled": True}},
+                                      "rollout": {"mode": "one_step_off"}})
+    names = logged_metrics(cfg)
+    lp = torch.zeros(2, 3)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    produced = {*rv_filter(torch.tensor([[0.0, 1.0], [1.0, 1.0]]), RVFilterConfig(enabled=True)).metrics,
+                *nonfinite_groups([[0.0, 1.0]]).metrics,
+                *truncated_importance_weights(lp, lp, mask, 2.0)[2],
+                *decomposition_metrics(lp, lp, mask, mask & False, sepa_lambda=0.5)}
+    assert produced <= names, produced - names
+    assert {family(n) for n in names} >= {"rv_filter", "tis", "credit", "train", "time", "rollout", "eval"}
