@@ -21,6 +21,7 @@ from wandb_workspaces import expr
 
 from orchestrator import storage as store
 from orchestrator.campaign import Campaign
+from orchestrator.errors import UserError
 from orchestrator.metric_names import AUC_PREFIX, TRAIN_METRIC, logged_metrics, report_metric
 from orchestrator.step import sepa_settings
 
@@ -39,6 +40,7 @@ class CampaignMetrics:
     sepa: bool  # some trial runs SEPA (lambda moves)
     token_stages: bool  # some trial changes the uncertainty signal (before != after)
     rv_filter: bool  # some trial's RV filter drops groups (enabled at top-p 1 with zeros it logs, keeps all)
+    kinds: list[str]  # the uncertainty signals (credit.uncertainty_kind) the trials use
 
 
 def campaign_metrics(campaign: Campaign) -> CampaignMetrics:
@@ -51,7 +53,8 @@ def campaign_metrics(campaign: Campaign) -> CampaignMetrics:
         swept=list(campaign.config.sweep), agentic=any(c.task.agentic for c in trials),
         sepa=any(sepa_settings(c).steps > 0 for c in trials),
         token_stages=any(c.credit.stages for c in trials),
-        rv_filter=any(c.interventions.rv_filter.is_active for c in trials))
+        rv_filter=any(c.interventions.rv_filter.is_active for c in trials),
+        kinds=sorted({c.credit.uncertainty_kind for c in trials}))
 
 
 def _line(m: CampaignMetrics, title: str, *names: str) -> wr.LinePlot | None:
@@ -95,12 +98,10 @@ def _sweep_sections(m: CampaignMetrics) -> list[ws.Section]:
 
 
 def _credit(m: CampaignMetrics) -> ws.Section | None:
-    kind = next((n.split("_")[1] for n in sorted(m.logged) if n.startswith("credit/exec_")), "surprisal")
-    after = (f"credit/exec_{kind}_var_after",) if m.token_stages else ()
+    variance = [_line(m, f"execution {kind} variance (before / after the token stages)", f"credit/exec_{kind}_var",
+                      *((f"credit/exec_{kind}_var_after",) if m.token_stages else ())) for kind in m.kinds]
     return _section("Credit diagnostics", [
-        _line(m, "SEPA lambda", "credit/sepa_lambda", "credit/sepa_gate_open") if m.sepa else None,
-        _line(m, f"execution {kind} variance (before / after the token stages)",
-              f"credit/exec_{kind}_var", *after),
+        _line(m, "SEPA lambda", "credit/sepa_lambda", "credit/sepa_gate_open") if m.sepa else None, *variance,
         _line(m, "planning token fraction", "credit/planning_token_frac"),
         _line(m, "token advantage |mean|", "credit/adv_token_abs_mean", "credit/adv_token_mean"),
         _line(m, "decomposition: noise share of surprisal variance", "credit/decomp_exec_noise_share",
@@ -240,10 +241,24 @@ def write_dry_run(campaign: Campaign, view: ws.Workspace) -> str:
 
 
 def wandb_login(campaign: Campaign) -> None:
-    """The API key for the library's `wandb.Api()`: the environment's, else `wandb.api_key_file`."""
+    """The API key for the library's `wandb.Api()`: the environment's, else `wandb.api_key_file`, else what
+    `wandb login` stored; none of them: one line naming the campaign file."""
     key_file = campaign.config.wandb.api_key_file
-    if not os.environ.get("WANDB_API_KEY") and key_file:
-        os.environ["WANDB_API_KEY"] = Path(store.expand(key_file)).read_text().strip()
+    if os.environ.get("WANDB_API_KEY"):
+        return
+    if key_file:
+        try:
+            os.environ["WANDB_API_KEY"] = Path(store.expand(key_file)).read_text().strip()
+        except OSError as exc:
+            raise UserError(f"{campaign.source}: wandb.api_key_file: cannot read {key_file} ({exc})") from None
+        return
+    import wandb
+
+    try:
+        wandb.Api()
+    except wandb.errors.UsageError:
+        raise UserError(f"{campaign.source}: no W&B API key: set WANDB_API_KEY, `wandb.api_key_file`, or run "
+                        "`wandb login` (or use --dry-run)") from None
 
 
 def save_workspace(view: ws.Workspace) -> str:
@@ -270,7 +285,7 @@ def where_to_save(campaign: Campaign, entity: str | None, project: str | None, *
 
 
 def dashboard(campaign: Campaign, entity: str | None = None, project: str | None = None,
-              dry_run: bool = False) -> str:
+              dry_run: bool = False, with_report: bool = True) -> str:
     """`python -m orchestrator dashboard`: dry run -> the view's JSON next to the report and its sections and
     panels as text; else the view saved (and the W&B Report a `report --publish wandb` left for a later sync).
     Returns what to print."""
@@ -283,7 +298,7 @@ def dashboard(campaign: Campaign, entity: str | None = None, project: str | None
         return f"{text}\ndry run: view JSON written to {write_dry_run(campaign, view)} (nothing sent to W&B)"
     lines = [text, f"W&B workspace: {save_workspace(view)}"]
     report_dir = Path(store.join(campaign.directory, "report"))
-    if not store.is_uri(campaign.directory) and (report_dir / "wandb_report.json").is_file():
+    if with_report and not store.is_uri(campaign.directory) and (report_dir / "wandb_report.json").is_file():
         from orchestrator.report.publish import save_wandb_report
 
         lines.append(f"W&B Report: {save_wandb_report(campaign, report_dir, entity, project)}")
@@ -295,7 +310,7 @@ def save_at_start(campaign: Campaign) -> None:
     if campaign.config.wandb.mode != "online":
         return
     try:
-        print(dashboard(campaign).splitlines()[-1], flush=True)
+        print(dashboard(campaign, with_report=False).splitlines()[-1], flush=True)
     except Exception as exc:  # the campaign runs on without its view
         print(f"warning: W&B workspace not saved ({type(exc).__name__}: {str(exc)[:200]}); save it later with "
               "python -m orchestrator dashboard CAMPAIGN", flush=True)

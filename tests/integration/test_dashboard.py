@@ -85,3 +85,18 @@ def test_view_references_only_what_the_offline_runs_hold(ray_local, tmp_path):
     assert saved["displayName"] == "dash" and saved["spec"]["section"]["runSets"][0]["grouping"] == [
         {"section": "config", "name": "condition.value"},
         {"section": "config", "name": "interventions.value.kl.coef"}]
+
+    # the report as a W&B Report (offline: its run written for a sync, the Report for the next `dashboard`)
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "report", str(path), "--window", "0-2",
+                          "--publish", "wandb"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "wandb sync" in out.stdout and "orchestrator dashboard" in out.stdout
+    recorded = json.loads((Path(campaign.directory) / "report" / "wandb_report.json").read_text())
+    (report_run,) = [read_run(f) for f in (Path(campaign.directory) / "wandb").glob("offline-run-*/run-*.wandb")
+                     if recorded["report_run"] in f.name]
+    assert report_run["group"] == "dash" and report_run["job_type"] == "report"
+    figure_keys = {k for row in report_run["history"] for k in row if k.startswith("figures/")}
+    blocks = recorded["report"]["spec"]["blocks"]
+    media = [k for b in blocks for p in b.get("metadata", {}).get("panelBankSectionConfig", {}).get("panels", [])
+             if p["viewType"] == "Media Browser" for k in p["config"]["mediaKeys"]]
+    assert media and set(media) == figure_keys, (media, figure_keys)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -161,7 +162,7 @@ def test_wandb_report_is_built_offline_from_the_report_dir(tmp_path):
     markdown, _, figures, _, runs = report.blocks
     assert "| 1 | 2 |" in markdown.text and "png" not in markdown.text
     assert [p.media_keys for p in figures.panels] == [["figures/learning_curves"], ["figures/auc_forest"]]
-    assert figures.runsets[0].filters == 'Name == "run-123"' or "run-123" in str(figures.runsets[0].filters)
+    assert figures.runsets[0].filters == 'Metric("ID") == \'run-123\''
     assert any(isinstance(p, wr.ScatterPlot) for p in runs.panels)
     payload = report_payload(report)
     assert payload["spec"]["blocks"] and "Report" in describe_report(report)
@@ -198,3 +199,32 @@ def test_metric_list_names_what_the_producers_return():
                 *decomposition_metrics(lp, lp, mask, mask & False, sepa_lambda=0.5)}
     assert produced <= names, produced - names
     assert {family(n) for n in names} >= {"rv_filter", "tis", "credit", "train", "time", "rollout", "eval"}
+
+
+def test_online_campaign_saves_its_view_at_start_and_a_failure_is_one_warning(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    key = tmp_path / "key"
+    key.write_text("k" * 40 + "\n")
+    monkeypatch.setenv("WANDB_API_KEY", "")  # recorded, so the key the save sets is undone after the test
+    monkeypatch.delenv("WANDB_API_KEY")
+    data = yaml.safe_load((ROOT / "campaigns/ragen/sokoban_kl.yaml").read_text())
+    path = tmp_path / "online.yaml"
+    path.write_text(yaml.safe_dump({**data, "wandb": {"mode": "online", "entity": "me", "project": "p",
+                                                      "api_key_file": str(key)}}))
+    campaign = load_campaign(path)
+    saved = []
+    monkeypatch.setattr(dash, "save_workspace", lambda view: saved.append(view) or "https://wandb.ai/me/p?nw=x")
+    dash.save_at_start(campaign)
+    assert capsys.readouterr().out == "W&B workspace: https://wandb.ai/me/p?nw=x\n"
+    assert [v.name for v in saved] == ["sokoban_kl"] and os.environ["WANDB_API_KEY"] == "k" * 40
+
+    def unreachable(view):
+        raise ConnectionError("api.wandb.ai unreachable")
+
+    monkeypatch.setattr(dash, "save_workspace", unreachable)
+    dash.save_at_start(campaign)  # no exception: the campaign goes on
+    out = capsys.readouterr().out
+    assert out.startswith("warning: W&B workspace not saved (ConnectionError") and out.count("\n") == 1
+    dash.save_at_start(load_campaign(ROOT / "campaigns/ragen/sokoban_kl.yaml"))  # offline: nothing to do
+    assert capsys.readouterr().out == ""
