@@ -37,7 +37,8 @@ def log_report(campaign: Campaign, report: Report) -> tuple[str, str]:
 
 
 # ------------------------------------------------------------------ the report as a W&B Report (wandb-workspaces)
-REPORT_FILE = "wandb_report.json"
+REPORT_FILE = "wandb_report.json"  # what `dashboard` saves after a sync
+DRY_RUN_FILE = "wandb_report.dry-run.json"  # never saved
 
 
 def _runsets_in(report_dir: Path) -> dict:
@@ -81,9 +82,10 @@ def report_payload(report) -> dict:
     return json.loads(report._to_model().model_dump_json(by_alias=True, exclude_none=True))
 
 
-def write_report_file(report_dir: Path, report_run: str, payload: dict, saved_id: str | None = None) -> Path:
+def write_report_file(report_dir: Path, report_run: str, payload: dict, saved_id: str | None = None,
+                      name: str = REPORT_FILE) -> Path:
     """The report run, the Report's payload and the id it was saved under (kept: a re-save updates it)."""
-    f = report_dir / REPORT_FILE
+    f = report_dir / name
     saved_id = saved_id or _runsets_in(report_dir).get("saved_id")
     f.write_text(json.dumps({"report_run": report_run, "saved_id": saved_id, "report": payload}, indent=1) + "\n")
     return f
@@ -119,13 +121,13 @@ def publish(campaign: Campaign, report: Report, *, dry_run: bool = False, run_on
     The figures are logged once, to a report run in the campaign's mode (disabled counts as offline). Online,
     the W&B Report is saved and its URL returned; offline, it is written next to the report for a later
     `wandb sync` + `orchestrator dashboard`, which saves it."""
-    from orchestrator.dashboard import where_to_save, wandb_login
+    from orchestrator.dashboard import wandb_login, where_to_save
 
     online = campaign.config.wandb.mode == "online" and not dry_run
     if dry_run:
         entity, project = where_to_save(campaign, None, None, online=False)
         wreport = build_wandb_report(campaign, report.out_dir, "<report run>", entity, project, resolve=False)
-        where = write_report_file(report.out_dir, "<report run>", report_payload(wreport))
+        where = write_report_file(report.out_dir, "<report run>", report_payload(wreport), name=DRY_RUN_FILE)
         return f"{describe_report(wreport)}\ndry run: W&B Report JSON written to {where} (nothing sent to W&B)"
     run_id, run_dir = log_report(campaign, report)
     lines = [f"W&B report run: {run_dir}"]
@@ -142,6 +144,6 @@ def publish(campaign: Campaign, report: Report, *, dry_run: bool = False, run_on
         where = write_report_file(report.out_dir, run_id, report_payload(wreport))
         lines += [describe_report(wreport),
                   f"W&B Report written to {where} for a later sync (campaign is {campaign.config.wandb.mode}): "
-                  f"wandb sync {Path(run_dir).parent}; then python -m orchestrator dashboard CAMPAIGN_YAML "
+                  f"wandb sync {Path(run_dir).parent}; then python -m orchestrator dashboard {campaign.source} "
                   "saves the workspace and this Report"]
     return "\n".join(lines)
