@@ -104,7 +104,7 @@ def save_wandb_report(campaign: Campaign, report_dir: Path, entity: str, project
 
 
 def describe_report(report) -> str:
-    lines = [f"W&B Report '{report.title}' in {report.entity}/{report.project}"]
+    lines = [f"W&B Report '{report.title}' in {report.entity or '(your default entity)'}/{report.project}"]
     for b in report.blocks:
         extra = ""
         if hasattr(b, "panels"):
