@@ -78,6 +78,8 @@ def _report(args: argparse.Namespace) -> int:
     from orchestrator.campaign import load_campaign
     from orchestrator.report import build_report
 
+    if args.dry_run and not args.publish:
+        raise UserError("report: --dry-run goes with --publish wandb")
     campaign = load_campaign(args.file)
     uri = store.is_uri(campaign.directory)
     try:

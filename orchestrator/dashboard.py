@@ -290,6 +290,9 @@ def dashboard(campaign: Campaign, entity: str | None = None, project: str | None
     panels as text; else the view saved (and the W&B Report a `report --publish wandb` left for a later sync).
     Returns what to print."""
     if not dry_run:
+        if campaign.config.wandb.mode == "disabled":
+            raise UserError(f"{campaign.source}: wandb.mode: disabled, so the campaign logs no W&B runs for a view "
+                            "to show (offline or online logs them; --dry-run writes the view anyway)")
         wandb_login(campaign)
     entity, project = where_to_save(campaign, entity, project, online=not dry_run)
     view = build_workspace(campaign, entity, project)
