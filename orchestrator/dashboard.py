@@ -4,7 +4,7 @@ The view is named after the campaign, filtered to its runs (the campaign's W&B g
 and grouped by condition and each swept key, so every line panel is a mean over seeds with a standard-error band.
 Panels are chosen from the metric names the campaign's trials log (orchestrator/metric_names.py): a KL panel only
 when some trial uses KL, env panels only for agentic tasks. Saving goes through the library (`Workspace.save`)
-under a view name derived from entity/project/campaign, so saving again updates the same view.
+under a view name derived from the campaign's name, so saving again updates the same view.
 """
 
 from __future__ import annotations
@@ -168,9 +168,10 @@ def _rollout_and_timing(m: CampaignMetrics) -> ws.Section:
     ])
 
 
-def view_name(entity: str, project: str, campaign: str) -> str:
-    """The view's internal name (`nw-<11 hex>-v`, the form the library generates): one per campaign."""
-    digest = hashlib.sha1(f"{entity}/{project}/{campaign}".encode()).hexdigest()[:11]
+def view_name(campaign: str) -> str:
+    """The view's internal name (`nw-<11 hex>-v`, the form the library generates): one per campaign in a
+    project (views belong to a project), the same in a dry run as when saved."""
+    digest = hashlib.sha1(campaign.encode()).hexdigest()[:11]
     return f"nw-{digest}-v"
 
 
@@ -187,7 +188,7 @@ def build_workspace(campaign: Campaign, entity: str, project: str) -> ws.Workspa
             filters=expr.And(expr.Metric("Group") == cfg.name, expr.Metric("JobType").isin(list(cfg.conditions))),
             groupby=[expr.Config("condition"), *(expr.Config(k) for k in m.swept)]),
     )
-    view._internal_name = view_name(entity, project, cfg.name)
+    view._internal_name = view_name(cfg.name)
     return view
 
 
