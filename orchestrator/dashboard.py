@@ -36,11 +36,20 @@ class CampaignMetrics:
     logged: set[str]
     metric: str  # the report's metric
     swept: list[str]
+    numeric: set[str]  # swept keys whose values are all numbers (a scatter against the value)
+    scalar: set[str]  # swept keys whose values are numbers, strings or booleans (not tables: an axis)
     agentic: bool
     sepa: bool  # some trial runs SEPA (lambda moves)
     token_stages: bool  # some trial changes the uncertainty signal (before != after)
     rv_filter: bool  # some trial's RV filter drops groups (enabled at top-p 1 with zeros it logs, keeps all)
     kinds: list[str]  # the uncertainty signals (credit.uncertainty_kind) the trials use
+
+
+def _keys_whose_values(campaign: Campaign, types: tuple) -> set[str]:
+    def ok(v) -> bool:
+        return isinstance(v, types) and (bool in types or not isinstance(v, bool))
+
+    return {k for k, values in campaign.config.sweep.items() if all(ok(v) for v in values)}
 
 
 def campaign_metrics(campaign: Campaign) -> CampaignMetrics:
@@ -50,7 +59,8 @@ def campaign_metrics(campaign: Campaign) -> CampaignMetrics:
         metrics = {TRAIN_METRIC}
     return CampaignMetrics(
         logged=set().union(*(logged_metrics(c) for c in trials)), metric=metrics.pop(),
-        swept=list(campaign.config.sweep), agentic=any(c.task.agentic for c in trials),
+        swept=list(campaign.config.sweep), numeric=_keys_whose_values(campaign, (int, float)),
+        scalar=_keys_whose_values(campaign, (int, float, str, bool)), agentic=any(c.task.agentic for c in trials),
         sepa=any(sepa_settings(c).steps > 0 for c in trials),
         token_stages=any(c.credit.stages for c in trials),
         rv_filter=any(c.interventions.rv_filter.is_active for c in trials),
@@ -81,14 +91,17 @@ def _sweep_sections(m: CampaignMetrics) -> list[ws.Section]:
     """One section per swept key: the final value and the AUC of the report's metric against the swept value
     (one point per group: condition x swept values), then the parallel coordinates over every swept key."""
     out = []
+    final, auc = wr.SummaryMetric(m.metric), wr.SummaryMetric(AUC_PREFIX + m.metric)
     for key in m.swept:
-        out.append(_section(f"Sweep: {key}", [
-            wr.ScatterPlot(title=f"final {m.metric} vs {key}", x=wr.Config(key), y=wr.SummaryMetric(m.metric)),
-            wr.ScatterPlot(title=f"AUC of {m.metric} vs {key}", x=wr.Config(key),
-                           y=wr.SummaryMetric(AUC_PREFIX + m.metric)),
-        ], is_open=True))
+        if key in m.numeric:
+            panels = [wr.ScatterPlot(title=f"final {m.metric} vs {key}", x=wr.Config(key), y=final),
+                      wr.ScatterPlot(title=f"AUC of {m.metric} vs {key}", x=wr.Config(key), y=auc)]
+        else:  # categories or tables: a bar per value (tables by their position in the sweep list)
+            panels = [wr.BarPlot(title=f"final and AUC of {m.metric} per {key}", metrics=[final, auc],
+                                 groupby=wr.Config(key), **BAND)]
+        out.append(_section(f"Sweep: {key}", panels, is_open=True))
     if m.swept:
-        columns = [wr.ParallelCoordinatesPlotColumn(metric=wr.Config(k)) for k in m.swept]
+        columns = [wr.ParallelCoordinatesPlotColumn(metric=wr.Config(k)) for k in m.swept if k in m.scalar]
         columns += [wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric(m.metric), display_name="final"),
                     wr.ParallelCoordinatesPlotColumn(metric=wr.SummaryMetric(AUC_PREFIX + m.metric),
                                                      display_name="AUC")]
@@ -226,7 +239,7 @@ def panel_keys(panel) -> list[str]:
     if isinstance(panel, wr.ScatterPlot):
         return [_key(panel.x), _key(panel.y)]
     if isinstance(panel, wr.BarPlot):
-        return [_key(x) for x in panel.metrics]
+        return [_key(x) for x in panel.metrics] + ([_key(panel.groupby)] if panel.groupby else [])
     if isinstance(panel, wr.ParallelCoordinatesPlot):
         return [_key(c.metric) for c in panel.columns]
     return []

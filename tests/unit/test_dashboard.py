@@ -228,3 +228,20 @@ def test_online_campaign_saves_its_view_at_start_and_a_failure_is_one_warning(tm
     assert out.startswith("warning: W&B workspace not saved (ConnectionError") and out.count("\n") == 1
     dash.save_at_start(load_campaign(ROOT / "campaigns/ragen/sokoban_kl.yaml"))  # offline: nothing to do
     assert capsys.readouterr().out == ""
+
+
+def test_a_categorical_sweep_gets_bars_per_value(tmp_path):
+    import yaml
+
+    path = tmp_path / "cat.yaml"
+    path.write_text(yaml.safe_dump({"name": "cat", "storage": str(tmp_path), "seeds": [0, 1],
+                                    "conditions": {"A": {}}, "sweep": {"credit.advantage_mode": ["grpo", "maxrl"],
+                                                                        "learner.optim.lr": [0.01, 0.001]}}))
+    view = dash.build_workspace(load_campaign(path), "ent", "proj")
+    sections = _panels(view)
+    (bars,) = sections["Sweep: credit.advantage_mode"]
+    assert isinstance(bars, wr.BarPlot) and dash.panel_keys(bars) == [
+        "summary:eval/pass@1", "summary:auc/eval/pass@1", "config:credit.advantage_mode"]
+    assert all(isinstance(p, wr.ScatterPlot) for p in sections["Sweep: learner.optim.lr"])
+    (parallel,) = sections["Sweep: all keys"]
+    assert dash.panel_keys(parallel)[:2] == ["config:credit.advantage_mode", "config:learner.optim.lr"]
