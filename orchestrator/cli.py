@@ -99,6 +99,11 @@ def _report(args: argparse.Namespace) -> int:
                               out_dir=out_dir)
     except ValueError as exc:  # e.g. an unknown baseline
         raise UserError(f"{args.file}: {exc}") from None
+    published = None
+    if args.wandb or args.publish == "wandb":  # before the upload: it writes the Report's JSON next to the report
+        from orchestrator.report.publish import publish
+
+        published = publish(campaign, report, dry_run=args.dry_run, run_only=not args.publish)
     where = str(report.out_dir)
     if scratch is not None:
         where = store.join(campaign.directory, "report")
@@ -107,10 +112,8 @@ def _report(args: argparse.Namespace) -> int:
     print(report.headline)
     print(f"\nreport: {where}/report.md ({len(report.figures)} figures, "
           f"{len(report.tables)} CSV tables in {where})")
-    if args.wandb or args.publish == "wandb":
-        from orchestrator.report.publish import publish
-
-        print(publish(campaign, report, dry_run=args.dry_run, run_only=not args.publish))
+    if published:
+        print(published)
     return 0
 
 

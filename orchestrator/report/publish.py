@@ -126,8 +126,8 @@ def publish(campaign: Campaign, report: Report, *, dry_run: bool = False, run_on
     online = campaign.config.wandb.mode == "online" and not dry_run
     if dry_run:
         entity, project = where_to_save(campaign, None, None, online=False)
-        wreport = build_wandb_report(campaign, report.out_dir, "<report run>", entity, project, resolve=False)
-        where = write_report_file(report.out_dir, "<report run>", report_payload(wreport), name=DRY_RUN_FILE)
+        wreport = build_wandb_report(campaign, report.out_dir, "REPORT-RUN-ID", entity, project, resolve=False)
+        where = write_report_file(report.out_dir, "REPORT-RUN-ID", report_payload(wreport), name=DRY_RUN_FILE)
         return f"{describe_report(wreport)}\ndry run: W&B Report JSON written to {where} (nothing sent to W&B)"
     run_id, run_dir = log_report(campaign, report)
     lines = [f"W&B report run: {run_dir}"]

@@ -245,3 +245,26 @@ def test_a_categorical_sweep_gets_bars_per_value(tmp_path):
     assert all(isinstance(p, wr.ScatterPlot) for p in sections["Sweep: learner.optim.lr"])
     (parallel,) = sections["Sweep: all keys"]
     assert dash.panel_keys(parallel)[:2] == ["config:credit.advantage_mode", "config:learner.optim.lr"]
+
+
+def test_report_publish_dry_run_writes_the_wandb_report_and_logs_nothing(tmp_path, capsys):
+    import yaml
+
+    from tests.unit.test_report_build import write_campaign
+
+    store_dir = tmp_path / "store"
+    write_campaign(store_dir / "syn", effects={"C1": 0.0, "C2": 0.03}, seeds=range(3))
+    f = tmp_path / "syn.yaml"
+    f.write_text(yaml.safe_dump({"name": "syn", "seeds": [0, 1, 2], "conditions": {"C1": {}, "C2": {}},
+                                 "storage": str(store_dir)}))
+    assert main(["report", str(f), "--publish", "wandb", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "W&B Report 'syn: statistical report'" in out and "nothing sent to W&B" in out
+    report_dir = store_dir / "syn" / "report"
+    written = json.loads((report_dir / "wandb_report.dry-run.json").read_text())
+    panels = [p for b in written["report"]["spec"]["blocks"]
+              for p in b.get("metadata", {}).get("panelBankSectionConfig", {}).get("panels", [])]
+    figures = sorted(p.stem for p in report_dir.glob("*.png"))
+    assert sorted(k.removeprefix("figures/") for p in panels if p["viewType"] == "Media Browser"
+                  for k in p["config"]["mediaKeys"]) == figures
+    assert not (report_dir / "wandb_report.json").exists() and not (store_dir / "syn" / "wandb").exists()
