@@ -330,4 +330,4 @@ def save_at_start(campaign: Campaign) -> None:
         print(dashboard(campaign, with_report=False).splitlines()[-1], flush=True)
     except Exception as exc:  # the campaign runs on without its view
         print(f"warning: W&B workspace not saved ({type(exc).__name__}: {str(exc)[:200]}); save it later with "
-              "python -m orchestrator dashboard CAMPAIGN", flush=True)
+              f"python -m orchestrator dashboard {campaign.source}", flush=True)
