@@ -136,7 +136,8 @@ def build_report(campaign_dir: Path | str, *, metric: str | None = None, step: i
     for name in CSV_FILES:
         tables[name].to_csv(out_dir / f"{name}.csv", index=False)
 
-    extra_tables, extra_md, extra_figs = extra_sections(groups, base, metric, out_dir, figures)
+    extra_tables, extra_md, extra_figs = extra_sections(groups, base, metric, out_dir, figures, step=k,
+                                                        interpolate=interpolate)
     tables.update(extra_tables)
 
     written: list[Path] = []
