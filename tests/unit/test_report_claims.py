@@ -86,8 +86,9 @@ def test_mark_follows_the_holm_adjusted_p_within_the_measure_family(tmp_path):
     curves |= {(c, s): np.full(3, base[s] + d[s]) for c, d in diffs.items() for s in range(5)}
     rep = build_report(write_runs(tmp_path / "c", curves), windows=[], figures=False)
     d = rep.tables["deltas"]
-    assert set(d.measure) == {"step 2"} and (d.family == "step 2").all() and (d.family_size == 4).all()
     row = _row(d, group="C2")
+    assert row.mark == ""  # raw p < 0.05, Holm-adjusted above: no mark
+    assert set(d.measure) == {"step 2"} and (d.family == "step 2").all() and (d.family_size == 4).all()
     assert row.p_value == pytest.approx(p["C2"]) and row.ci_excludes_zero  # the raw CI excludes zero ...
     want = dict(zip(p, multipletests(list(p.values()), method="holm")[1], strict=True))
     for c in diffs:
@@ -111,7 +112,8 @@ def test_zero_variance_differences_are_reported_as_such_and_never_marked(tmp_pat
     curves |= {("C3", s): np.full(4, base[s] + 0.01 * s) for s in range(4)}
     rep = build_report(write_runs(tmp_path / "c", curves), windows=[], figures=False)
     row = _row(rep.tables["deltas"], group="C2")
-    assert row.zero_variance and row.mark == "" and not row.ci_excludes_zero
+    assert row.mark == "" and not row.ci_excludes_zero
+    assert row.zero_variance
     assert math.isnan(row.p_value) and math.isnan(row.ci_low) and math.isnan(row.p_holm)
     assert row.delta == pytest.approx(0.05) and row.note.startswith("zero variance")
     assert row.family_size == 2  # counted in the family (as p = 1), so C3's adjustment is not smaller
@@ -190,7 +192,7 @@ def test_auc_windows_follow_the_eval_cadence_and_dropped_runs_are_listed(tmp_pat
     curves[("C1", 2)] = curves[("C1", 2)][:3]  # stopped after step 8
     camp = write_runs(tmp_path / "c", curves, metric="eval/pass@1", steps=13, eval_every=4)
     rep = build_report(camp, figures=False)
-    assert rep.windows == [(0, 8), (0, 12)]
+    assert set(rep.tables["auc"].window) == {"0-8", "0-12"} and rep.windows == [(0, 8), (0, 12)]
     dropped = rep.tables["auc_dropped"].set_index(["trial", "window"]).reason
     assert "interior step 4" in dropped[("C2_s1", "0-8")] and "interior step 4" in dropped[("C2_s1", "0-12")]
     assert dropped[("C1_s2", "0-12")].startswith("no value at step 12")
