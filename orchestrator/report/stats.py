@@ -332,6 +332,11 @@ def paired_t_power(n: float, effect_size: float, alpha: float = 0.05) -> float:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pw = float(_POWER.power(effect_size=abs(effect_size), nobs=n, alpha=alpha, alternative="two-sided"))
+        if not math.isfinite(pw):  # statsmodels gives NaN where the far tail underflows (large d, few pairs)
+            df, nc = n - 1.0, abs(effect_size) * math.sqrt(n)
+            tc = float(sps.t.isf(alpha / 2.0, df))
+            far = float(sps.nct.cdf(-tc, df, nc))
+            pw = float(sps.nct.sf(tc, df, nc)) + (far if math.isfinite(far) else 0.0)
     return min(1.0, pw) if math.isfinite(pw) else 1.0
 
 

@@ -266,6 +266,18 @@ def test_minimum_detectable_effect_equals_statsmodels(n):
     assert seeds_for_power(mde * 1.0001, sd) == n
 
 
+def test_power_where_statsmodels_underflows_is_the_noncentral_t_tail():
+    # statsmodels' TTestPower returns NaN here (the far tail underflows); the power is not 1 but ~85%, matching
+    # the MDE at the same n and alpha
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert math.isnan(TTestPower().power(effect_size=4.65, nobs=4, alpha=0.00625, alternative="two-sided"))
+    tc = sps.t.isf(0.00625 / 2, 3)
+    assert paired_t_power(4, 4.65, 0.00625) == pytest.approx(sps.nct.sf(tc, 3, 4.65 * 2), rel=1e-9)
+    assert 0.8 < paired_t_power(4, 4.65, 0.00625) < 0.9
+    assert paired_t_power(4, minimum_detectable_effect(4, 1.0, 0.00625), 0.00625) == pytest.approx(0.8, abs=1e-6)
+
+
 def test_power_edge_cases_and_generations():
     assert seeds_for_power(0.0, 0.01) == math.inf
     assert seeds_for_power(0.01, 0.0) == 2
