@@ -29,11 +29,11 @@ from orchestrator.report.tables import (
     _choose_step,
     _comparisons,
     _default_metric,
-    default_windows,
     _mechanistic,
     _sepa_tables,
     _step_table,
     _window_label,
+    default_windows,
 )
 
 __all__ = ["CSV_FILES", "Report", "TrialIssue", "build_report"]

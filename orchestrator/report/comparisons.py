@@ -109,7 +109,7 @@ def factorial_specs(groups: Sequence[_Group]) -> list[Spec]:
         for f, (name, _) in enumerate(FACTORS):
             levels, others = (advs, trans) if f == 0 else (trans, advs)
 
-            def cell(level, o, f=f):
+            def cell(level, o, f=f, cells=cells):
                 return cells[(level, o) if f == 0 else (o, level)].label
 
             w = 1.0 / len(others)

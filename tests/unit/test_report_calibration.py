@@ -15,9 +15,8 @@ import math
 import numpy as np
 import pytest
 from scipy import stats as sps
-from statsmodels.stats.power import TTestPower
-
 from scipy.integrate import trapezoid
+from statsmodels.stats.power import TTestPower
 
 from orchestrator.report import stats
 from orchestrator.report.comparisons import all_specs, baseline_specs, family_marks

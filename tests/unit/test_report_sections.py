@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from orchestrator.report import build_report
-from workers.credit import shannon_entropy
 from orchestrator.report.decomposition import pooled
+from workers.credit import shannon_entropy
 from workers.credit.decomposition import decomposition_metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
