@@ -261,8 +261,8 @@ class PairedComparison:
         return ""
 
 
-def _zero_variance(d: np.ndarray) -> bool:
-    """Differences equal up to rounding (e.g. 0.3-0.2 vs 0.2-0.1): the t statistic is undefined."""
+def is_constant(d: np.ndarray) -> bool:
+    """All values equal up to rounding (differences 0.3-0.2 vs 0.2-0.1): a t statistic is undefined."""
     return bool(np.ptp(d) <= 1e3 * np.finfo(float).eps * max(float(np.max(np.abs(d))), np.finfo(float).tiny))
 
 
@@ -287,7 +287,7 @@ def paired_comparison(base: Sequence[float] | np.ndarray, other: Sequence[float]
     sd = float(np.std(d, ddof=1)) if n >= 2 else math.nan
     if n < MIN_PAIRS:
         return PairedComparison(n, delta, math.nan, math.nan, math.nan, sd)
-    if _zero_variance(d):
+    if is_constant(d):
         return PairedComparison(n, delta, math.nan, math.nan, math.nan, 0.0, zero_variance=True)
     keep = np.isfinite(np.asarray(base, float).ravel()) & np.isfinite(np.asarray(other, float).ravel())
     res = sps.ttest_rel(np.asarray(other, float).ravel()[keep], np.asarray(base, float).ravel()[keep])

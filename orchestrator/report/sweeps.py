@@ -132,7 +132,7 @@ def _trend(xs: np.ndarray, per_value: list[dict[int, float]]) -> dict:
     row["slope_mean"] = float(np.mean(slopes))
     if len(seeds) < stats.MIN_PAIRS:
         row["note"] = f"too few seeds ({len(seeds)}; {stats.MIN_PAIRS} needed for a test)"
-    elif np.ptp(slopes) <= 1e3 * np.finfo(float).eps * max(float(np.max(np.abs(slopes))), np.finfo(float).tiny):
+    elif stats.is_constant(slopes):
         row["note"] = "zero variance: every seed has the same slope; no test"
     else:
         res = sps.ttest_1samp(slopes, 0.0)
@@ -264,6 +264,8 @@ def figure(table: pd.DataFrame, path: Path | str, metric: str) -> Path | None:
                 ax.errorbar(pos, mean, yerr=err, marker="o", capsize=3, label=series)
             if not numeric:
                 ax.set_xticks(range(len(xs)), xs, rotation=30)
+            elif (pos_x := part.x_value[part.x_value > 0]).size and pos_x.max() >= 100 * pos_x.min():
+                ax.set_xscale("symlog", linthresh=float(pos_x.min()))  # values over decades (0, 1e-3, 1e-2, ...)
             ax.set_xlabel(panel)
             ax.set_ylabel(f"{metric} ({label})")
             if stats.metric_bounds(metric):
