@@ -59,7 +59,9 @@ class ReportSettings(BaseModel):
     def contrast_pairs(self, conditions: list[str], source: str = "report") -> list[tuple[str, str]]:
         """`(A, B)` for each "A-B" contrast; condition names may hold '-', so the split must leave two known
         conditions. Raises UserError naming `<source>: report.contrasts[i]` otherwise."""
-        from orchestrator.report.comparisons import parse_contrast
+        if not self.contrasts:
+            return []
+        from orchestrator.report.comparisons import parse_contrast  # the report's parser (imports pandas)
 
         out = []
         for i, text in enumerate(self.contrasts):

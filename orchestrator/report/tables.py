@@ -88,11 +88,6 @@ def _choose_step(runs: Sequence[_Run], metric: str, step: int | None) -> int | N
     return max(counts, key=lambda s: (counts[s], s))
 
 
-def too_few_note(n: int, needed: int, what: str = "seeds") -> str:
-    """"too few seeds (2 pairs; 3 needed for a CI)" below `needed`, else ""."""
-    return f"too few seeds ({n} {what}; {needed} needed for a CI)" if n < needed else ""
-
-
 def _sd(x: np.ndarray) -> float:
     return float(np.std(x, ddof=1)) if x.size >= 2 else math.nan
 
@@ -193,13 +188,14 @@ def _auc_tables(groups: Sequence[_Group], metric: str, windows: Sequence[tuple[i
 def _power_row(spec: Spec, cmp: stats.PairedComparison, name: str, steps_used: int, gps: float,
                effect: float | None, alpha: float) -> dict:
     """Power for the effect of interest (never the observed effect) at the family's Bonferroni level `alpha`
-    (Holm's first step), from the observed sd of paired differences; nothing below `MIN_PAIRS` pairs."""
-    ok = cmp.n >= MIN_PAIRS and math.isfinite(cmp.sd_diff)
+    (Holm's first step), from the observed sd of paired differences; nothing below `MIN_PAIRS` pairs or at zero
+    variance."""
+    ok = cmp.n >= MIN_PAIRS and math.isfinite(cmp.sd_diff) and not cmp.zero_variance
     eff = float(effect) if effect is not None else math.nan
     dz = eff / cmp.sd_diff if ok and cmp.sd_diff > 0 else math.nan
     n_arm = stats.seeds_for_power(eff, cmp.sd_diff, alpha, POWER_TARGET) if ok and effect is not None else math.nan
     n_arm = max(n_arm, MIN_PAIRS) if math.isfinite(n_arm) else n_arm  # the report claims nothing below
-    note = cmp.note if cmp.too_few else ("" if effect is not None else
+    note = cmp.note or ("" if effect is not None else
                                          "no effect of interest (report.effect_of_interest or --effect)")
     return {"kind": spec.kind, "group": spec.label, "baseline": spec.base_label, "measure": name,
             "n_pairs": cmp.n, "effect_of_interest": eff, "sd_diff": cmp.sd_diff, "effect_size_dz": dz,
