@@ -234,6 +234,19 @@ def test_holm_equals_statsmodels(seed):
     np.testing.assert_allclose(holm(p), want, rtol=1e-12)
 
 
+@settings(max_examples=15, deadline=None)  # statsmodels' Holm runs gc.collect() per call: keep the calls few
+@given(st.lists(st.lists(st.one_of(st.floats(0, 1), st.just(math.nan)), min_size=4, max_size=4), min_size=1,
+                max_size=3))
+def test_holm_along_rows_equals_statsmodels_per_row(rows):
+    p = np.array(rows)
+    got = holm(p)
+    for row, adj in zip(p, got, strict=True):
+        ok = np.isfinite(row)
+        assert np.all(np.isnan(adj[~ok]))
+        if ok.any():
+            np.testing.assert_allclose(adj[ok], multipletests(row[ok], method="holm")[1], rtol=1e-12)
+
+
 def test_holm_skips_nan():
     got = holm([0.01, np.nan, 0.04, 0.03])
     assert math.isnan(got[1])
