@@ -7,13 +7,15 @@ Conventions used throughout:
 - Non-finite samples (NaN, inf) are dropped before any computation; a paired sample is dropped when either of
   its two values is non-finite.
 - Paired differences are always `other - base` (`b - a`), so a positive delta means `other` is higher.
-- Intervals that support a claim (a group's CI, a delta's CI and its `*`) are t intervals and need at least
+- Intervals that support a claim (a group's CI, a delta's CI) are t intervals and need at least
   `MIN_SEEDS` seeds / `MIN_PAIRS` pairs; below that they are NaN ("too few seeds"). A bootstrap CI cannot
   reach its nominal coverage at a handful of seeds (the resampled mean never leaves [min, max] of the sample:
   at 4 seeds that caps coverage at 87.5%; over 400 synthetic no-effect campaigns, BCa and percentile intervals
   excluded zero in 19-22% of them at 4 seeds and 10-12% at 8), while the paired t interval excludes zero
   exactly when the paired t-test rejects, at the nominal rate (4.5-5.3% in the same campaigns; see
   tests/unit/test_report_calibration.py). The BCa bootstrap CI is still written to the CSVs for reference.
+  The report's `*` is not a single interval: it is the Holm-adjusted p within a measure's family
+  (`orchestrator.report.comparisons`).
 - Bounded metrics (rates, pass@k, success; `metric_bounds`) get intervals clipped to their range.
 - Paired differences that are all equal (zero variance) have no t statistic: no interval, no p-value, never a
   `*`; `PairedComparison.zero_variance` says so and the tables write it as a note.
