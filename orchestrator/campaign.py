@@ -33,6 +33,46 @@ class CampaignResources(ResourcesConfig):
     rollout_workers: int = Field(2, ge=1)
 
 
+class ReportSettings(BaseModel):
+    """`report:` what `python -m orchestrator report` computes for this campaign (flags override it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    effect_of_interest: float | None = Field(
+        None, gt=0, description="the smallest difference worth detecting, in the metric's units (0.05 = 5pp for a "
+                                "rate); the power table's seeds per arm and power are computed for it")
+    contrasts: list[str] = Field(default_factory=list,
+                                 description='"A-B": condition A minus condition B, paired by seed ("C4-C3")')
+    auc_windows: list[tuple[int, int]] | None = Field(
+        None, description="AUC windows [lo, hi] in steps; default from the metric's logging cadence")
+    auc_interpolate: bool = Field(False, description="bridge a missing interior step of a run's curve linearly "
+                                                     "instead of dropping the run from the window")
+
+    @field_validator("auc_windows")
+    @classmethod
+    def _windows(cls, v: list[tuple[int, int]] | None) -> list[tuple[int, int]] | None:
+        for lo, hi in v or []:
+            if not 0 <= lo < hi:
+                raise ValueError(f"window [{lo}, {hi}] needs 0 <= lo < hi")
+        return v
+
+    def contrast_pairs(self, conditions: list[str], source: str = "report") -> list[tuple[str, str]]:
+        """`(A, B)` for each "A-B" contrast; condition names may hold '-', so the split must leave two known
+        conditions. Raises UserError naming `<source>: report.contrasts[i]` otherwise."""
+        if not self.contrasts:
+            return []
+        from orchestrator.report.comparisons import parse_contrast  # the report's parser (imports pandas)
+
+        out = []
+        for i, text in enumerate(self.contrasts):
+            pair = parse_contrast(text, conditions)
+            if pair is None:
+                raise UserError(f"{source}: report.contrasts[{i}]: {text!r} must be 'A-B' with two different "
+                                f"conditions of this campaign ({', '.join(conditions)})")
+            out.append(pair)
+        return out
+
+
 class CampaignConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -48,6 +88,7 @@ class CampaignConfig(BaseModel):
     storage: str = Field("results", description="absolute path or URI; relative paths: from the campaign file")
     storage_shared: bool = Field(False, description="declare a plain path visible to every node (NFS, ...)")
     wandb: WandbConfig = WandbConfig()
+    report: ReportSettings = ReportSettings()
 
     @field_validator("name")
     @classmethod
@@ -239,6 +280,7 @@ def expand(cfg: CampaignConfig, source: str = "<campaign>", directory: str = "")
             if key in override:
                 raise UserError(f"{source}: conditions.{cond}.{key}: set by the campaign; remove it")
 
+    cfg.report.contrast_pairs(list(cfg.conditions), source)
     trials: list[ExpandedTrial] = []
     seen: dict[str, str] = {}
     for cond, override in cfg.conditions.items():

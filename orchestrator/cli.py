@@ -73,6 +73,16 @@ def _window(text: str) -> tuple[int, int]:
     return lo, hi
 
 
+def _effect(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"effect must be a number, got {text!r}") from None
+    if not (x > 0 and x < float("inf")):
+        raise argparse.ArgumentTypeError(f"effect must be a positive number in the metric's units, got {text!r}")
+    return x
+
+
 def _report(args: argparse.Namespace) -> int:
     from orchestrator import storage as store
     from orchestrator.campaign import load_campaign
@@ -93,10 +103,14 @@ def _report(args: argparse.Namespace) -> int:
     # scratch directory and uploaded to <campaign>/report/, next to the data as for a local campaign.
     scratch = tempfile.TemporaryDirectory(prefix="report-") if uri and not args.out else None
     out_dir = Path(args.out) if args.out else (Path(scratch.name) if scratch else None)
+    settings = campaign.config.report
+    windows = args.window or settings.auc_windows  # None: from the metric's logging cadence
     try:
         report = build_report(campaign.directory if uri else Path(campaign.directory), metric=args.metric,
-                              step=args.step, windows=args.window or ((0, 10), (0, 15)), baseline=args.baseline,
-                              out_dir=out_dir)
+                              step=args.step, windows=windows, baseline=args.baseline, out_dir=out_dir,
+                              effect=args.effect if args.effect is not None else settings.effect_of_interest,
+                              contrasts=settings.contrast_pairs(list(campaign.config.conditions), args.file),
+                              interpolate=args.interpolate or settings.auc_interpolate)
     except ValueError as exc:  # e.g. an unknown baseline
         raise UserError(f"{args.file}: {exc}") from None
     published = None
@@ -142,7 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--metric", help="metric to compare (default: eval/pass@1 if logged, else train/correct_rate)")
     r.add_argument("--step", type=int, help="step of the step-k table (default: latest step all trials reached)")
     r.add_argument("--window", type=_window, action="append",
-                   help="AUC window lo-hi, repeatable (default: 0-10 and 0-15)")
+                   help="AUC window lo-hi, repeatable (default: report.auc_windows, else from the eval cadence)")
+    r.add_argument("--effect", type=_effect, help="effect of interest for the power table, in the metric's units "
+                                                  "(default: report.effect_of_interest)")
+    r.add_argument("--interpolate", action="store_true",
+                   help="bridge a missing interior step in AUC windows (default: report.auc_interpolate)")
     r.add_argument("--baseline", help="condition or group the others are compared with (default: the first)")
     r.add_argument("--out", help="output directory (default: <campaign dir>/report)")
     r.add_argument("--wandb", action="store_true", help="also log tables and figures as a W&B report run")

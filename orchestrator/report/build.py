@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from orchestrator.report import figures as figs
+from orchestrator.report.comparisons import all_specs, parse_contrast
 from orchestrator.report.load import TrialIssue, _load
 from orchestrator.report.render import _render, _slug
 from orchestrator.report.sections import extra_sections
@@ -32,6 +33,7 @@ from orchestrator.report.tables import (
     _sepa_tables,
     _step_table,
     _window_label,
+    default_windows,
 )
 
 __all__ = ["CSV_FILES", "Report", "TrialIssue", "build_report"]
@@ -57,19 +59,36 @@ class Report:
     baseline: str | None  # baseline group label
     groups: list[str] = field(default_factory=list)
     skipped_windows: list[tuple[int, int]] = field(default_factory=list)
+    windows: list[tuple[int, int]] = field(default_factory=list)  # the AUC windows asked for
+
+
+def _contrast_pairs(contrasts: Sequence[str | tuple[str, str]], conditions: list[str]) -> list[tuple[str, str]]:
+    out = []
+    for c in contrasts:
+        pair = tuple(c) if not isinstance(c, str) else parse_contrast(c, conditions)
+        if pair is None or len(pair) != 2 or not set(pair) <= set(conditions):
+            raise ValueError(f"contrast {c!r} must be 'A-B' with two conditions of the campaign: "
+                             + ", ".join(conditions))
+        out.append(pair)
+    return out
 
 
 def build_report(campaign_dir: Path | str, *, metric: str | None = None, step: int | None = None,
-                 windows: Sequence[tuple[int, int]] = ((0, 10), (0, 15)), baseline: str | None = None,
-                 out_dir: Path | None = None, figures: bool = True) -> Report:
+                 windows: Sequence[tuple[int, int]] | None = None, baseline: str | None = None,
+                 out_dir: Path | None = None, figures: bool = True, effect: float | None = None,
+                 contrasts: Sequence[str | tuple[str, str]] = (), interpolate: bool = False) -> Report:
     """Read `campaign_dir` (a path, or a URI read through pyarrow.fs) and write `report.md`, the CSV tables
     and PNG figures into `out_dir` (default `<campaign_dir>/report/`; required for a URI).
 
     metric: default `eval/success` (agentic campaigns), else `eval/pass@1` when any trial logged it, else
-    `train/correct_rate`; only rows carrying the key are used. step: the step of the step-k table; default the latest step every started trial reached
-    (for an eval metric absent there, the latest eval step <= k common to all runs). windows: AUC windows
-    `(lo, hi)`; a window no run covers is skipped. baseline: a group label or a condition name (its first
-    group); default the first group of the first condition. figures: False skips the PNGs.
+    `train/correct_rate`; only rows carrying the key are used. step: the step of the step-k table; default the
+    latest step every started trial reached (for an eval metric absent there, the latest eval step <= k common
+    to all runs). windows: AUC windows `(lo, hi)` (default `tables.default_windows`, from the metric's logging
+    cadence); a window no run covers is skipped, and every run dropped from a window is listed with the reason.
+    interpolate: bridge a run's missing interior step instead of dropping it. baseline: a group label or a
+    condition name (its first group); default the first group of the first condition. effect: the effect of
+    interest in the metric's units, for the power table (none: no seeds-per-arm). contrasts: "A-B" condition
+    pairs compared beside the baseline. figures: False skips the PNGs.
     """
     if "://" in str(campaign_dir):  # a URI (s3://, gs://, any pyarrow filesystem): read in place, write locally
         if out_dir is None:
@@ -93,26 +112,32 @@ def build_report(campaign_dir: Path | str, *, metric: str | None = None, step: i
                 raise ValueError(f"baseline {baseline!r} is neither a group nor a condition; groups: "
                                  + ", ".join(g.label for g in groups))
 
+    pairs = _contrast_pairs(contrasts, list(dict.fromkeys(g.condition for g in groups)))
+    windows = [(int(lo), int(hi)) for lo, hi in (default_windows(runs, metric) if windows is None else windows)]
     step_table, step_values = _step_table(groups, metric, k)
-    auc, auc_runs, auc_values, reached, skipped = _auc_tables(groups, metric, [tuple(w) for w in windows])
+    auc, auc_runs, auc_dropped, auc_values, reached, skipped = _auc_tables(groups, metric, windows,
+                                                                           interpolate=interpolate)
     measures = []
     if k is not None:
         measures.append((f"step {k}", k + 1, step_values))
     measures += [(f"AUC {_window_label(w)}", w[1] + 1, auc_values[w]) for w in reached]
-    deltas, power = _comparisons(groups, base, measures, metric=metric) if base is not None else (
+    deltas, power = _comparisons(groups, all_specs(groups, base, pairs), measures, metric=metric,
+                                 effect=effect) if base is not None else (
         pd.DataFrame(columns=COLUMNS["deltas"]), pd.DataFrame(columns=COLUMNS["power"]))
     sepa, sepa_max, lambda_curves = _sepa_tables(groups)
     mech, token_samples, notes = _mechanistic(campaign_dir, groups)
     if any(r.started for r in runs) and not any(r.series(metric)[0].size for r in runs):
         notes.insert(0, f"metric `{metric}` was not found in any trial's metrics.jsonl")
-    tables = {"step_table": step_table, "auc": auc, "auc_runs": auc_runs, "deltas": deltas, "power": power,
+    tables = {"step_table": step_table, "auc": auc, "auc_runs": auc_runs, "auc_dropped": auc_dropped,
+              "deltas": deltas, "power": power,
               "sepa_lambda": sepa, "sepa_lambda_max": sepa_max, "mechanistic": mech}
 
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in CSV_FILES:
         tables[name].to_csv(out_dir / f"{name}.csv", index=False)
 
-    extra_tables, extra_md, extra_figs = extra_sections(groups, base, metric, out_dir, figures)
+    extra_tables, extra_md, extra_figs = extra_sections(groups, base, metric, out_dir, figures, step=k,
+                                                        interpolate=interpolate)
     tables.update(extra_tables)
 
     written: list[Path] = []
@@ -136,9 +161,10 @@ def build_report(campaign_dir: Path | str, *, metric: str | None = None, step: i
                 out_dir / f"uncertainty_hist_{_slug(label)}.png", kind=kind, title=f"{label}: {kind}"))
 
     markdown, headline = _render(meta, metric, k, base, tables, issues, reached, skipped, written, out_dir,
-                                 notes, len(runs), sum(r.started for r in runs), extra=extra_md)
+                                 notes, len(runs), sum(r.started for r in runs), extra=extra_md,
+                                 effect=effect, interpolate=interpolate)
     written += extra_figs
     (out_dir / "report.md").write_text(markdown)
     return Report(markdown=markdown, headline=headline, tables=tables, figures=written, missing=issues,
                   out_dir=out_dir, metric=metric, step=k, baseline=base.label if base else None,
-                  groups=[g.label for g in groups], skipped_windows=skipped)
+                  groups=[g.label for g in groups], skipped_windows=skipped, windows=windows)

@@ -133,6 +133,19 @@ class _Run:
     def last_step(self) -> int | None:
         return int(self.data["step"][-1]) if self.started else None
 
+    def planned_steps(self, key: str) -> np.ndarray | None:
+        """The steps the trial's config logs `key` at: `eval/*` at 0, every, 2*every, ... and the last step (as
+        `orchestrator.trial` evaluates), any other key at every step; None when the config does not say."""
+        steps = self.config.get("steps")
+        if not isinstance(steps, int) or steps < 1:
+            return None
+        if not key.startswith("eval/"):
+            return np.arange(steps, dtype=float)
+        every = (self.config.get("eval") or {}).get("every")
+        if not isinstance(every, int):
+            return None
+        return np.union1d(np.arange(0, steps, every), [steps - 1]).astype(float) if every else np.zeros(0)
+
     @property
     def generations_per_step(self) -> float:
         try:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from orchestrator.report import stats
 from orchestrator.report.load import TrialIssue, _Group
 from orchestrator.report.tables import ALPHA, CSV_FILES, MIN_PAIRS, MIN_SEEDS, POWER_TARGET, _window_label
 
@@ -20,21 +21,23 @@ def _slug(text: str) -> str:
 
 
 class _Fmt:
-    """Value formatting: metrics that are rates (all values in [0, 1]) print as percentages / pp."""
+    """Value formatting by the metric's kind (`stats.metric_kind`, from its name, never its values): a rate
+    prints as a percentage and its differences in pp; nats and losses print as numbers with their unit."""
 
-    def __init__(self, values: np.ndarray):
-        v = values[np.isfinite(values)]
-        self.pct = bool(v.size) and bool(np.all((v >= 0.0) & (v <= 1.0)))
+    def __init__(self, metric: str):
+        self.kind = stats.metric_kind(metric)
+        self.pct = self.kind == "rate"
+        self.unit = " nats" if self.kind == "nats" else ""
 
     def value(self, x: float) -> str:
         if not math.isfinite(x):
             return "n/a"
-        return f"{100 * x:.1f}%" if self.pct else f"{x:.4g}"
+        return f"{100 * x:.1f}%" if self.pct else f"{x:.4g}{self.unit}"
 
     def delta(self, x: float) -> str:
         if not math.isfinite(x):
             return "n/a"
-        return f"{100 * x:+.2f}pp" if self.pct else f"{x:+.4g}"
+        return f"{100 * x:+.2f}pp" if self.pct else f"{x:+.4g}{self.unit}"
 
     def interval(self, lo: float, hi: float) -> str:
         if not (math.isfinite(lo) and math.isfinite(hi)):
@@ -105,24 +108,60 @@ def _summary_rows(tables: dict[str, pd.DataFrame], fmt: _Fmt, windows: list[tupl
             ci = fmt.interval(r.ci_low, r.ci_high) if r.n_seeds >= MIN_SEEDS else "too few seeds"
             cells.append(f"{fmt.value(r['mean'])} {ci} (n={r.n_seeds})")
         auc_rows.append(cells)
-    delta_rows = [[r.group, r.measure, str(r.n_pairs), fmt.delta(r.delta),
-                   "too few seeds" if r.n_pairs < MIN_PAIRS else
-                   fmt.delta_interval(r.ci_low, r.ci_high) + (" *" if r.ci_excludes_zero else ""),
-                   _pval(r.p_value), _pval(r.p_holm)] for _, r in tables["deltas"].iterrows()]
+    delta_rows = [[r.group, r.baseline, r.measure, str(r.n_pairs), fmt.delta(r.delta),
+                   "too few seeds" if r.n_pairs < MIN_PAIRS else "zero variance" if r.zero_variance else
+                   fmt.delta_interval(r.ci_low, r.ci_high), _pval(r.p_value), _pval(r.p_holm), r.mark]
+                  for _, r in tables["deltas"].iterrows()]
     return step_rows, (auc_headers, auc_rows), delta_rows
 
 
 STEP_HEADERS = ["Group", "Seeds", "Mean", "Std"]
-DELTA_HEADERS = ["Group", "Measure", "Pairs", "Delta", "95% CI", "p", "p (Holm)"]
+DELTA_HEADERS = ["Comparison", "Against", "Measure", "Pairs", "Delta", "95% CI", "p", "p (Holm)", "*"]
+
+
+def _deltas_section(deltas: pd.DataFrame, baseline: _Group | None, rows: list[list[str]]) -> list[str]:
+    sizes = ", ".join(f"{f}: {int(n)}" for f, n in deltas.groupby("family", sort=False)["family_size"].first().items())
+    md = ["", f"## Paired deltas (baseline `{baseline.label if baseline else 'n/a'}`, contrasts, main effects)", "",
+          "Paired by seed (only seeds every group of the comparison has); delta = comparison - against. "
+          "95% CI: the paired t interval of this one comparison. p: paired t-test (scipy ttest_rel). "
+          f"**`*`: Holm-adjusted p < {ALPHA} within the measure's family** (the family is every comparison of one "
+          f"measure in this table; tests per family: {sizes or 'none'}), so a CI can exclude zero without a `*`. "
+          f"Below {MIN_PAIRS} pairs no CI, p or `*` (too few seeds); paired differences that are all equal (zero "
+          "variance) have no test and never a `*` (they count in their family as p = 1). Main effects: a level "
+          "against the reference level, averaged over the other factor's levels, per seed.", ""]
+    md += [_md_table(DELTA_HEADERS, rows)] if rows else ["No comparison (a single group)."]
+    notes = [f"- {r.group} vs {r.baseline}, {r.measure}: {r.note}" for _, r in deltas.iterrows()
+             if r.zero_variance]
+    return md + (["", *notes] if notes else [])
+
+
+def _power_section(power: pd.DataFrame, fmt: _Fmt, effect: float | None) -> list[str]:
+    md = ["", "## Power analysis", ""]
+    if effect is None:
+        return md + ["No effect of interest given (`report: {effect_of_interest: X}` in the campaign or "
+                     "`report --effect X`, in the metric's units): the report does not size seeds from the observed "
+                     "effect (post-hoc power says nothing the p-value does not). The minimum detectable effect at the "
+                     "current seeds is in `power.csv`."]
+    rows = [[r.group, r.measure, str(r.n_pairs), fmt.delta(r.sd_diff).lstrip("+"), _num(r.alpha, 2),
+             "n/a" if not math.isfinite(r.power_now) else f"{r.power_now:.0%}", _num(r.seeds_per_arm),
+             _num(r.generations_per_arm), fmt.delta(r.mde_at_current_seeds).lstrip("+")]
+            for _, r in power.iterrows()]
+    md += [f"For the effect of interest {fmt.delta(effect).lstrip('+')} (never the observed effect): paired "
+           f"two-sided t-test at the family's Bonferroni level alpha = {ALPHA} / tests in the measure's family "
+           f"(Holm's first step; statsmodels TTestPower), from the observed sd of paired differences (none below "
+           f"{MIN_PAIRS} pairs). Power now: at the current pairs; seeds/arm: for power {POWER_TARGET:.0%}; "
+           "generations per arm = seeds x steps (step + 1 for a step value, hi + 1 for an AUC window) x problems x "
+           "rollouts per step; MDE: the smallest effect the current pairs detect with that power.", ""]
+    return md + ([_md_table(["Comparison", "Measure", "Pairs", "SD diff", "Alpha", "Power now", "Seeds/arm",
+                             "Generations/arm", "MDE now"], rows)] if rows else ["No comparison."])
 
 
 def _render(meta: dict, metric: str, k: int | None, baseline: _Group | None, tables: dict[str, pd.DataFrame],
             issues: list[TrialIssue], windows: list[tuple[int, int]], skipped: list[tuple[int, int]],
             figures: list[Path], out_dir: Path, notes: list[str], n_trials: int,
-            n_started: int, extra: Sequence[str] = ()) -> tuple[str, str]:
-    metric_values = np.concatenate([tables["step_table"]["mean"].to_numpy(float),
-                                    tables["auc"]["mean"].to_numpy(float)])
-    fmt = _Fmt(metric_values)
+            n_started: int, extra: Sequence[str] = (), effect: float | None = None,
+            interpolate: bool = False) -> tuple[str, str]:
+    fmt = _Fmt(metric)
     step_rows, (auc_headers, auc_rows), delta_rows = _summary_rows(tables, fmt, windows)
     name = meta.get("name", "campaign")
     where = f"step {k}" if k is not None else "no step (no trial has data yet)"
@@ -144,22 +183,16 @@ def _render(meta: dict, metric: str, k: int | None, baseline: _Group | None, tab
     if skipped:
         md += ["", "Skipped windows (no run reaches both ends): "
                + ", ".join(f"steps {lo}-{hi}" for lo, hi in skipped) + "."]
-    md += ["", f"## Paired deltas against the baseline `{baseline.label if baseline else 'n/a'}`", "",
-           "Paired by seed (only seeds both groups have). 95% CI: the paired t interval, which excludes zero "
-           "exactly when the paired t-test's p < 0.05; `*`: it does. p: paired t-test; Holm-adjusted over all "
-           f"comparisons in this table. Below {MIN_PAIRS} pairs no CI, p or `*` is claimed (too few seeds); the "
-           "power analysis still says how many seeds the observed effect would need.", ""]
-    md += [_md_table(DELTA_HEADERS, delta_rows)] if delta_rows else ["No comparison (a single group)."]
-    power_rows = [[r.group, r.measure, str(r.n_pairs), fmt.delta(r.effect), fmt.delta(r.sd_diff).lstrip("+"),
-                   _num(r.seeds_per_arm), _num(r.generations_per_arm), _num(r.current_generations_per_arm),
-                   fmt.delta(r.mde_at_current_seeds).lstrip("+")] for _, r in tables["power"].iterrows()]
-    md += ["", "## Power analysis", "",
-           f"Paired two-sided t-test, alpha {ALPHA}, power {POWER_TARGET:.0%} (statsmodels TTestPower). Seeds per "
-           "arm for the observed effect and sd of paired differences; generations per arm = seeds x steps "
-           "(step + 1 for a step value, hi + 1 for an AUC window) x problems x rollouts per step; MDE: the "
-           "minimum detectable effect at the current number of pairs.", ""]
-    md += [_md_table(["Group", "Measure", "Pairs", "Effect", "SD diff", "Seeds/arm", "Generations/arm",
-                      "Current generations/arm", "MDE now"], power_rows)] if power_rows else ["No comparison."]
+    md += ["", "A run needs a value at both ends of a window and at every step it logs the metric at inside it; "
+           + ("a missing interior step is bridged linearly (report.auc_interpolate)." if interpolate else
+              "a run missing an interior step is dropped (set report.auc_interpolate to bridge it).")]
+    dropped = tables["auc_dropped"]
+    dropped = dropped[[(lo, hi) in set(windows) for lo, hi in zip(dropped.lo, dropped.hi, strict=True)]]
+    if len(dropped):
+        md += ["", "Runs dropped from a window (`auc_dropped.csv`):", ""]
+        md += [f"- `{r.trial}`, steps {r.window}: {r.reason}" for _, r in dropped.iterrows()]
+    md += _deltas_section(tables["deltas"], baseline, delta_rows)
+    md += _power_section(tables["power"], fmt, effect)
     md += ["", "## SEPA", ""]
     lam = tables["sepa_lambda_max"]
     if len(lam):

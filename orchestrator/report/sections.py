@@ -20,14 +20,17 @@ TRAIN_METRIC = "train/correct_rate"
 
 
 def extra_sections(groups: Sequence[_Group], base: _Group | None, metric: str, out_dir: Path,
-                   figures: bool = True) -> tuple[dict[str, pd.DataFrame], list[str], list[Path]]:
-    """(tables by CSV stem, markdown lines, PNGs written)."""
+                   figures: bool = True, *, step: int | None = None,
+                   interpolate: bool = False) -> tuple[dict[str, pd.DataFrame], list[str], list[Path]]:
+    """(tables by CSV stem, markdown lines, PNGs written). `step`: the report's step k (the sweeps' "final");
+    `interpolate`: AUCs bridge a missing interior step."""
     metrics = [metric] + ([TRAIN_METRIC] if metric != TRAIN_METRIC else [])
     distance = trajectories.distance_table(groups, base, metrics)
     steps, summary = decomposition.decomposition_tables(groups)
     tables = {"trajectory_distance": distance, "decomposition_steps": steps, "decomposition": summary}
     if sweeps.applies(groups):
-        tables["sweeps"] = sweeps.sweep_table(groups, metric)
+        tables["sweeps"] = sweeps.sweep_table(groups, metric, step, interpolate)
+        tables["sweep_trend"], tables["sweep_deltas"] = sweeps.trend_tables(groups, metric, step, interpolate)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, df in tables.items():
         df.to_csv(out_dir / f"{name}.csv", index=False)
@@ -40,7 +43,7 @@ def extra_sections(groups: Sequence[_Group], base: _Group | None, metric: str, o
                 written.append(path)
     md = trajectories.markdown(distance, groups, base, metrics) + decomposition.markdown(summary)
     if "sweeps" in tables:
-        md += sweeps.markdown(tables["sweeps"], metric)
+        md += sweeps.markdown(tables["sweeps"], tables["sweep_trend"], tables["sweep_deltas"], metric)
     if written:
         md += ["", *[f"![{p.stem}]({p.name})" for p in written]]
     md += ["", "Tables: " + ", ".join(f"`{t}.csv`" for t in tables) + "."]

@@ -1,5 +1,6 @@
-"""The report's tables, computed from the loaded runs: the step-k table, the AUC tables, the paired comparisons
-against the baseline with their power analysis, the SEPA lambda tables and the mechanistic diagnostic; also the
+"""The report's tables, computed from the loaded runs: the step-k table, the AUC tables (with every run dropped
+from a window and why), the paired comparisons (baseline, contrasts, main effects; `comparisons`) with their
+power analysis for the effect of interest, the SEPA lambda tables and the mechanistic diagnostic; also the
 metric keys, statistics settings and CSV columns they use.
 """
 
@@ -14,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.report import stats
+from orchestrator.report.comparisons import Spec, mark_families
 from orchestrator.report.load import _Group, _load_tokens, _Run
 
 TRAIN_METRIC, EVAL_METRIC, ENV_METRIC = "train/correct_rate", "eval/pass@1", "eval/success"
@@ -29,17 +31,20 @@ COLUMNS: dict[str, list[str]] = {
     "auc": ["group", "condition", "sweep", "metric", "window", "lo", "hi", "n_seeds", "mean", "ci_low",
             "ci_high", "std", "ci_boot_low", "ci_boot_high"],
     "auc_runs": ["trial", "group", "seed", "window", "lo", "hi", "auc"],
-    "deltas": ["group", "baseline", "measure", "n_pairs", "seeds", "delta", "ci_low", "ci_high",
-               "ci_excludes_zero", "mark", "p_value", "p_holm", "note", "ci_boot_low", "ci_boot_high"],
-    "power": ["group", "baseline", "measure", "n_pairs", "effect", "sd_diff", "effect_size_dz", "alpha",
-              "power", "seeds_per_arm", "steps", "generations_per_step", "generations_per_arm",
-              "current_generations_per_arm", "mde_at_current_seeds"],
+    "auc_dropped": ["trial", "group", "seed", "window", "lo", "hi", "reason"],
+    "deltas": ["kind", "group", "baseline", "measure", "family", "family_size", "n_pairs", "seeds", "delta",
+               "ci_low", "ci_high", "ci_excludes_zero", "zero_variance", "mark", "p_value", "p_holm", "note",
+               "ci_boot_low", "ci_boot_high"],
+    "power": ["kind", "group", "baseline", "measure", "n_pairs", "effect_of_interest", "sd_diff", "effect_size_dz",
+              "alpha", "power_target", "power_now", "seeds_per_arm", "steps", "generations_per_step",
+              "generations_per_arm", "current_generations_per_arm", "mde_at_current_seeds", "note"],
     "sepa_lambda": ["group", "step", "n_runs", "lambda_mean", "lambda_min", "lambda_max"],
     "sepa_lambda_max": ["group", "n_runs", "max_lambda", "at_step", "last_step"],
     "mechanistic": ["group", "source", "kind", "token_class", "n", "mean_before", "mean_after", "var_before",
                     "var_after", "variance_reduction_pct"],
 }
-CSV_FILES = ("step_table", "auc", "auc_runs", "deltas", "power", "sepa_lambda", "sepa_lambda_max", "mechanistic")
+CSV_FILES = ("step_table", "auc", "auc_runs", "auc_dropped", "deltas", "power", "sepa_lambda", "sepa_lambda_max",
+             "mechanistic")
 
 
 def _default_metric(groups: Sequence[_Group]) -> str:
@@ -83,11 +88,6 @@ def _choose_step(runs: Sequence[_Run], metric: str, step: int | None) -> int | N
     return max(counts, key=lambda s: (counts[s], s))
 
 
-def too_few_note(n: int, needed: int, what: str = "seeds") -> str:
-    """"too few seeds (2 pairs; 3 needed for a CI)" below `needed`, else ""."""
-    return f"too few seeds ({n} {what}; {needed} needed for a CI)" if n < needed else ""
-
-
 def _sd(x: np.ndarray) -> float:
     return float(np.std(x, ddof=1)) if x.size >= 2 else math.nan
 
@@ -110,23 +110,61 @@ def _window_label(w: tuple[int, int]) -> str:
     return f"{w[0]}-{w[1]}"
 
 
-def _auc_tables(groups: Sequence[_Group], metric: str, windows: Sequence[tuple[int, int]]):
-    run_rows, group_rows, per_seed, skipped, reached = [], [], {}, [], []
+def _grid(runs: Sequence[_Run], metric: str) -> np.ndarray:
+    """The steps `metric` is logged at: the union of the runs' planned steps (from their configs), else of the
+    steps any run logged it at."""
+    planned = [p for r in runs if (p := r.planned_steps(metric)) is not None]
+    if planned:
+        return np.unique(np.concatenate(planned))
+    logged = [r.series(metric)[0] for r in runs if r.started]
+    return np.unique(np.concatenate(logged)) if logged else np.zeros(0)
+
+
+def default_windows(runs: Sequence[_Run], metric: str) -> list[tuple[int, int]]:
+    """AUC windows from the metric's logging cadence: from its first step to its last planned step, and to the
+    logged step nearest two thirds of the way (an eval every 5 steps over 16 steps: 0-10 and 0-15)."""
+    grid = _grid(runs, metric)
+    if grid.size < 2:
+        return []
+    lo, hi = int(grid[0]), int(grid[-1])
+    inner = grid[(grid > lo) & (grid < hi)]
+    if not inner.size:
+        return [(lo, hi)]
+    mid = int(inner[np.argmin(np.abs(inner - (lo + 2 * (hi - lo) / 3)))])
+    return [(lo, mid), (lo, hi)]
+
+
+def _auc_tables(groups: Sequence[_Group], metric: str, windows: Sequence[tuple[int, int]], *,
+                interpolate: bool = False):
+    """Per run and window the normalized AUC, or the reason the run was dropped from the window (auc_dropped);
+    per group the mean with a t CI over seeds. A run missing a step of its planned logging grid inside the
+    window is dropped unless `interpolate`."""
+    run_rows, group_rows, dropped, per_seed, skipped, reached = [], [], [], {}, [], []
     bounds = stats.metric_bounds(metric)  # the AUC of a rate is a rate
+    fallback = _grid([r for g in groups for r in g.runs], metric)
     for w in windows:
         lo, hi = int(w[0]), int(w[1])
         values = {}
         for g in groups:
             values[g.label] = {}
             for r in g.runs:
+                where = {"trial": r.name, "group": g.label, "seed": r.seed, "window": _window_label((lo, hi)),
+                         "lo": lo, "hi": hi}
                 if not r.started:
+                    dropped.append({**where, "reason": "no data (not started or no metrics.jsonl)"})
                     continue
                 s, v = r.series(metric)
-                auc = stats.normalized_auc(s, v, (lo, hi)) if s.size else math.nan
+                if not s.size:
+                    dropped.append({**where, "reason": f"never logged {metric}"})
+                    continue
+                grid = r.planned_steps(metric)
+                auc, why = stats.window_auc(s, v, (lo, hi), grid=fallback if grid is None else grid,
+                                            interpolate=interpolate)
                 if math.isfinite(auc):
                     values[g.label][r.seed] = auc
-                    run_rows.append({"trial": r.name, "group": g.label, "seed": r.seed,
-                                     "window": _window_label((lo, hi)), "lo": lo, "hi": hi, "auc": auc})
+                    run_rows.append({**where, "auc": auc})
+                else:
+                    dropped.append({**where, "reason": why})
         if not any(values[g.label] for g in groups):
             skipped.append((lo, hi))
             continue
@@ -144,47 +182,63 @@ def _auc_tables(groups: Sequence[_Group], metric: str, windows: Sequence[tuple[i
                                "ci_low": ci[0], "ci_high": ci[1], "std": _sd(x), "ci_boot_low": boot[0],
                                "ci_boot_high": boot[1]})
     return (pd.DataFrame(group_rows, columns=COLUMNS["auc"]), pd.DataFrame(run_rows, columns=COLUMNS["auc_runs"]),
-            per_seed, reached, skipped)
+            pd.DataFrame(dropped, columns=COLUMNS["auc_dropped"]), per_seed, reached, skipped)
 
 
-def _comparisons(groups: Sequence[_Group], base: _Group, measures: list[tuple[str, int, dict]],
-                 metric: str | None = None):
-    """Deltas and power rows for every non-baseline group and measure. `measures`: (name, steps consumed to
+def _power_row(spec: Spec, cmp: stats.PairedComparison, name: str, steps_used: int, gps: float,
+               effect: float | None, alpha: float) -> dict:
+    """Power for the effect of interest (never the observed effect) at the family's Bonferroni level `alpha`
+    (Holm's first step), from the observed sd of paired differences; nothing below `MIN_PAIRS` pairs or at zero
+    variance."""
+    ok = cmp.n >= MIN_PAIRS and math.isfinite(cmp.sd_diff) and not cmp.zero_variance
+    eff = float(effect) if effect is not None else math.nan
+    dz = eff / cmp.sd_diff if ok and cmp.sd_diff > 0 else math.nan
+    n_arm = stats.seeds_for_power(eff, cmp.sd_diff, alpha, POWER_TARGET) if ok and effect is not None else math.nan
+    n_arm = max(n_arm, MIN_PAIRS) if math.isfinite(n_arm) else n_arm  # the report claims nothing below
+    note = cmp.note or ("" if effect is not None else
+                                         "no effect of interest (report.effect_of_interest or --effect)")
+    return {"kind": spec.kind, "group": spec.label, "baseline": spec.base_label, "measure": name,
+            "n_pairs": cmp.n, "effect_of_interest": eff, "sd_diff": cmp.sd_diff, "effect_size_dz": dz,
+            "alpha": alpha, "power_target": POWER_TARGET,
+            "power_now": stats.paired_t_power(cmp.n, dz, alpha) if math.isfinite(dz) else math.nan,
+            "seeds_per_arm": n_arm, "steps": steps_used, "generations_per_step": gps,
+            "generations_per_arm": stats.generations_per_arm(n_arm, steps_used, gps, 1.0),
+            "current_generations_per_arm": stats.generations_per_arm(cmp.n, steps_used, gps, 1.0),
+            "mde_at_current_seeds": stats.minimum_detectable_effect(cmp.n, cmp.sd_diff, alpha, POWER_TARGET)
+            if ok else math.nan, "note": note}
+
+
+def _comparisons(groups: Sequence[_Group], specs: Sequence[Spec], measures: list[tuple[str, int, dict]],
+                 metric: str | None = None, *, effect: float | None = None, bootstrap: bool = True):
+    """Deltas and power rows for every comparison `spec` and measure. `measures`: (name, steps consumed to
     reach the measure, {group label: {seed: value}}). `metric` (its name) clips the CIs of a bounded metric's
-    differences to [-1, 1]. Below `MIN_PAIRS` pairs a delta has no CI, p-value or mark (note: too few seeds);
-    its power row still says how many seeds the observed effect and spread would need."""
+    differences to [-1, 1]. The `*` is Holm within the measure's family (`comparisons.mark_families`). Below
+    `MIN_PAIRS` pairs, or at zero variance, a delta has no CI, p-value or mark and says why."""
     delta_rows, power_rows = [], []
     bounds = stats.delta_bounds(metric) if metric else None
-    for g in groups:
-        if g is base:
-            continue
-        gps = next((r.generations_per_step for r in g.runs if math.isfinite(r.generations_per_step)), math.nan)
+    gps_of = {g.label: next((r.generations_per_step for r in g.runs if math.isfinite(r.generations_per_step)),
+                            math.nan) for g in groups}
+    results = []
+    for spec in specs:
+        gps = gps_of.get(spec.other[0][0], math.nan)
         for name, steps_used, values in measures:
-            b, o = values.get(base.label, {}), values.get(g.label, {})
-            seeds = sorted(set(b) & set(o))
-            cmp = stats.paired_comparison([b[s] for s in seeds], [o[s] for s in seeds], confidence=CONFIDENCE,
-                                          n_resamples=N_RESAMPLES, seed=BOOT_SEED, bounds=bounds)
-            delta_rows.append({"group": g.label, "baseline": base.label, "measure": name, "n_pairs": cmp.n,
-                               "seeds": " ".join(map(str, seeds)), "delta": cmp.delta, "ci_low": cmp.ci_low,
-                               "ci_high": cmp.ci_high, "ci_excludes_zero": cmp.excludes_zero,
-                               "mark": "*" if cmp.excludes_zero else "", "p_value": cmp.p_value,
-                               "p_holm": math.nan, "note": too_few_note(cmp.n, MIN_PAIRS, "pairs"),
+            seeds, b, o = spec.paired(values)
+            cmp = stats.paired_comparison(b, o, confidence=CONFIDENCE, n_resamples=N_RESAMPLES, seed=BOOT_SEED,
+                                          bounds=bounds, bootstrap=bootstrap)
+            results.append((spec, name, steps_used, gps, cmp))
+            delta_rows.append({"kind": spec.kind, "group": spec.label, "baseline": spec.base_label, "measure": name,
+                               "n_pairs": cmp.n, "seeds": " ".join(map(str, seeds)), "delta": cmp.delta,
+                               "ci_low": cmp.ci_low, "ci_high": cmp.ci_high, "ci_excludes_zero": cmp.excludes_zero,
+                               "zero_variance": cmp.zero_variance, "p_value": cmp.p_value, "note": cmp.note,
                                "ci_boot_low": cmp.boot_low, "ci_boot_high": cmp.boot_high})
-            n_arm = stats.seeds_for_power(cmp.delta, cmp.sd_diff, ALPHA, POWER_TARGET) if cmp.n >= 2 else math.nan
-            n_arm = max(n_arm, MIN_PAIRS) if math.isfinite(n_arm) else n_arm  # the report claims nothing below
-            dz = abs(cmp.delta) / cmp.sd_diff if cmp.n >= 2 and cmp.sd_diff > 0 else math.nan
-            power_rows.append({
-                "group": g.label, "baseline": base.label, "measure": name, "n_pairs": cmp.n,
-                "effect": cmp.delta, "sd_diff": cmp.sd_diff, "effect_size_dz": dz, "alpha": ALPHA,
-                "power": POWER_TARGET, "seeds_per_arm": n_arm, "steps": steps_used, "generations_per_step": gps,
-                "generations_per_arm": stats.generations_per_arm(n_arm, steps_used, gps, 1.0),
-                "current_generations_per_arm": stats.generations_per_arm(cmp.n, steps_used, gps, 1.0),
-                "mde_at_current_seeds": stats.minimum_detectable_effect(cmp.n, cmp.sd_diff, ALPHA, POWER_TARGET)
-                if cmp.n >= 2 else math.nan,
-            })
-    deltas = pd.DataFrame(delta_rows, columns=COLUMNS["deltas"])
-    if len(deltas):
-        deltas["p_holm"] = stats.holm(deltas["p_value"].to_numpy(dtype=float))
+    deltas = pd.DataFrame(delta_rows, columns=[c for c in COLUMNS["deltas"]
+                                               if c not in ("family", "family_size", "mark", "p_holm")])
+    deltas = mark_families(deltas, ALPHA)[COLUMNS["deltas"]] if len(deltas) else pd.DataFrame(
+        columns=COLUMNS["deltas"])
+    size = dict(zip(deltas["family"], deltas["family_size"], strict=False)) if len(deltas) else {}
+    for spec, name, steps_used, gps, cmp in results:
+        alpha = ALPHA / max(1, int(size.get(name, 1)))
+        power_rows.append(_power_row(spec, cmp, name, steps_used, gps, effect, alpha))
     return deltas, pd.DataFrame(power_rows, columns=COLUMNS["power"])
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from orchestrator.report import build_report
+from orchestrator.report.decomposition import pooled
 from workers.credit import shannon_entropy
 from workers.credit.decomposition import decomposition_metrics
 
@@ -106,3 +108,53 @@ def test_crn_mismatch_is_reported_and_missing_decomposition_is_said(tmp_path):
     assert "for 1 of 2 seeds; differing: seed 1" in rep.markdown
     # C4 still has seed 0 with decomposition metrics
     assert "C4" in set(rep.tables["decomposition"].group)
+
+
+def _near_deterministic(g: torch.Generator, n: int) -> torch.Tensor:
+    """Logits of planning tokens the policy is almost sure of (p(argmax) ~ 0.99-0.999 over 8 tokens)."""
+    logits = 0.3 * torch.randn(n, 8, generator=g, dtype=torch.float64)
+    logits[:, 0] += 5.0 + 3.0 * torch.rand(n, generator=g, dtype=torch.float64)
+    return logits
+
+
+def test_noise_share_is_a_pooled_ratio_near_the_truth_and_nan_below_the_token_floor(tmp_path):
+    """35 near-deterministic planning tokens per step: a step's Cov(S, N) / Var(S) is anything (the mean of
+    per-step ratios is far below 0 here), the ratio of pooled sums is near the population share
+    E[varentropy] / (Var(H) + E[varentropy]) computed from the exact distributions (workers.credit)."""
+    from workers.credit import varentropy
+
+    g = torch.Generator().manual_seed(0)
+    big = _near_deterministic(g, 100_000)
+    h, ve = shannon_entropy(big[None])[0], varentropy(big[None])[0]
+    truth = float(ve.mean() / (h.var(unbiased=False) + ve.mean()))
+    trials, per_step = [], []
+    for seed, plan_per_step in ((0, 35), (1, 35), (2, 35), (3, 1)):  # seed 3: 1 planning token per step
+        name = f"C1_s{seed}"
+        trials.append({"name": name, "condition": "C1", "seed": seed, "sweep": {}, "config": {"steps": 20}})
+        rows = []
+        for k in range(20):
+            logits = torch.cat([_near_deterministic(g, plan_per_step), 2.0 * torch.randn(120, 8, generator=g,
+                                                                                           dtype=torch.float64)])
+            y = torch.multinomial(torch.softmax(logits, -1), 1, generator=g)[:, 0]
+            s = -torch.log_softmax(logits, -1).gather(-1, y[:, None])[:, 0]
+            plan = torch.arange(logits.shape[0]) < plan_per_step
+            row = decomposition_metrics(s[None], shannon_entropy(logits[None])[0][None],
+                                        torch.ones(1, s.numel(), dtype=torch.bool), plan[None])
+            if seed < 3:
+                per_step.append(row["credit/decomp_plan_noise_share"])
+            rows.append(json.dumps({"step": k, "train/correct_rate": 0.3, **row}))
+        d = tmp_path / "trials" / name
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    (tmp_path / "campaign.json").write_text(json.dumps({"name": "d", "trials": trials}))
+    assert np.nanmean(per_step) < 0.0 < truth  # what a mean of per-step ratios would say
+    rep = build_report(tmp_path, figures=False)
+    plan = rep.tables["decomposition"].set_index("token_class").loc["plan"]
+    assert plan.noise_share == pytest.approx(truth, abs=0.03)
+    assert plan.noise_share_ci_low < truth < plan.noise_share_ci_high <= 1.05
+    assert 0.0 <= plan.noise_share_varentropy <= 1.0 and plan.noise_share_varentropy == pytest.approx(truth, abs=0.03)
+    steps = rep.tables["decomposition_steps"]
+    assert (steps[steps.token_class == "plan"].tokens == 3 * 35 + 1).all()
+    # seed 3's 20 planning tokens in all give no share (below the 30-token floor), so it does not drag the mean
+    assert math.isnan(pooled(np.ones(20), {"noise_part": np.ones(20), "surprisal_var": np.ones(20)})["noise_share"])
+    assert pooled(np.ones(30), {"noise_part": np.ones(30), "surprisal_var": np.full(30, 2.0)})["noise_share"] == 0.5

@@ -234,6 +234,19 @@ def test_holm_equals_statsmodels(seed):
     np.testing.assert_allclose(holm(p), want, rtol=1e-12)
 
 
+@settings(max_examples=15, deadline=None)  # statsmodels' Holm runs gc.collect() per call: keep the calls few
+@given(st.lists(st.lists(st.one_of(st.floats(0, 1), st.just(math.nan)), min_size=4, max_size=4), min_size=1,
+                max_size=3))
+def test_holm_along_rows_equals_statsmodels_per_row(rows):
+    p = np.array(rows)
+    got = holm(p)
+    for row, adj in zip(p, got, strict=True):
+        ok = np.isfinite(row)
+        assert np.all(np.isnan(adj[~ok]))
+        if ok.any():
+            np.testing.assert_allclose(adj[ok], multipletests(row[ok], method="holm")[1], rtol=1e-12)
+
+
 def test_holm_skips_nan():
     got = holm([0.01, np.nan, 0.04, 0.03])
     assert math.isnan(got[1])
@@ -264,6 +277,18 @@ def test_minimum_detectable_effect_equals_statsmodels(n):
     assert mde == pytest.approx(want * sd, rel=1e-5)
     # consistency: the MDE needs exactly n seeds (up to rounding)
     assert seeds_for_power(mde * 1.0001, sd) == n
+
+
+def test_power_where_statsmodels_underflows_is_the_noncentral_t_tail():
+    # statsmodels' TTestPower returns NaN here (the far tail underflows); the power is not 1 but ~85%, matching
+    # the MDE at the same n and alpha
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert math.isnan(TTestPower().power(effect_size=4.65, nobs=4, alpha=0.00625, alternative="two-sided"))
+    tc = sps.t.isf(0.00625 / 2, 3)
+    assert paired_t_power(4, 4.65, 0.00625) == pytest.approx(sps.nct.sf(tc, 3, 4.65 * 2), rel=1e-9)
+    assert 0.8 < paired_t_power(4, 4.65, 0.00625) < 0.9
+    assert paired_t_power(4, minimum_detectable_effect(4, 1.0, 0.00625), 0.00625) == pytest.approx(0.8, abs=1e-6)
 
 
 def test_power_edge_cases_and_generations():

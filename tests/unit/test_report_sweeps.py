@@ -76,3 +76,43 @@ def test_no_sweep_panel_for_a_plain_single_turn_campaign(tmp_path):
 
     write_campaign(tmp_path, effects={"C1": 0.0, "C3": 0.02}, seeds=range(3))
     assert "sweeps" not in build_report(tmp_path, figures=False).tables
+
+
+def test_sweep_trend_is_a_paired_slope_test_and_final_is_at_the_common_step(tmp_path):
+    """One condition swept over lr in {0.1, 0.2, 0.4} x 4 seeds: a seed offset shared by every value, a small
+    monotone effect. The trend test is scipy's one-sample t-test of the per-seed least-squares slopes over the
+    numeric values; per-value deltas are ttest_rel against lr=0.1; "final" is at the step every run reached
+    even where a run logged more steps."""
+    rng = np.random.default_rng(4)
+    lrs, seeds = [0.1, 0.2, 0.4], range(4)
+    offset = rng.normal(0, 0.05, 4)
+    final = {(lr, s): 0.3 + offset[s] + 0.1 * lr + rng.normal(0, 0.003) for lr in lrs for s in seeds}
+    trials = []
+    for lr in lrs:
+        for s in seeds:
+            name = f"C1_s{s}_lr{lr}"
+            n_steps = 8 if (lr, s) == (0.2, 0) else 6  # one run went further: its last value is not "final"
+            trials.append({"name": name, "condition": "C1", "seed": s, "sweep": {"learner.optim.lr": lr},
+                           "config": {"steps": 6}})
+            rows = [{"step": k, "train/correct_rate": final[(lr, s)] if k == 5 else 0.9 if k > 5 else 0.2}
+                    for k in range(n_steps)]
+            d = tmp_path / "trials" / name
+            d.mkdir(parents=True)
+            (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (tmp_path / "campaign.json").write_text(json.dumps({"name": "lr", "trials": trials}))
+    report = build_report(tmp_path, figures=True)
+    table = report.tables["sweeps"]
+    assert (table.step == 5).all() and table.x_value.tolist() == lrs
+    assert table.final_mean.tolist() == pytest.approx([np.mean([final[(lr, s)] for s in seeds]) for lr in lrs])
+    trend = report.tables["sweep_trend"]
+    row = trend[trend.measure == "final (step 5)"].iloc[0]
+    y = np.array([[final[(lr, s)] for s in seeds] for lr in lrs])
+    slopes = [sps.linregress(lrs, y[:, i]).slope for i in range(4)]
+    ref = sps.ttest_1samp(slopes, 0.0)
+    assert row.x_kind == "value" and row.n_seeds == 4 and row.slope_mean == pytest.approx(np.mean(slopes))
+    assert row.p_value == pytest.approx(ref.pvalue) and row.mark == ("*" if row.p_holm < 0.05 else "")
+    assert (row.ci_low, row.ci_high) == pytest.approx(tuple(ref.confidence_interval(0.95)))
+    deltas = report.tables["sweep_deltas"]
+    d = deltas[(deltas.measure == "final (step 5)") & (deltas.x == "0.4")].iloc[0]
+    assert d.against == "0.1" and d.p_value == pytest.approx(sps.ttest_rel(y[2], y[0]).pvalue)
+    assert "Trend over the swept values" in report.markdown and (tmp_path / "report" / "sweep_trend.csv").exists()
