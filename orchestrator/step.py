@@ -16,6 +16,7 @@ from orchestrator.config import TrialConfig
 from orchestrator.episodes import episode_metrics, play_episodes
 from orchestrator.sampling import sample, step_seed
 from workers.credit import SepaConfig, SepaController
+from workers.envs.tokens import first_prompt_ids
 from workers.filters import nonfinite_groups, rv_filter
 
 
@@ -48,7 +49,7 @@ def _collect_single_turn(cfg: TrialConfig, step: int, workers, tokenizer, task, 
     """Prompts -> one completion per sample -> the task's binary rewards."""
     ro = cfg.rollout
     problems = task.next_batch(ro.prompts_per_step)
-    prompt_ids = [tokenizer(p.prompt)["input_ids"] for p in problems]
+    prompt_ids = [first_prompt_ids(tokenizer, p.prompt) for p in problems]  # the chat template when there is one
     results = sample(cfg, workers, prompt_ids, n=ro.n, temperature=ro.temperature,
                      seeds=[step_seed(cfg.seed, step, j) for j in range(len(workers))], tokenizer=tokenizer,
                      actions=actions)
