@@ -159,7 +159,7 @@ def prepare(cfg: TrialConfig, step: int, roll: Rollouts, sepa: SepaController, v
         "loss_mask": rows(roll.loss_mask), "rollout_logprobs": rows(roll.logprobs),
         "rewards": [rewards[i] for i in keep], **{k: rows(v) for k, v in roll.extra.items()},
         "temperature": ro.temperature, "sepa_lambda": lam, "step": step,
-        "loss_scale": filtered.loss_scale, "action_token_ids": actions,
+        "loss_scale": filtered.loss_scale, "action_token_ids": actions, "tis_cap": ro.tis_cap,
         "want_uncertainty": "sepa" in cfg.credit.stages,  # the report's mechanistic histogram
     }
     return row, batch, correct_rate
