@@ -22,8 +22,8 @@ from orchestrator.actors import bundles
 from orchestrator.campaign import Campaign
 from orchestrator.config import TrialConfig
 from orchestrator.errors import UserError
-from orchestrator.model_limits import check_model_limits
 from orchestrator.jobs import refuse_storage_inside
+from orchestrator.model_limits import check_model_limits
 from orchestrator.trial import run_trial
 
 CAMPAIGN_FILE = "campaign.json"

@@ -136,8 +136,10 @@ def prepare(cfg: TrialConfig, step: int, roll: Rollouts, sepa: SepaController, v
         "train/correct_rate": correct_rate,
         "train/reward_mean": sum(flat) / len(flat),
         "train/groups_kept": len(keep),
-        "train/groups_skipped_all_correct": sum(1 for i, u in enumerate(uniform) if u and all(roll.correct[i])),
-        "train/groups_skipped_all_wrong": sum(1 for i, u in enumerate(uniform) if u and not all(roll.correct[i])),
+        "train/groups_skipped_all_correct": sum(1 for i, u in enumerate(uniform)
+                                                if ro.skip_uninformative and u and all(roll.correct[i])),
+        "train/groups_skipped_all_wrong": sum(1 for i, u in enumerate(uniform)
+                                              if ro.skip_uninformative and u and not all(roll.correct[i])),
         "train/completion_len": roll.num_tokens / len(flat),
         "rollout/tokens_per_s": roll.num_tokens / max(t_gen, 1e-9),
         "rollout/adapter_version": version,

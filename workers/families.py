@@ -104,7 +104,16 @@ def _corpus() -> list[str]:
 
 def _tokenizer(eos: str, template: str):
     """A Qwen2Tokenizer over a byte-level BPE trained here (Qwen2's pre-tokenizer regex, NFC)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
     from transformers import Qwen2Tokenizer
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 

@@ -70,7 +70,7 @@ def test_base_model_stops_at_im_end_and_never_doubles_an_end_token(toks):
     for end in (ENDOFTEXT, IM_END):
         sampled = _sampled(tok, ANSWER, end)
         seq = sampled + observation_ids(tok, OBS, sampled)
-        pairs = list(zip(seq, seq[1:]))
+        pairs = list(zip(seq, seq[1:], strict=False))
         assert (eos, eot) not in pairs and (eot, eot) not in pairs and (eot, eos) not in pairs
         assert tok.decode(seq).startswith(ANSWER + end + "\n<|im_start|>user\n" + OBS)
     cut = _sampled(tok, ANSWER, ENDOFTEXT)[:-1]  # cut by max_tokens: the glue closes the turn
@@ -99,3 +99,12 @@ def test_system_message_and_prefill(toks):
     assert tok.decode(obs).endswith("<|im_start|>assistant\n<think>")
     qwen25 = toks["tiny-qwen2-instruct"]
     assert tok.decode(first_prompt_ids(qwen25, PROMPT)).startswith(f"<|im_start|>system\n{QWEN25_SYSTEM}")
+
+
+def test_turn_format_is_read_from_the_tokenizer(toks):
+    from workers.envs.tokens import turn_format
+
+    base, qwen3 = turn_format(toks["tiny-qwen2-base"]), turn_format(toks["tiny-qwen3"])
+    assert (base["eos"], base["end_of_turn"], len(base["stop_token_ids"])) == (ENDOFTEXT, IM_END, 2)
+    assert (qwen3["eos"], qwen3["end_of_turn"], len(qwen3["stop_token_ids"])) == (IM_END, IM_END, 1)
+    assert base["chat_template"] != qwen3["chat_template"]

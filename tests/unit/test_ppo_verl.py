@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from orchestrator.config import LearnerConfig, TrialConfig
 from workers.batch import collate
-from workers.critic import clipped_value_loss
 from workers.credit import CreditConfig
+from workers.critic import clipped_value_loss
 from workers.learner import Learner
 from workers.learner_metrics import critic_metrics
 from workers.models import build_tiny_model

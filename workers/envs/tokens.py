@@ -84,6 +84,18 @@ def stop_token_ids(tokenizer) -> list[int]:
     return sorted(stops)
 
 
+def turn_format(tokenizer) -> dict:
+    """What the run reads from the model's tokenizer files: whether it has a chat template (and a digest of it),
+    its eos, the template's end-of-turn token and the stop tokens (logged once per trial)."""
+    import hashlib
+
+    template = getattr(tokenizer, "chat_template", None) or ""
+    end = end_of_turn_id(tokenizer)
+    return {"chat_template": hashlib.sha256(template.encode()).hexdigest()[:12] if template else None,
+            "eos": tokenizer.eos_token, "end_of_turn": tokenizer.convert_ids_to_tokens(end) if end is not None else None,
+            "stop_token_ids": stop_token_ids(tokenizer)}
+
+
 def cut_at_stop(ids: list[int], logprobs: list[float], stops: list[int]) -> tuple[list[int], list[float]]:
     """A sampled turn up to and including its first stop token (the rest was never the model's turn)."""
     hit = next((k for k, t in enumerate(ids) if t in set(stops)), None)
