@@ -24,13 +24,13 @@ Built once per (name, seed) under a file lock in the temp dir, like the other ti
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import shutil
 from pathlib import Path
 
 import torch
+
+from workers.models import build_cached
 
 _MARKER = "tiny_family.json"
 VERSION = 1
@@ -145,13 +145,9 @@ def _model(arch: str, tokenizer, seed: int):
     config = config_cls(vocab_size=vocab, tie_word_embeddings=True, rms_norm_eps=1e-6, rope_theta=1e6,
                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                         bos_token_id=tokenizer.convert_tokens_to_ids(ENDOFTEXT), use_sliding_window=False, **SIZE)
-    state = torch.random.get_rng_state()
-    try:
+    with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
         torch.manual_seed(seed)
-        model = model_cls(config)
-    finally:
-        torch.random.set_rng_state(state)
-    return model
+        return model_cls(config)
 
 
 def build_family_model(name: str, out_dir: str | os.PathLike, seed: int = 0) -> Path:
@@ -160,16 +156,9 @@ def build_family_model(name: str, out_dir: str | os.PathLike, seed: int = 0) -> 
     if name not in FAMILIES:
         raise ValueError(f"unknown model family {name!r}; allowed: {', '.join(FAMILIES)}")
     fam = FAMILIES[name]
-    out = Path(out_dir)
     spec = {"name": name, "seed": seed, "size": SIZE, "bpe_vocab": BPE_VOCAB, "version": VERSION, **fam}
-    marker = out / _MARKER
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # workers, learner and driver may all ask at once
-        if marker.exists() and json.loads(marker.read_text()) == spec:
-            return out
-        tmp = out.parent / f".{out.name}.building"
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def build(tmp: Path) -> None:
         tokenizer = _tokenizer(fam["eos"], fam["template"])
         model = _model(fam["arch"], tokenizer, seed)
         # the instruct checkpoints stop at <|im_end|> or <|endoftext|>; base only at <|endoftext|>
@@ -178,10 +167,8 @@ def build_family_model(name: str, out_dir: str | os.PathLike, seed: int = 0) -> 
         model.generation_config.do_sample = True
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        (tmp / _MARKER).write_text(json.dumps(spec))
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    return out
+
+    return build_cached(out_dir, spec, _MARKER, build)
 
 
 def family_builder(name: str):
