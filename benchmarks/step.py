@@ -45,6 +45,7 @@ def main() -> None:
     from benchmarks.learner import BareStep
     from orchestrator.config import TrialConfig
     from orchestrator.sampling import step_seed
+    from workers.envs.tokens import first_prompt_ids, stop_token_ids
     from workers.models import load_model
     from workers.rollout import engine_in_process, engine_settings, use_engine_processes
     from workers.tasks import make_task
@@ -76,7 +77,7 @@ def main() -> None:
         r=lora.rank, lora_alpha=lora.alpha, target_modules=lora.target_modules, task_type="CAUSAL_LM"))
     bare_train = BareStep(peft, args.prompts * args.n, ro.temperature)
     adapters = Path(tempfile.mkdtemp(prefix="bench-step-lora-"))
-    eos = stack.tokenizer.eos_token_id
+    stops = stop_token_ids(stack.tokenizer)  # what the trial's workers stop at
 
     def load_adapter(version: int):
         """The adapter the worker samples with now, from the same bytes (call before the trial step trains)."""
@@ -91,10 +92,10 @@ def main() -> None:
         return LoRARequest(f"v{version}", version, str(d))
 
     def bare_parts(step: int, req) -> tuple[float, float, int]:
-        prompts = [stack.tokenizer(p.prompt)["input_ids"] for p in twin.next_batch(ro.prompts_per_step)]
+        prompts = [first_prompt_ids(stack.tokenizer, p.prompt) for p in twin.next_batch(ro.prompts_per_step)]
         seed = step_seed(cfg.seed, step, 0)
         params = [SamplingParams(n=ro.n, temperature=ro.temperature, max_tokens=ro.max_tokens, seed=seed + i,
-                                 logprobs=0, stop_token_ids=[eos]) for i in range(len(prompts))]
+                                 logprobs=0, stop_token_ids=stops) for i in range(len(prompts))]
         t0 = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=req, use_tqdm=False)
         t_gen = time.perf_counter() - t0

@@ -12,13 +12,15 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.config import ModelConfig, TrialConfig
 from workers.envs.tiny_agent import build_tiny_agent
+from workers.families import FAMILIES, family_builder
 from workers.learner import Learner
 from workers.models import build_tiny_model
 from workers.reasoner import build_tiny_reasoner
 from workers.rollout import RolloutWorker
 
 # models built locally (deterministic, cached under the temp dir by name and seed) instead of loaded by name
-LOCAL_MODELS = {"tiny": build_tiny_model, "tiny-agent": build_tiny_agent, "tiny-reasoner": build_tiny_reasoner}
+LOCAL_MODELS = {"tiny": build_tiny_model, "tiny-agent": build_tiny_agent, "tiny-reasoner": build_tiny_reasoner,
+                **{name: family_builder(name) for name in FAMILIES}}
 
 
 def resolve_model(cfg: ModelConfig) -> str:

@@ -26,7 +26,9 @@ def _trial(args: argparse.Namespace) -> int:
     except CreditError as exc:
         raise UserError(f"{args.config or '<default trial>'}: credit: {exc}") from None
     from orchestrator.launch import run_single_trial
+    from orchestrator.model_limits import check_model_limits
 
+    check_model_limits(cfg.model, args.config or "<default trial>")
     result = run_single_trial(cfg, Path(args.storage).resolve())
     return 0 if result else 1
 

@@ -24,7 +24,9 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     name: str = Field("tiny-reasoner", description=(
         "hub name, local path, or a locally built model: 'tiny-reasoner' (warm-started on the chain task), "
-        "'tiny' (random init, arithmetic vocabulary), 'tiny-agent' (agentic tasks)"))
+        "'tiny' (random init, arithmetic vocabulary), 'tiny-agent' (agentic tasks), or a tiny random-init model "
+        "of a seed's family (workers/families.py): 'tiny-qwen2-base', 'tiny-qwen2-instruct', 'tiny-qwen3', "
+        "'tiny-qwen3-2507'"))
     tiny_seed: int = 0
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto: fp32 on CPU, bf16 on GPU")
     max_model_len: int = Field(128, ge=16)
@@ -59,9 +61,12 @@ class RolloutConfig(_Strict):
     prompts_per_step: int = Field(16, ge=1)
     n: int = Field(8, ge=1, description="rollouts per prompt (the group size G)")
     temperature: float = Field(1.0, gt=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description=(
+        "< 1 needs learner.old_logprobs 'rollout': the learner cannot reproduce vLLM's renormalised nucleus"))
     max_tokens: int = Field(64, ge=1)
-    skip_uninformative: bool = Field(True, description="drop groups whose rewards are all equal before training")
+    skip_uninformative: bool | None = Field(None, description=(
+        "drop groups whose rewards are all equal before training (their group-relative advantages are 0). "
+        "None: true, except under credit.advantage_mode gae, whose advantages of such groups are not 0"))
     # agentic (multi-turn) tasks; max_tokens is then per turn
     max_turns: int = Field(5, ge=1, description="turns per episode (agentic tasks)")
     max_actions_per_turn: int = Field(2, ge=1, description="actions read from one answer (agentic tasks)")
@@ -69,8 +74,16 @@ class RolloutConfig(_Strict):
     engine: EngineConfig = EngineConfig()
     mode: Literal["sync", "one_step_off"] = Field("sync", description=(
         "one_step_off: step t+1 is generated (with the adapter of step t) while the learner trains on step t"))
-    tis_cap: float = Field(2.0, ge=1.0, description=(
-        "one_step_off: per-token truncated importance weight min(pi_old / pi_rollout, tis_cap)"))
+    tis_cap: float | None = Field(None, ge=1.0, description=(
+        "per-token truncated importance weight min(pi_old / pi_rollout, tis_cap) on the policy loss, for the "
+        "vLLM / learner mismatch (verl's token-level rollout_is, threshold 2); needs learner.old_logprobs "
+        "'recompute'. None: off in sync mode, 2.0 under one_step_off (the batch was sampled by the previous policy)"))
+
+    @model_validator(mode="after")
+    def _one_step_off_weights(self) -> RolloutConfig:
+        if self.tis_cap is None and self.mode == "one_step_off":
+            self.tis_cap = 2.0
+        return self
 
     @model_validator(mode="after")
     def _action_budget(self) -> RolloutConfig:
@@ -106,7 +119,9 @@ class OptimConfig(_Strict):
 class LossConfig(_Strict):
     clip_low: float = Field(0.2, ge=0.0, lt=1.0)
     clip_high: float = Field(0.2, ge=0.0)
-    dual_clip: float | None = Field(None, gt=1.0)
+    dual_clip: float | None = Field(3.0, gt=1.0, description=(
+        "cap the loss of negative-advantage tokens at -A * dual_clip (verl's clip_ratio_c, always on there); "
+        "None: off. The log-ratio is always clamped to +-20 before exp, as in verl"))
     aggregation: Aggregation = "token-mean"
 
 
@@ -119,7 +134,9 @@ class CriticConfig(_Strict):
     weight_decay: float = Field(0.0, ge=0.0)
     grad_clip: float = Field(1.0, gt=0.0)
     cliprange_value: float = Field(0.5, gt=0.0, description="value updates are clipped to old value +- this")
-    warmup_steps: int = Field(0, ge=0, description="training steps that update only the critic, not the policy")
+    warmup_steps: int = Field(0, ge=0, description=(
+        "verl's critic_warmup: the policy is first updated at training step warmup_steps - 1 (counted from 0), so "
+        "N > 0 gives N - 1 critic-only steps, as in verl"))
     lora: LoraSettings | None = Field(None, description="the critic adapter's settings; None = the policy's")
 
 
@@ -130,8 +147,10 @@ class LearnerConfig(_Strict):
     critic: CriticConfig = CriticConfig()
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less memory)")
     old_logprobs: Literal["recompute", "rollout"] = Field("recompute", description=(
-        "recompute: a no-grad scoring pass (today's behaviour); rollout: vLLM's processed log-probs are the old "
-        "policy and the scoring pass is skipped (only when nothing else needs it)"))
+        "the PPO ratio's anchor pi_old. recompute: the learner's log-probs from a no-grad scoring pass (eval mode) "
+        "before the step's first update (verl's default, 'decoupled'; rollout.tis_cap adds the truncated importance "
+        "weight for the vLLM / learner mismatch); rollout: vLLM's processed log-probs (verl's 'bypass' mode), and "
+        "the scoring pass is skipped (only when nothing else needs it)"))
 
 
 class EvalConfig(_Strict):
@@ -232,6 +251,14 @@ class TrialConfig(_Strict):
         if self.rollout.engine.tensor_parallel_size > max(self.resources.worker_gpus, 1.0):
             raise ValueError(f"rollout.engine.tensor_parallel_size ({self.rollout.engine.tensor_parallel_size}) "
                              f"needs resources.worker_gpus >= it (got {self.resources.worker_gpus})")
+        if self.rollout.skip_uninformative is None:
+            self.rollout.skip_uninformative = not self.credit.uses_critic
+        if self.rollout.top_p < 1.0 and self.learner.old_logprobs != "rollout":
+            raise ValueError(f"rollout.top_p {self.rollout.top_p} needs learner.old_logprobs 'rollout': with "
+                             "'recompute' the learner's pi_old is the full softmax, not vLLM's renormalised nucleus")
+        if self.rollout.tis_cap is not None and self.learner.old_logprobs == "rollout":
+            raise ValueError("rollout.tis_cap weights the loss by pi_old / pi_rollout: it needs learner.old_logprobs "
+                             "'recompute' (with 'rollout' the ratio is already to vLLM's log-probs)")
         if self.interventions.probability_floor.is_active and self.rollout.top_p != 1.0:
             raise ValueError("interventions.probability_floor needs rollout.top_p = 1 (the learner cannot "
                              "reproduce a top-p truncated, floored distribution)")

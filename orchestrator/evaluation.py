@@ -11,6 +11,7 @@ import numpy as np
 
 from orchestrator.config import TrialConfig
 from orchestrator.sampling import sample, step_seed
+from workers.envs.tokens import first_prompt_ids
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -30,7 +31,7 @@ def evaluate(cfg: TrialConfig, step: int, workers, tokenizer, task, actions) -> 
     if not problems:
         return {}
     t0 = time.perf_counter()
-    prompt_ids = [tokenizer(p.prompt)["input_ids"] for p in problems]
+    prompt_ids = [first_prompt_ids(tokenizer, p.prompt) for p in problems]  # as in training
     seeds = [step_seed(cfg.seed + 104_729, step, j) for j in range(len(workers))]
     results = sample(cfg, workers, prompt_ids, n=ev.n, temperature=ev.temperature, seeds=seeds,
                       tokenizer=tokenizer, actions=actions)

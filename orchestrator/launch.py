@@ -23,6 +23,7 @@ from orchestrator.campaign import Campaign
 from orchestrator.config import TrialConfig
 from orchestrator.errors import UserError
 from orchestrator.jobs import refuse_storage_inside
+from orchestrator.model_limits import check_model_limits
 from orchestrator.trial import run_trial
 
 CAMPAIGN_FILE = "campaign.json"
@@ -139,6 +140,16 @@ def check_cluster(campaign: Campaign) -> None:
         refuse_storage_inside(campaign, Path.cwd().resolve())
 
 
+def check_campaign_models(campaign: Campaign) -> None:
+    """Each distinct model setting of the campaign against the model's own config (orchestrator/model_limits)."""
+    seen = set()
+    for t in campaign.trials:
+        key = t.trial.model.model_dump_json()
+        if key not in seen:
+            seen.add(key)
+            check_model_limits(t.trial.model, campaign.source, where=f"trial {t.name}: model")
+
+
 def _stable(config: dict) -> dict:
     return {k: v for k, v in config.items() if k not in ("wandb", "output_dir")}
 
@@ -210,6 +221,7 @@ def run_campaign(campaign: Campaign) -> int:
     need = max(sum(b.get("CPU", 0) for b in bundles(t.trial)) for t in campaign.trials)
     ensure_ray(need)
     check_cluster(campaign)
+    check_campaign_models(campaign)
     with driver_lock(campaign):
         check_same_campaign(campaign)
         resumed = tune.Tuner.can_restore(campaign.directory)

@@ -9,6 +9,7 @@ import numpy as np
 import ray
 
 from orchestrator.config import TrialConfig
+from workers.envs.tokens import stop_token_ids
 from workers.rollout import shard
 
 
@@ -39,7 +40,7 @@ def sample(cfg: TrialConfig, workers, prompt_ids: list[list[int]], *, n: int, te
     futures = [
         w.generate.remote([prompt_ids[i] for i in idx], n=n, temperature=temperature, top_p=cfg.rollout.top_p,
                           max_tokens=cfg.rollout.max_tokens, seed=seeds[j],
-                          stop_token_ids=[tokenizer.eos_token_id], **floor)
+                          stop_token_ids=stop_token_ids(tokenizer), **floor)
         for j, (w, idx) in enumerate(zip(workers, parts, strict=True)) if idx
     ]
     return ray.get(futures)

@@ -16,6 +16,7 @@ from orchestrator.config import TrialConfig
 from orchestrator.episodes import episode_metrics, play_episodes
 from orchestrator.sampling import sample, step_seed
 from workers.credit import SepaConfig, SepaController
+from workers.envs.tokens import first_prompt_ids
 from workers.filters import nonfinite_groups, rv_filter
 
 
@@ -48,7 +49,7 @@ def _collect_single_turn(cfg: TrialConfig, step: int, workers, tokenizer, task, 
     """Prompts -> one completion per sample -> the task's binary rewards."""
     ro = cfg.rollout
     problems = task.next_batch(ro.prompts_per_step)
-    prompt_ids = [tokenizer(p.prompt)["input_ids"] for p in problems]
+    prompt_ids = [first_prompt_ids(tokenizer, p.prompt) for p in problems]  # the chat template when there is one
     results = sample(cfg, workers, prompt_ids, n=ro.n, temperature=ro.temperature,
                      seeds=[step_seed(cfg.seed, step, j) for j in range(len(workers))], tokenizer=tokenizer,
                      actions=actions)
@@ -135,8 +136,10 @@ def prepare(cfg: TrialConfig, step: int, roll: Rollouts, sepa: SepaController, v
         "train/correct_rate": correct_rate,
         "train/reward_mean": sum(flat) / len(flat),
         "train/groups_kept": len(keep),
-        "train/groups_skipped_all_correct": sum(1 for i, u in enumerate(uniform) if u and all(roll.correct[i])),
-        "train/groups_skipped_all_wrong": sum(1 for i, u in enumerate(uniform) if u and not all(roll.correct[i])),
+        "train/groups_skipped_all_correct": sum(1 for i, u in enumerate(uniform)
+                                                if ro.skip_uninformative and u and all(roll.correct[i])),
+        "train/groups_skipped_all_wrong": sum(1 for i, u in enumerate(uniform)
+                                              if ro.skip_uninformative and u and not all(roll.correct[i])),
         "train/completion_len": roll.num_tokens / len(flat),
         "rollout/tokens_per_s": roll.num_tokens / max(t_gen, 1e-9),
         "rollout/adapter_version": version,
@@ -158,7 +161,7 @@ def prepare(cfg: TrialConfig, step: int, roll: Rollouts, sepa: SepaController, v
         "loss_mask": rows(roll.loss_mask), "rollout_logprobs": rows(roll.logprobs),
         "rewards": [rewards[i] for i in keep], **{k: rows(v) for k, v in roll.extra.items()},
         "temperature": ro.temperature, "sepa_lambda": lam, "step": step,
-        "loss_scale": filtered.loss_scale, "action_token_ids": actions,
+        "loss_scale": filtered.loss_scale, "action_token_ids": actions, "tis_cap": ro.tis_cap,
         "want_uncertainty": "sepa" in cfg.credit.stages,  # the report's mechanistic histogram
     }
     return row, batch, correct_rate

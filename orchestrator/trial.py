@@ -30,6 +30,7 @@ from orchestrator.sampling import action_ids
 from orchestrator.step import one_step, sepa_settings
 from orchestrator.tracking import TrialTracker
 from workers.credit import SepaController
+from workers.envs.tokens import turn_format
 from workers.models import load_tokenizer
 from workers.tasks import make_task
 
@@ -127,6 +128,10 @@ def run_trial(config: dict) -> None:
     pg = get_current_placement_group()
     workers, learner = start_actors(cfg, pg)
     tokenizer = load_tokenizer(resolve_model(cfg.model))
+    fmt = turn_format(tokenizer)  # from the model's own files: which template and end-of-turn token this run uses
+    store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "model", "name": cfg.model.name, **fmt})
+    print(f"[{cfg.name}] {cfg.model.name}: chat template {fmt['chat_template'] or 'none'}, eos {fmt['eos']}, "
+          f"end of turn {fmt['end_of_turn']}, stop token ids {fmt['stop_token_ids']}", flush=True)
     task = make_task(cfg.task, cfg.seed)
     sepa = SepaController(sepa_settings(cfg))
     _restore_actors(resume, learner, workers, task, sepa)

@@ -91,6 +91,8 @@ class Learner:
                 r=c_lora["rank"], lora_alpha=c_lora["alpha"], lora_dropout=c_lora["dropout"],
                 target_modules=c_lora["target_modules"], task_type="CAUSAL_LM",
             ), self.device, self.dtype)
+        # the PPO ratio's anchor pi_old: "recompute" = the scoring pass's log-probs (verl's default, decoupled
+        # mode), "rollout" = vLLM's (verl's bypass mode), which skips the scoring pass
         self.skip_scoring = learner.get("old_logprobs", "recompute") == "rollout"
         if self.skip_scoring and (needs := scoring_pass_needs(self.credit, self.iv)):
             raise ValueError(f"old_logprobs 'rollout' skips the scoring pass that {needs} needs")
@@ -146,8 +148,10 @@ class Learner:
         step; optional loss_scale, action_token_ids, want_uncertainty (return per-token uncertainty samples
         before/after the token stages), and for the critic reward_positions [B][*] / turn_rewards [B][*] (each
         turn's reward and the response index of its last sampled id; default: one turn ending at the last
-        sampled id with the sequence's reward); `tis_cap` (one_step_off: the PPO ratio is to the recomputed
-        pi_old and each token's loss is weighted by min(pi_old / pi_rollout, tis_cap)).
+        sampled id with the sequence's reward); `tis_cap` (each token's loss weighted by the truncated importance
+        weight min(pi_old / pi_rollout, tis_cap); needs old_logprobs 'recompute').
+        The PPO ratio is to pi_old: the scoring pass's log-probs (old_logprobs 'recompute'), or vLLM's
+        ('rollout', no scoring pass).
         Returns metrics plus `exec_values` (raw execution-token uncertainties, for SEPA's auto schedule) and
         `uncertainty` (the samples, or None).
         """
@@ -198,8 +202,10 @@ class Learner:
         if probe is not None:
             metrics.update(probe_metrics(b, probe))
         if self.critic is not None:
-            metrics.update(critic_metrics(scored.values, returns, b.mask, sums))
-        metrics.update({f"credit/{k}": v for k, v in credit.stats.items()})
+            metrics.update(critic_metrics(scored.values, returns, b.mask, sums,
+                                          ppo_epochs=self.cfg["optim"].get("ppo_epochs", 1)))
+        metrics.update({f"credit/{k}": v for k, v in credit.stats.items()
+                        if not (self.critic is not None and k.startswith("groups_skipped"))})  # GAE skips none
         if _decomposes(self.credit):  # surprisal vs entropy from this pass (workers/credit/decomposition.py)
             lam = float(batch.get("sepa_lambda", 0.0)) if "sepa" in self.credit.stages else None
             metrics.update(decomposition_metrics(-scored.learner_lp, scored.entropy, b.mask, planning,
@@ -211,7 +217,15 @@ class Learner:
 
     def _score(self, b: Batch, temp: float, floor) -> Scored:
         """Score the batch with the current policy (no grad): log-probs, uncertainty signal, entropy, reference
-        log-probs (KL on or measured) and, under the probability floor, the smallest valid action probability."""
+        log-probs (KL on or measured) and, under the probability floor, the smallest valid action probability.
+        In eval mode: pi_old, the reference and the old values are the models themselves, without LoRA dropout."""
+        self.model.eval()
+        try:
+            return self._score_eval(b, temp, floor)
+        finally:
+            self.model.train()
+
+    def _score_eval(self, b: Batch, temp: float, floor) -> Scored:
         iv = self.iv
         use_ref = iv.kl.is_active or iv.kl.measure
         lps, sigs, ents, refs, action_min, vals, order = [], [], [], [], [], [], []
@@ -272,10 +286,10 @@ class Learner:
                   step: int, ratio_base: Tensor | None = None, tis: Tensor | None = None,
                   probe: dict[str, Tensor] | None = None) -> dict[str, float]:
         """PPO updates: one optimizer step per mini-batch (policy, then critic), gradient accumulated over
-        micro-batches. Importance ratios are to the rollout log-probs, i.e. the policy before the step's first
-        update. Returns the loss parts averaged over optimizer steps."""
+        micro-batches. Importance ratios are to `ratio_base` (pi_old: recomputed or the rollout's), the policy
+        before the step's first update. Returns the loss parts averaged over optimizer steps."""
         chunks = mini_batches(b.size, self.cfg["optim"], self.seed, step)
-        train_policy = self.critic is None or self.steps_done >= self.cfg["critic"]["warmup_steps"]
+        train_policy = self._trains_policy()
         sums = {"pg": 0.0, "kl": 0.0, "ent": 0.0, "clipped": 0.0, "grad_norm": 0.0, "policy_steps": 0,
                 "value_loss": 0.0, "value_clipped": 0.0, "critic_grad_norm": 0.0, "critic_steps": 0}
         for rows in chunks:
@@ -303,18 +317,22 @@ class Learner:
         self.optimizer_steps += sums["policy_steps"]
         return sums
 
+    def _trains_policy(self) -> bool:
+        """verl's critic warmup: the policy is first updated at training step `warmup_steps` - 1 counted from 0
+        (verl: `critic_warmup <= global_steps`, global_steps from 1), so N gives N - 1 critic-only steps."""
+        return self.critic is None or self.steps_done + 1 >= self.cfg["critic"]["warmup_steps"]
+
     def _policy_update(self, b: Batch, rows: Tensor, adv: Tensor, ref_lp: Tensor | None,
                        floor_terms: dict[str, float], classes: dict[str, Tensor], temp: float, floor,
                        scale: float, ratio_base: Tensor | None = None, tis: Tensor | None = None,
                        probe: dict[str, Tensor] | None = None) -> dict[str, float]:
-        """One policy optimizer step on the rows of one mini-batch. `ratio_base`: the PPO ratio's old
-        log-probs (default the rollout's); `tis`: per-token loss weights; `probe`: [B, T] tensors that receive
+        """One policy optimizer step on the rows of one mini-batch. `ratio_base`: the PPO ratio's pi_old
+        (default the rollout's log-probs); `tis`: per-token loss weights; `probe`: [B, T] tensors that receive
         these rows' pre-update log-probs and entropy (old_logprobs: rollout)."""
         iv, loss_cfg = self.iv, self.cfg["loss"]
         ratio_base = b.old_lp if ratio_base is None else ratio_base
         need_logits = iv.entropy_bonus.is_active or bool(floor_terms) or probe is not None
         agg = loss_totals(b, rows)
-        whole = len(rows) == b.size
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"pg": 0.0, "kl": 0.0, "ent": 0.0, "clipped": 0.0}
         for seqs, attn, start, length, mask, r in micro_batches(b, rows, self.cfg["optim"]):
@@ -332,22 +350,8 @@ class Learner:
                     probe["entropy"][r] = entropy_from_logits(logits.detach(), 1.0,
                                                               iv.entropy_bonus.chunk_size).float().cpu()
             pg = aggregate(tok_loss, m, loss_cfg["aggregation"], **agg)
-            loss = pg
-            if iv.kl.is_active:
-                kl = aggregate(kl_penalty(lp, ref_lp[r].to(self.device), iv.kl.estimator), m,
-                               loss_cfg["aggregation"], **agg)
-                loss = loss + iv.kl.coef * kl
-                sums["kl"] += kl.item()
-            if need_logits:
-                ent = entropy_from_logits(logits, 1.0, iv.entropy_bonus.chunk_size)  # logits / temp
-                if iv.entropy_bonus.is_active:
-                    h = aggregate(ent, m, loss_cfg["aggregation"], **agg)
-                    loss = loss - iv.entropy_bonus.coeff * h
-                    sums["ent"] += h.item()
-                for c, weight in floor_terms.items():
-                    # the surrogate's weight is per class token of the batch; a mini-batch rescales it to its own
-                    w = weight if whole else weight * float(classes[c].sum()) / max(float(classes[c][rows].sum()), 1.0)
-                    loss = loss - w * (ent * classes[c][r].to(self.device)).sum()
+            loss = pg + self._regularisers(lp, logits if need_logits else None, r, m, rows, ref_lp, floor_terms,
+                                           classes, agg, sums)
             loss = loss * scale
             loss.backward()
             sums["pg"] += pg.item()
@@ -356,6 +360,31 @@ class Learner:
         sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, self.cfg["optim"]["grad_clip"]))
         self.optimizer.step()
         return sums
+
+    def _regularisers(self, lp: Tensor, logits: Tensor | None, r: Tensor, m: Tensor, rows: Tensor,
+                      ref_lp: Tensor | None, floor_terms: dict[str, float], classes: dict[str, Tensor], agg: dict,
+                      sums: dict[str, float]) -> Tensor:
+        """The loss terms besides the policy gradient on one micro-batch (rows `r` of mini-batch `rows`): KL to
+        the reference, entropy bonus, entropy-floor surrogates. Adds their values to `sums`."""
+        iv, mode = self.iv, self.cfg["loss"]["aggregation"]
+        loss = lp.new_zeros(())
+        if iv.kl.is_active:
+            kl = aggregate(kl_penalty(lp, ref_lp[r].to(self.device), iv.kl.estimator), m, mode, **agg)
+            loss = loss + iv.kl.coef * kl
+            sums["kl"] += kl.item()
+        if logits is None:
+            return loss
+        ent = entropy_from_logits(logits, 1.0, iv.entropy_bonus.chunk_size)  # logits / temp
+        if iv.entropy_bonus.is_active:
+            h = aggregate(ent, m, mode, **agg)
+            loss = loss - iv.entropy_bonus.coeff * h
+            sums["ent"] += h.item()
+        whole = len(rows) == len(classes["all"])
+        for c, weight in floor_terms.items():
+            # the surrogate's weight is per class token of the batch; a mini-batch rescales it to its own
+            w = weight if whole else weight * float(classes[c].sum()) / max(float(classes[c][rows].sum()), 1.0)
+            loss = loss - w * (ent * classes[c][r].to(self.device)).sum()
+        return loss
 
     # -- adapters and state -----------------------------------------------------------------------------
     def export_adapter(self, version: int) -> dict[str, bytes]:

@@ -33,11 +33,19 @@ def token_samples(before: Tensor, after: Tensor | None, mask: Tensor, planning: 
 
 
 
-def critic_metrics(values: Tensor, returns: Tensor, mask: Tensor, sums: dict) -> dict[str, float]:
-    """Value loss, clip fraction, explained variance of the pre-update values, value / return means."""
+def critic_metrics(values: Tensor, returns: Tensor, mask: Tensor, sums: dict, ppo_epochs: int = 1
+                   ) -> dict[str, float]:
+    """Value loss, clip fraction, explained variance of the pre-update values (0 when the returns have no
+    variance beyond float rounding), value / return means.
+
+    vf_clip_frac: clipped tokens over the tokens the critic's updates saw, i.e. every token once per epoch
+    (the mini-batches of an epoch partition the batch); verl's mean of per-mini-batch fractions when the
+    mini-batches hold equal token counts."""
     v, r = values[mask], returns[mask]
     var_r = float(r.var()) if r.numel() > 1 else 0.0
-    n = max(float(mask.sum()), 1.0) * max(sums["critic_steps"], 1)
+    if var_r <= 1e-10 * max(1.0, float(r.abs().max()) ** 2 if r.numel() else 1.0):
+        var_r = 0.0  # equal returns: 1 - var(r - v) / ~1e-17 would read as -1e14
+    n = max(float(mask.sum()), 1.0) * max(ppo_epochs, 1)
     return {
         "loss/value": sums["value_loss"],
         "critic/vf_clip_frac": sums["value_clipped"] / n,

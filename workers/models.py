@@ -72,6 +72,28 @@ def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0, vocab: Sequence[
     return out
 
 
+def build_cached(out_dir: str | os.PathLike, spec: dict, marker: str, build) -> Path:
+    """`out_dir` built by `build(tmp_dir)` once per `spec`: under a file lock beside it (rollout workers, learner
+    and driver may all ask at once), into a temporary directory renamed into place, with `spec` written to its
+    `marker` file; reused while the marker holds the same spec."""
+    import fcntl
+    import shutil
+
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / marker).exists() and json.loads((out / marker).read_text()) == spec:
+            return out
+        tmp = out.parent / f".{out.name}.building"
+        shutil.rmtree(tmp, ignore_errors=True)
+        build(tmp)
+        (tmp / marker).write_text(json.dumps(spec))
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    return out
+
+
 def load_tokenizer(name_or_path: str):
     """Tokenizer by hub name or local path (left padding is irrelevant: we pad ourselves)."""
     from transformers import AutoTokenizer

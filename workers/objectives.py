@@ -37,23 +37,25 @@ def aggregate(values: Tensor, mask: Tensor, mode: str, *, total_tokens: float | 
     return per_seq.sum() / seqs
 
 
-def ppo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, *, clip_low: float = 0.2,
-                   clip_high: float = 0.2, dual_clip: float | None = None) -> tuple[Tensor, Tensor]:
-    """Per-token clipped policy loss and a `[B, T]` bool of tokens where clipping was active.
+LOG_RATIO_CLAMP = 20.0  # verl clamps log pi - log pi_old to +-20 before exp, always
 
-    loss = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)), r = exp(logprobs - old_logprobs); with
-    `dual_clip = c > 1` the loss of negative-advantage tokens is also capped at -A c.
+
+def ppo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, *, clip_low: float = 0.2,
+                   clip_high: float = 0.2, dual_clip: float | None = 3.0) -> tuple[Tensor, Tensor]:
+    """Per-token clipped policy loss and a `[B, T]` bool of tokens where the ratio clip was active (verl's
+    `pg_clipfrac`: the clipped term was the larger).
+
+    loss = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)), r = exp(clamp(logprobs - old_logprobs, +-20));
+    with `dual_clip = c > 1` (verl's clip_ratio_c, default 3) the loss of negative-advantage tokens is also
+    capped at -A c, so a huge ratio on a token with A < 0 cannot dominate the batch. None: no dual clip.
     """
-    ratio = torch.exp(logprobs - old_logprobs)
+    ratio = torch.exp((logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     loss = torch.maximum(unclipped, clipped)
     was_clipped = clipped > unclipped
     if dual_clip is not None:
-        cap = -advantages * dual_clip
-        dual = (advantages < 0) & (loss > cap)
-        loss = torch.where(dual, cap, loss)
-        was_clipped = was_clipped | dual
+        loss = torch.where(advantages < 0, torch.minimum(loss, -advantages * dual_clip), loss)
     return loss, was_clipped
 
 
@@ -196,13 +198,12 @@ def entropy_floor_surrogate(entropy: Tensor, classes: dict[str, Tensor], targets
 
 def truncated_importance_weights(learner_lp: Tensor, rollout_lp: Tensor, mask: Tensor, cap: float | None
                                  ) -> tuple[Tensor, Tensor | None, dict[str, float]]:
-    """The PPO ratio's denominator and the per-token truncated importance weights, all `[B, T]`.
-
-    No `cap`: the ratio is to the rollout log-probs, no weights. With `cap` (one_step_off: the batch was sampled
-    by the previous policy) the ratio is to pi_old = the learner's recomputed log-probs and each token's loss is
-    weighted by min(pi_old / pi_rollout, cap) (no gradient through the weight)."""
+    """The per-token truncated importance weights for the vLLM / learner mismatch, `[B, T]`, when the PPO ratio's
+    anchor is the recomputed pi_old (verl's decoupled mode with token-level `rollout_is`): each token's loss is
+    weighted by min(pi_old / pi_rollout, cap) (no gradient through the weight). Returns (the ratio's anchor
+    `learner_lp`, the weights or None without `cap`, metrics)."""
     if cap is None:
-        return rollout_lp, None, {}
+        return learner_lp, None, {}
     raw = torch.exp(learner_lp - rollout_lp)
     tis = raw.clamp(max=float(cap)) * mask
     m = mask

@@ -171,6 +171,7 @@ class RolloutWorker:
             raise RuntimeError(f"rollout worker unusable since a failed adapter load: {self._broken}")
         from vllm import SamplingParams
 
+        from workers.envs.tokens import cut_at_stop
         from workers.probability_floor import EXTRA_ARGS_KEY
 
         floor: dict[str, Any] = {}
@@ -204,6 +205,8 @@ class RolloutWorker:
             for c in sorted(out.outputs, key=lambda c: c.index):
                 ids = list(c.token_ids)
                 lps = [step[t].logprob for step, t in zip(c.logprobs, ids, strict=True)]
+                if stop_token_ids:  # vLLM stops there already; a turn never runs past its end token
+                    ids, lps = cut_at_stop(ids, lps, list(stop_token_ids))
                 item = {"token_ids": ids, "logprobs": lps, "finish_reason": str(c.finish_reason)}
                 if floor:
                     item["action_logprobs"] = {t: c.logprobs[0][t].logprob for t in floor["logprob_token_ids"]}

@@ -6,7 +6,8 @@ direct penalty, a whole-batch learner versus a micro-batched one.
 Setup shared by the tests: the LoRA B matrices start at zero (PEFT's init), where the policy equals the
 reference, the KL gradient of k3 is exactly zero and the A matrices get no gradient. So the adapter is first
 perturbed by a fixed random amount (`_perturb`), after the rollout log-probs have been scored with the
-unperturbed policy: the policy has "moved since sampling", so PPO ratios differ from 1 and some clip.
+unperturbed policy: the policy has "moved since sampling", so pi_old / pi_rollout differs from 1 (the PPO ratio is
+to the recomputed pi_old and starts at 1; the truncated importance weight sees the move and some truncate).
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ def test_micro_batches_match_whole_batch(tiny_model_dir, monkeypatch, aggregatio
     whole = _learner(tiny_model_dir, FULL_IV, micro_batch_size=8, aggregation=aggregation)
     split = _learner(tiny_model_dir, FULL_IV, micro_batch_size=micro, aggregation=aggregation)
     _assert_close_dicts(_lora(whole), _lora(split), rtol=0, atol=0)  # same seed, same init
-    batches = [_batch(whole), _batch(split)]
+    batches = [{**_batch(whole), "tis_cap": 1.05}, {**_batch(split), "tis_cap": 1.05}]
     assert batches[0] == batches[1]
     g_whole = _capture_grads(whole, monkeypatch)
     m_whole = whole.train_step(batches[0])["metrics"]
@@ -172,10 +173,10 @@ def test_micro_batches_match_whole_batch(tiny_model_dir, monkeypatch, aggregatio
     m_split = split.train_step(batches[1])["metrics"]
 
     assert m_whole["entropy/all_floor_penalty"] > 0  # the floor binds
-    assert m_whole["kl/ref"] != 0 and 0 < m_whole["train/clip_frac"] < 1  # KL and clipping are live
+    assert m_whole["kl/ref"] != 0 and 0 < m_whole["tis/truncated_frac"] < 1  # KL and the IS weights are live
     assert max(float(g.abs().max()) for n, g in g_whole.items() if "lora_A" in n) > 0
     for k in ("loss/total", "loss/policy", "loss/kl", "loss/entropy_bonus", "train/grad_norm",
-              "train/clip_frac", "entropy/all_floor_penalty", "kl/ref"):
+              "train/clip_frac", "entropy/all_floor_penalty", "kl/ref", "tis/weight_mean"):
         assert m_split[k] == pytest.approx(m_whole[k], rel=1e-4, abs=1e-7), k
     _assert_close_dicts(g_split, g_whole, rtol=1e-4, atol=1e-7)
     _assert_close_dicts(_lora(split), _lora(whole), rtol=0, atol=1e-4)

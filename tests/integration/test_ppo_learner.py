@@ -74,7 +74,7 @@ def test_optimizer_steps_per_training_step(tiny_model_dir, mini, epochs):
 
 
 def test_critic_warmup_freezes_the_policy(tiny_model_dir):
-    learner = _learner(tiny_model_dir, warmup=2)
+    learner = _learner(tiny_model_dir, warmup=3)  # verl's critic_warmup 3: two critic-only steps
     before = {n: p.detach().clone() for n, p in learner.model.named_parameters() if "default" in n}
     for s in range(2):
         m = learner.train_step(_batch(learner, s))["metrics"]

@@ -16,7 +16,8 @@ from workers.rollout import ENGINE_KEYS, engine_in_process, engine_settings
 
 def test_defaults_are_todays_behaviour():
     cfg = TrialConfig()
-    assert cfg.rollout.mode == "sync" and cfg.rollout.tis_cap == 2.0
+    assert cfg.rollout.mode == "sync" and cfg.rollout.tis_cap is None  # off in sync, 2.0 under one_step_off
+    assert TrialConfig(rollout={"mode": "one_step_off"}).rollout.tis_cap == 2.0
     assert cfg.learner.old_logprobs == "recompute" and not cfg.learner.gradient_checkpointing
     assert cfg.learner.optim.max_tokens_per_micro_batch is None
     assert set(cfg.rollout.engine.model_dump()) == set(ENGINE_KEYS)

@@ -11,11 +11,8 @@ answer tokens only. Built once per settings under a file lock and cached (marker
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import random
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +21,7 @@ import torch
 from workers.envs.episode import TextEpisode, dynamics_seed
 from workers.envs.text import ACTION_NAMES, format_answer
 from workers.envs.tokens import first_prompt_ids, observation_ids
-from workers.models import TINY_VOCAB, build_tiny_model, load_tokenizer
+from workers.models import TINY_VOCAB, build_cached, build_tiny_model, load_tokenizer
 
 _MARKER = "tiny_agent.json"
 WARM_START = {"episodes": 256, "steps": 150, "batch": 16, "lr": 3e-3, "max_turns": 5, "max_actions_per_turn": 2,
@@ -112,19 +109,10 @@ def _warm_start(model_dir: Path, seed: int) -> None:
 
 def build_tiny_agent(out_dir: str | os.PathLike, seed: int = 0) -> Path:
     """The warm-started tiny agent model in `out_dir` (reused when built with the same settings)."""
-    out = Path(out_dir)
     spec = {"seed": seed, "vocab": list(agent_vocab()), "warm_start": WARM_START, "version": 1}
-    marker = out / _MARKER
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # workers, learner and driver may all ask at once
-        if marker.exists() and json.loads(marker.read_text()) == spec:
-            return out
-        tmp = out.parent / f".{out.name}.building"
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def build(tmp: Path) -> None:
         build_tiny_model(tmp, seed=seed, vocab=agent_vocab())
         _warm_start(tmp, seed)
-        (tmp / _MARKER).write_text(json.dumps(spec))
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    return out
+
+    return build_cached(out_dir, spec, _MARKER, build)

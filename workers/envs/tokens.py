@@ -1,50 +1,117 @@
 """Token-exact multi-turn sequences: the first prompt's ids, then the sampled ids of each turn as they came from
 vLLM, then each observation's ids (tokenised once, here). Sampled text is never re-tokenised.
 
-Chat models: the first prompt is the chat template of one user message with the generation prompt; an
-observation is the template's text between the end of an assistant message and the next assistant turn
-(closing the assistant turn when the sample stopped without its end token). Models without a chat template
-(the tiny local models) get plain text with a newline between turns.
+Chat models: the first prompt is the chat template of (an optional system message and) one user message with
+the generation prompt. An observation is the template's glue between an assistant message and the next
+assistant turn: the end-of-turn text, the next user turn, the generation prompt. The glue is read from ONE
+rendering of [user, assistant, user] (the text after the assistant's content), so it does not need "templating
+two turns is a prefix of templating three": Qwen3's thinking template drops the think block of earlier assistant
+turns once a user turn follows, and the history the policy conditions on (and is trained on) is then our
+concatenation, with every think block as it was sampled, not the template's re-rendering of it.
+
+End of turn: the template's end-of-turn token (`<|im_end|>` for ChatML) is a stop token besides eos, so a base
+model whose eos is `<|endoftext|>` stops where its turn ends instead of writing an invented user turn. A turn
+that stopped on a stop token is not closed again (never `<|endoftext|><|im_end|>` or `<|im_end|><|im_end|>`);
+a turn cut by max_tokens is closed by the glue. Models without a chat template (the tiny local models) get plain
+text with a newline between turns and stop at eos.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
-_A, _B = "\x00assistant-marker\x00", "\x00user-marker\x00"
+_A, _B, _C = "\x00assistant-marker\x00", "\x00user-marker\x00", "\x00second-user-marker\x00"
 
 
-def first_prompt_ids(tokenizer, text: str) -> list[int]:
-    """Ids of the first user turn, ending where the model starts answering."""
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-    return list(tokenizer(text)["input_ids"])
+def _ids(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _chat(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def first_prompt_ids(tokenizer, text: str, *, system: str | None = None, prefill: str = "") -> list[int]:
+    """Ids of the first user turn, ending where the model starts answering.
+
+    `system`: a system message when the template renders one (else it is put before the user text); `prefill`
+    (e.g. "<think>") is appended after the generation prompt and tokenised with it, on the prompt side."""
+    if not _chat(tokenizer):
+        head = f"{system}\n" if system else ""
+        return list(tokenizer(head + text + prefill)["input_ids"])
+    user = {"role": "user", "content": text}
+    if system is None:
+        rendered = tokenizer.apply_chat_template([user], add_generation_prompt=True, tokenize=False)
+    else:
+        try:
+            rendered = tokenizer.apply_chat_template([{"role": "system", "content": system}, user],
+                                                     add_generation_prompt=True, tokenize=False)
+        except Exception:  # a template without a system role (it raises): the system text leads the user turn
+            rendered = tokenizer.apply_chat_template([{"role": "user", "content": f"{system}\n\n{text}"}],
+                                                     add_generation_prompt=True, tokenize=False)
+    return _ids(tokenizer, rendered + prefill)
 
 
 @lru_cache(maxsize=8)
-def _chat_glue(tokenizer) -> tuple[str, str]:
-    """(text that closes an assistant turn, text that opens a user turn up to the content) of the template."""
-    msgs = [{"role": "user", "content": _B}, {"role": "assistant", "content": _A}]
-    two = tokenizer.apply_chat_template(msgs, tokenize=False)
-    three = tokenizer.apply_chat_template(msgs + [{"role": "user", "content": _B}], add_generation_prompt=True,
-                                          tokenize=False)
-    if not three.startswith(two):
-        raise ValueError("the chat template renders earlier turns differently once a user turn follows; "
-                         "multi-turn token-exact episodes need a template that only appends")
-    after_answer = two[two.rindex(_A) + len(_A):]
-    turn = three[len(two):]
-    return after_answer, turn
+def chat_glue(tokenizer) -> tuple[str, str]:
+    """(text from the end of an assistant message's content to the next user message's content, text after that
+    content through the generation prompt) of the template, from one rendering of [user, assistant, user]."""
+    msgs = [{"role": "user", "content": _B}, {"role": "assistant", "content": _A}, {"role": "user", "content": _C}]
+    three = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    if three.count(_A) != 1 or three.count(_C) != 1:
+        raise ValueError("the chat template does not render each message's content once; token-exact multi-turn "
+                         "episodes need a template that does")
+    after = three[three.index(_A) + len(_A):]
+    head, tail = after.split(_C)
+    return head, tail
 
 
-def observation_ids(tokenizer, text: str, sampled: list[int]) -> list[int]:
-    """Ids to append after a turn's `sampled` ids so the model reads observation `text` next and then answers."""
-    if getattr(tokenizer, "chat_template", None):
-        close, turn = _chat_glue(tokenizer)
-        eos = tokenizer.eos_token
-        if sampled and sampled[-1] == tokenizer.eos_token_id and eos and close.startswith(eos):
-            close = close[len(eos):]  # the sample already ended its turn with the end token
-        head, tail = turn.split(_B)
-        return list(tokenizer(close + head + text + tail, add_special_tokens=False)["input_ids"])
-    return list(tokenizer("\n" + text, add_special_tokens=False)["input_ids"])
+@lru_cache(maxsize=8)
+def end_of_turn_id(tokenizer) -> int | None:
+    """The token that ends an assistant turn in the chat template (`<|im_end|>` for ChatML), or None (no chat
+    template, or a template whose turns end without a special token)."""
+    if not _chat(tokenizer):
+        return None
+    head, _ = chat_glue(tokenizer)
+    ids = _ids(tokenizer, head)
+    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    return ids[0] if ids and ids[0] in special else None
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    """What ends a turn: eos and the template's end-of-turn token (passed to vLLM as stop token ids)."""
+    stops = {tokenizer.eos_token_id, end_of_turn_id(tokenizer)} - {None}
+    return sorted(stops)
+
+
+def turn_format(tokenizer) -> dict:
+    """What the run reads from the model's tokenizer files: whether it has a chat template (and a digest of it),
+    its eos, the template's end-of-turn token and the stop tokens (logged once per trial)."""
+    import hashlib
+
+    template = getattr(tokenizer, "chat_template", None) or ""
+    end = end_of_turn_id(tokenizer)
+    return {"chat_template": hashlib.sha256(template.encode()).hexdigest()[:12] if template else None,
+            "eos": tokenizer.eos_token, "end_of_turn": tokenizer.convert_ids_to_tokens(end) if end is not None else None,
+            "stop_token_ids": stop_token_ids(tokenizer)}
+
+
+def cut_at_stop(ids: list[int], logprobs: list[float], stops: list[int]) -> tuple[list[int], list[float]]:
+    """A sampled turn up to and including its first stop token (the rest was never the model's turn)."""
+    hit = next((k for k, t in enumerate(ids) if t in set(stops)), None)
+    if hit is None:
+        return list(ids), list(logprobs)
+    return list(ids[:hit + 1]), list(logprobs[:hit + 1])
+
+
+def observation_ids(tokenizer, text: str, sampled: list[int], *, prefill: str = "") -> list[int]:
+    """Ids to append after a turn's `sampled` ids so the model reads observation `text` next and then answers
+    (after `prefill`, tokenised here, on the prompt side)."""
+    if not _chat(tokenizer):
+        return _ids(tokenizer, "\n" + text + prefill)
+    head, tail = chat_glue(tokenizer)
+    end = end_of_turn_id(tokenizer)
+    end_text = tokenizer.convert_ids_to_tokens(end) if end is not None else None
+    if end_text and head.startswith(end_text) and sampled and sampled[-1] in stop_token_ids(tokenizer):
+        head = head[len(end_text):]  # the turn already ended on a stop token: never a second end token
+    return _ids(tokenizer, head + text + tail + prefill)
