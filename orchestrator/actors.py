@@ -12,6 +12,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.config import ModelConfig, TrialConfig
 from workers.envs.tiny_agent import build_tiny_agent
+from workers.gpu_runtime import check_gpu_runtime
 from workers.learner import Learner
 from workers.models import build_tiny_model
 from workers.reasoner import build_tiny_reasoner
@@ -45,6 +46,7 @@ def _engine_dtype(dtype: str) -> str:
 @ray.remote
 class _RolloutActor(RolloutWorker):
     def __init__(self, model_cfg: dict, dtype: str, **kw):
+        check_gpu_runtime()
         super().__init__(resolve_model(ModelConfig(**model_cfg)), dtype=_engine_dtype(dtype), **kw)
 
     def placement(self) -> dict:
@@ -54,6 +56,7 @@ class _RolloutActor(RolloutWorker):
 @ray.remote
 class _LearnerActor(Learner):
     def __init__(self, model_cfg: dict, **kw):
+        check_gpu_runtime()
         super().__init__(resolve_model(ModelConfig(**model_cfg)), **kw)
 
     def placement(self) -> dict:

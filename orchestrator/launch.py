@@ -23,6 +23,7 @@ from orchestrator.campaign import Campaign
 from orchestrator.cluster import PendingOnAutoscaling
 from orchestrator.config import TrialConfig
 from orchestrator.errors import UserError
+from orchestrator.job_env import wandb_mode, with_wandb_mode
 from orchestrator.jobs import refuse_storage_inside
 from orchestrator.trial import run_trial
 
@@ -194,6 +195,7 @@ def driver_lock(campaign: Campaign):
 
 def run_campaign(campaign: Campaign) -> int:
     """Run (or resume) every trial of the campaign; returns the number of trials that did not finish."""
+    campaign = with_wandb_mode(campaign, wandb_mode())  # $WANDB_MODE / --wandb-mode over the file
     need = max(sum(b.get("CPU", 0) for b in bundles(t.trial)) for t in campaign.trials)
     ensure_ray(need)
     check_cluster(campaign)
