@@ -73,8 +73,11 @@ def bundles(cfg: TrialConfig) -> list[dict[str, float]]:
     """Placement-group bundles: [driver, worker x k, learner]."""
     r = cfg.resources
 
+    # a GPU model is a resource Ray gives each node (accelerator_type:H100 = 1): a sliver of it pins the bundle
+    model = {f"accelerator_type:{r.accelerator_type}": 0.001} if r.accelerator_type else {}
+
     def b(cpu: float, gpu: float) -> dict[str, float]:
-        return {"CPU": cpu, **({"GPU": gpu} if gpu else {})}
+        return {"CPU": cpu, **({"GPU": gpu, **model} if gpu else {})}
 
     return [b(r.driver_cpus, 0)] + [b(r.worker_cpus, r.worker_gpus)] * cfg.rollout.num_workers + [
         b(r.learner_cpus, r.learner_gpus)

@@ -7,7 +7,7 @@ raylets with logical GPUs; vLLM runs on CPU.
 - The autoscaled node is killed mid-run (its raylet, as a lost spot node): the trial resumes on a replacement node
   from its checkpoint, every step exactly once.
 
-The head runs in a private PID namespace (`unshare --pid --fork --kill-child`, root): stopping it ends every
+The head runs in a private PID namespace (`unshare --pid --fork --mount-proc`, root): stopping it ends every
 process it started, its autoscaled nodes included, and nothing else (never a machine-wide `ray stop`). Without
 unshare, the head's session is tracked by process group as in test_job_roundtrip.py.
 """
@@ -42,10 +42,10 @@ def _cluster_config(gcs_port: int) -> dict:
         "provider": {"type": "fake_multinode", "use_node_id_as_ip": True, "disable_node_updaters": True,
                      "disable_launch_config_check": True, "gcs_address": f"127.0.0.1:{gcs_port}"},
         "available_node_types": {
-            "head": {"resources": {"CPU": 2, "GPU": 0}, "node_config": {}, "max_workers": 0},
+            "ray.head.default": {"resources": {"CPU": 2, "GPU": 0}, "node_config": {}, "max_workers": 0},
             "gpu_node": {"resources": {"CPU": 3, "GPU": 2}, "node_config": {}, "min_workers": 0, "max_workers": 2},
         },
-        "head_node_type": "head", "auth": {"ssh_user": "nobody"}, "file_mounts": {}, "cluster_synced_files": [],
+        "head_node_type": "ray.head.default", "auth": {"ssh_user": "nobody"}, "file_mounts": {}, "cluster_synced_files": [],
         "file_mounts_sync_continuously": False, "initialization_commands": [], "setup_commands": [],
         "head_setup_commands": [], "worker_setup_commands": [], "head_start_ray_commands": [],
         "worker_start_ray_commands": [],
@@ -74,7 +74,7 @@ def autoscaling_head():
            "--disable-usage-stats"]
     private = os.geteuid() == 0 and shutil.which("unshare")
     if private:
-        cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *cmd]
+        cmd = ["unshare", "--pid", "--fork", "--mount-proc", *cmd]
     log = (tmp / "head.log").open("w")
     head = subprocess.Popen(cmd, env=env, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -84,12 +84,12 @@ def autoscaling_head():
             time.sleep(0.5)
         yield f"127.0.0.1:{gcs}", env, tmp
     finally:
-        head.send_signal(signal.SIGTERM)  # unshare --kill-child: the namespace's init gets SIGKILL, and with it all
-        try:
+        if private:  # SIGKILL to the namespace's init (unshare's child) ends every process in the namespace
+            for child in psutil.Process(head.pid).children():
+                child.kill()
             head.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            head.kill()
-        if not private:
+        else:
+            head.send_signal(signal.SIGTERM)
             _stop_tree(head.pid)
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
