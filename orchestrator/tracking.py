@@ -33,8 +33,10 @@ def _api_key(cfg: TrialConfig) -> str | None:
     mounted Secret); None lets wandb use its login (~/.netrc). Never from the job's runtime_env (jobs.py)."""
     if os.environ.get("WANDB_API_KEY"):
         return os.environ["WANDB_API_KEY"]
-    path = cfg.wandb.api_key_file or os.environ.get("WANDB_API_KEY_FILE")
-    return Path(store.expand(path)).read_text().strip() if path else None
+    if cfg.wandb.api_key_file:
+        return Path(store.expand(cfg.wandb.api_key_file)).read_text().strip()
+    node_file = Path(os.environ.get("WANDB_API_KEY_FILE") or "/nonexistent")  # an optional Secret may be absent
+    return node_file.read_text().strip() if node_file.is_file() else None
 
 
 class TrialTracker:

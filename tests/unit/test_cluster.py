@@ -50,7 +50,7 @@ def test_a_bundle_no_node_type_holds_is_one_line(tmp_path):
         check_trials(big, cap)
     msg = str(err.value)
     assert "\n" not in msg and "rollout worker bundle (CPU:4 GPU:16) fits on no node type" in msg, msg
-    assert "gpu_h100x8 (CPU:192 GPU:8) x 5" in msg
+    assert "gpu_h100x8 (CPU:192 GPU:8 accelerator_type:H100:1) x 5" in msg
 
 
 def test_totals_respect_the_global_worker_cap():
@@ -116,3 +116,25 @@ def test_driver_requirements():
     assert g.runtime_problem([], "13.0", False, None) is None  # no GPU asked
     assert g.runtime_problem(["0"], None, False, None) is None  # CPU torch with logical GPUs
     assert g.runtime_problem(["0"], "13.0", True, "580.65.06") is None
+
+
+def test_the_online_key_is_read_on_the_node(tmp_path, monkeypatch):
+    from orchestrator.config import TrialConfig
+    from orchestrator.tracking import _api_key
+
+    cfg = TrialConfig()
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY_FILE", str(tmp_path / "api-key"))
+    assert _api_key(cfg) is None  # an optional Secret that is absent: wandb's own login (~/.netrc) decides
+    (tmp_path / "api-key").write_text("k" * 40 + "\n")
+    assert _api_key(cfg) == "k" * 40  # the mounted Secret
+    monkeypatch.setenv("WANDB_API_KEY", "e" * 40)
+    assert _api_key(cfg) == "e" * 40  # the node's environment first
+
+
+def test_an_accelerator_type_selects_node_types(tmp_path):
+    cap = _launcher("gcp-gpu.yaml")
+    h100 = _campaign(tmp_path, worker_gpus=1, learner_gpus=1, accelerator_type="H100")
+    assert check_trials(h100, cap) == ["C1_s0"]
+    with pytest.raises(UserError, match=r"accelerator_type:A100:0.001\) fits on no node type"):
+        check_trials(_campaign(tmp_path, worker_gpus=1, accelerator_type="A100"), cap)
