@@ -169,9 +169,9 @@ def check_trials(campaign, cap: Capacity) -> list[str]:
         for i, bundle in enumerate(b):
             if not cap.can_hold(bundle):
                 what = "driver" if i == 0 else ("learner" if i == len(b) - 1 else "rollout worker")
+                adds = f"node types it can add: {cap.describe()}" if cap.autoscaling else "no autoscaler"
                 raise UserError(f"{src}: resources: trial {t.name}'s {what} bundle ({_fmt(bundle)}) fits on no node "
-                                f"{'type' if cap.autoscaling else ''} of the cluster (live: "
-                                f"{'; '.join(_fmt(n) for n in cap.live)}; autoscaler: {cap.describe()}); lower "
+                                f"of the cluster (nodes up: {'; '.join(_fmt(n) for n in cap.live)}; {adds}); lower "
                                 "worker_gpus/learner_gpus or the CPUs, or add a node type that holds it")
         for key in ("GPU", "CPU"):
             need = sum(x.get(key, 0.0) for x in b)

@@ -49,7 +49,7 @@ def test_a_bundle_no_node_type_holds_is_one_line(tmp_path):
     with pytest.raises(UserError) as err:
         check_trials(big, cap)
     msg = str(err.value)
-    assert "\n" not in msg and "rollout worker bundle (CPU:4 GPU:16) fits on no node type" in msg, msg
+    assert "\n" not in msg and "rollout worker bundle (CPU:4 GPU:16) fits on no node of the cluster" in msg, msg
     assert "gpu_h100x8 (CPU:192 GPU:8 accelerator_type:H100:1) x 5" in msg
 
 
@@ -136,5 +136,5 @@ def test_an_accelerator_type_selects_node_types(tmp_path):
     cap = _launcher("gcp-gpu.yaml")
     h100 = _campaign(tmp_path, worker_gpus=1, learner_gpus=1, accelerator_type="H100")
     assert check_trials(h100, cap) == ["C1_s0"]
-    with pytest.raises(UserError, match=r"accelerator_type:A100:0.001\) fits on no node type"):
+    with pytest.raises(UserError, match=r"accelerator_type:A100:0.001\) fits on no node of"):
         check_trials(_campaign(tmp_path, worker_gpus=1, accelerator_type="A100"), cap)
