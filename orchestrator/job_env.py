@@ -18,6 +18,7 @@ import re
 from orchestrator.errors import UserError
 
 MODES = ("offline", "online", "disabled")
+ALIASES = {"dryrun": "offline", "run": "online"}  # wandb's own older names
 # forwarded when set here: they mean the same on the cluster and hold no secret
 FORWARD = ("WANDB_MODE", "WANDB_PROJECT", "WANDB_ENTITY", "VLLM_CPU_KVCACHE_SPACE", "VLLM_LOGGING_LEVEL")
 SECRET = re.compile(r"(?i)(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)")
@@ -30,6 +31,7 @@ def wandb_mode(flag: str | None = None) -> str | None:
     if mode is None:
         return None
     where = "--wandb-mode" if flag else "WANDB_MODE"
+    mode = ALIASES.get(mode, mode)
     if mode not in MODES:
         raise UserError(f"{where}: {mode!r} is not a W&B mode this runs with; allowed: {', '.join(MODES)}")
     os.environ["WANDB_MODE"] = mode

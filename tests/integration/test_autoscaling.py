@@ -132,9 +132,20 @@ def _node_processes(node_id: str) -> list[psutil.Process]:
 
 def test_gpu_campaign_runs_on_nodes_the_autoscaler_adds(autoscaling_head):
     address, env, tmp = autoscaling_head
-    proc = _run(env, address, _campaign(tmp, "as_grow", steps=4))
+    campaign = _campaign(tmp, "as_grow", steps=4)
+    proc = _run(env, address, campaign)
+    pending = tmp / "store" / "as_grow" / "pending.json"
+    deadline = time.time() + 300
+    while "C1_s0" not in (pending.read_text() if pending.exists() else ""):  # the driver: waiting for nodes
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-4000:]
+        time.sleep(0.2)
+    status = subprocess.run([sys.executable, "-m", "orchestrator", "status", str(campaign)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    if "C1_s0" in pending.read_text():  # still waiting when status read it (else the node came up first)
+        assert "PENDING" in status.stdout and "(waiting for nodes)" in status.stdout, status.stdout + status.stderr
+        print(status.stdout)
     out, _ = proc.communicate(timeout=900)
-    print(out[-3000:])
+    print("\n".join(ln for ln in out.splitlines() if ln.startswith("autoscaling:")))
     assert proc.returncode == 0, out[-4000:]
     assert "autoscaling: 1 of 1 trials need nodes that are not up yet" in out, out[-4000:]
     assert "gpu_node (CPU:3 GPU:2) x 2" in out, out[-4000:]

@@ -90,7 +90,9 @@ def test_wandb_mode_overrides_the_file(tmp_path, monkeypatch):
     assert online.config.wandb.mode == "online"
     assert all(t.trial.wandb.mode == "online" and t.config["wandb"]["mode"] == "online" for t in online.trials)
     monkeypatch.setenv("WANDB_MODE", "dryrun")
-    with pytest.raises(UserError, match=r"^WANDB_MODE: 'dryrun' is not a W&B mode"):
+    assert job_env.wandb_mode() == "offline"  # wandb's older name
+    monkeypatch.setenv("WANDB_MODE", "shared")
+    with pytest.raises(UserError, match=r"^WANDB_MODE: 'shared' is not a W&B mode this runs with; allowed: offline"):
         job_env.wandb_mode()
     assert job_env.wandb_mode("disabled") == "disabled" and job_env.os.environ["WANDB_MODE"] == "disabled"
 
