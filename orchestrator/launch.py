@@ -20,7 +20,7 @@ from ray import tune
 from orchestrator import storage as store
 from orchestrator.actors import bundles
 from orchestrator.campaign import Campaign
-from orchestrator.cluster import PendingOnAutoscaling
+from orchestrator.cluster import PendingOnAutoscaling, check_campaign
 from orchestrator.config import TrialConfig
 from orchestrator.errors import UserError
 from orchestrator.job_env import wandb_mode, with_wandb_mode
@@ -120,8 +120,6 @@ def _tuner(name: str, storage: str, trials: dict[str, dict], *, max_concurrent: 
 def check_cluster(campaign: Campaign) -> None:
     """User errors a cluster can reveal before anything launches (exit 2, nothing started): resources and storage
     against what the cluster can grow to (orchestrator/cluster.py: the autoscaler's node types count)."""
-    from orchestrator.cluster import check_campaign
-
     check_campaign(campaign)
     if os.environ.get("RAY_JOB_SUBMISSION_ID"):  # running as a Ray job: cwd is the uploaded working dir
         refuse_storage_inside(campaign, Path.cwd().resolve())
