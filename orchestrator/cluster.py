@@ -226,7 +226,9 @@ class PendingOnAutoscaling(Callback):
             store.write_text(self.path, _dumps(self.since))
         if self.since and now - self.last_print >= self.every_s:
             self.last_print = now
-            print(f"autoscaling: {len(self.since)} trials pending for up to {_duration(now - min(self.since.values()))}"
+            n = len(self.since)
+            print(f"autoscaling: {n} trial{'s' if n > 1 else ''} pending for up to "
+                  f"{_duration(now - min(self.since.values()))}"
                   f" (waiting for resources: {', '.join(sorted(self.since)[:4])}"
                   f"{'...' if len(self.since) > 4 else ''})", flush=True)
 

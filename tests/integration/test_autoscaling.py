@@ -28,6 +28,8 @@ import psutil
 import pytest
 import yaml
 
+from orchestrator.campaign import load_campaign
+from orchestrator.status import render
 from tests.integration.test_job_roundtrip import _free_ports, _jsonl, _stop_tree
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,11 +141,11 @@ def test_gpu_campaign_runs_on_nodes_the_autoscaler_adds(autoscaling_head):
     while "C1_s0" not in (pending.read_text() if pending.exists() else ""):  # the driver: waiting for nodes
         assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-4000:]
         time.sleep(0.2)
-    status = subprocess.run([sys.executable, "-m", "orchestrator", "status", str(campaign)], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120)
-    if "C1_s0" in pending.read_text():  # still waiting when status read it (else the node came up first)
-        assert "PENDING" in status.stdout and "(waiting for nodes)" in status.stdout, status.stdout + status.stderr
-        print(status.stdout)
+    status = render(load_campaign(campaign))  # what `python -m orchestrator status` prints, read from storage
+    if "C1_s0" in pending.read_text():  # still waiting after status read it (else the node came up first)
+        assert "C1_s0  PENDING " in status and "(waiting for nodes)" in status, status
+        assert "1 pending on autoscaling" in status, status
+        print(status)
     out, _ = proc.communicate(timeout=900)
     print("\n".join(ln for ln in out.splitlines() if ln.startswith("autoscaling:")))
     assert proc.returncode == 0, out[-4000:]

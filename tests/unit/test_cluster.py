@@ -140,3 +140,23 @@ def test_an_accelerator_type_selects_node_types(tmp_path):
     assert check_trials(h100, cap) == ["C1_s0"]
     with pytest.raises(UserError, match=r"accelerator_type:A100:0.001\) fits on no node of"):
         check_trials(_campaign(tmp_path, worker_gpus=1, accelerator_type="A100"), cap)
+
+
+def test_the_driver_records_which_trials_wait_and_since_when(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from orchestrator.cluster import PendingOnAutoscaling, pending_since
+
+    def trial(name, status):
+        return SimpleNamespace(config={"trial": name}, trial_id=name, status=status)
+
+    cb = PendingOnAutoscaling(str(tmp_path), every_s=3600)
+    cb.on_step_begin(0, [trial("A_s0", "PENDING"), trial("B_s0", "RUNNING")])
+    first = pending_since(str(tmp_path))
+    assert list(first) == ["A_s0"]
+    cb.on_step_begin(1, [trial("A_s0", "PENDING"), trial("B_s0", "PENDING")])
+    later = pending_since(str(tmp_path))
+    assert later["A_s0"] == first["A_s0"] and set(later) == {"A_s0", "B_s0"}  # the first wait keeps its start
+    assert capsys.readouterr().out.count("autoscaling: 1 trial pending for up to 0m00s") == 1  # once per every_s
+    cb.on_experiment_end([])
+    assert pending_since(str(tmp_path)) == {}
