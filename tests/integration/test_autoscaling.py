@@ -54,10 +54,9 @@ def _cluster_config(gcs_port: int) -> dict:
     }
 
 
-@pytest.fixture(scope="module")
-def autoscaling_head():
-    """Yields (RAY_ADDRESS, env, tmp): a head with 2 CPUs, no GPU, and an autoscaler that adds GPU nodes."""
-    tmp = Path(tempfile.mkdtemp(prefix="as-", dir="/tmp"))  # short: Ray's socket paths must stay < 108 chars
+def _start_head(tmp: Path) -> tuple[subprocess.Popen | None, str, dict, bool]:
+    """`ray start --head --block` with the fake provider's autoscaler; (None, ...) when it gave up starting (a
+    loaded machine can time Ray's node start out)."""
     gcs, dash, client, agent, agent_grpc, env_agent, metrics = _free_ports(7)
     config = tmp / "cluster.yaml"
     config.write_text(yaml.safe_dump(_cluster_config(gcs)))
@@ -75,26 +74,48 @@ def autoscaling_head():
            f"--runtime-env-agent-port={env_agent}", f"--metrics-export-port={metrics}",
            f"--temp-dir={tmp / 'ray'}", "--num-cpus=2", "--num-gpus=0", f"--autoscaling-config={config}",
            "--disable-usage-stats"]
-    private = os.geteuid() == 0 and shutil.which("unshare")
+    private = bool(os.geteuid() == 0 and shutil.which("unshare"))
     if private:
         cmd = ["unshare", "--pid", "--fork", "--mount-proc", *cmd]
-    log = (tmp / "head.log").open("w")
-    head = subprocess.Popen(cmd, env=env, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.time() + 120
-        while "will now block" not in (tmp / "head.log").read_text():
-            assert head.poll() is None and time.time() < deadline, (tmp / "head.log").read_text()[-3000:]
-            time.sleep(0.5)
-        yield f"127.0.0.1:{gcs}", env, tmp
-    finally:
-        if private:  # SIGKILL to the namespace's init (unshare's child) ends every process in the namespace
+    with (tmp / "head.log").open("w") as log:
+        head = subprocess.Popen(cmd, env=env, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 180
+    while "will now block" not in (tmp / "head.log").read_text():
+        if head.poll() is not None or time.time() > deadline:
+            _stop_head(head, private)
+            return None, "", env, private
+        time.sleep(0.5)
+    return head, f"127.0.0.1:{gcs}", env, private
+
+
+def _stop_head(head: subprocess.Popen, private: bool) -> None:
+    if private:  # SIGKILL to the namespace's init (unshare's child) ends every process in the namespace
+        try:
             for child in psutil.Process(head.pid).children():
                 child.kill()
-            head.wait(timeout=30)
-        else:
-            head.send_signal(signal.SIGTERM)
-            _stop_tree(head.pid)
-        log.close()
+        except psutil.NoSuchProcess:
+            pass  # unshare is gone: its namespace went with it
+        head.wait(timeout=30)
+    else:
+        head.send_signal(signal.SIGTERM)
+        _stop_tree(head.pid)
+
+
+@pytest.fixture(scope="module")
+def autoscaling_head():
+    """Yields (RAY_ADDRESS, env, tmp): a head with 2 CPUs, no GPU, and an autoscaler that adds GPU nodes."""
+    tmp = Path(tempfile.mkdtemp(prefix="as-", dir="/tmp"))  # short: Ray's socket paths must stay < 108 chars
+    head = None
+    try:
+        for _ in range(3):
+            head, address, env, private = _start_head(tmp)
+            if head is not None:
+                break
+        assert head is not None, (tmp / "head.log").read_text()[-3000:]
+        yield address, env, tmp
+    finally:
+        if head is not None:
+            _stop_head(head, private)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
