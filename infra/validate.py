@@ -10,6 +10,9 @@
 - Security: no dashboard on 0.0.0.0, no LoadBalancer/NodePort/Ingress/host port for 8265, 6379 or 10001, token
   auth on everywhere, no secret values in any file.
 - Docker images: the pins in infra/docker/*.Dockerfile equal pyproject.toml's.
+- Clusters that launch (infra/cluster_checks.py): the GPU image's CUDA is torch's and its minimum-driver label
+  matches; GCP boot disks are not pd-standard; an AWS `resolve:ssm:` AMI comes with a head role that may read it;
+  KubeRay pods name their service account, GPU pods a GPU node selector, and /dev/shm holds the object store.
 """
 
 from __future__ import annotations
@@ -240,7 +243,8 @@ def manifest_findings(doc: dict, source: str) -> list[str]:
                         out.append(f"{source}: {pwhere}.containers.{i}.ports: hostPort {p['hostPort']} exposes "
                                    "a port on the node")
                 for e in c.get("env") or []:
-                    if SENSITIVE_ENV.search(str(e.get("name", ""))) and "value" in e:
+                    name = str(e.get("name", ""))
+                    if SENSITIVE_ENV.search(name) and not name.endswith(("_FILE", "_PATH")) and "value" in e:
                         out.append(f"{source}: {pwhere}.containers.{i}.env.{e['name']}: a literal value; use "
                                    "valueFrom.secretKeyRef")
                     if e.get("name") == "RAY_AUTH_MODE" and e.get("value") != "token":
@@ -304,10 +308,12 @@ def shipped() -> dict[str, list[Path]]:
 
 def check_file(path: Path) -> list[str]:
     """Every problem of one launcher YAML, KubeRay manifest or Dockerfile, one line each."""
+    from infra.cluster_checks import image_findings, launch_findings, pod_findings
+
     problems = text_findings(path.read_text(), str(path))
     if path.name.endswith("Dockerfile"):
         extra = "cpu" if "cpu" in path.name else "gpu"
-        return problems + pin_mismatches(path, extra)
+        return problems + pin_mismatches(path, extra) + image_findings(path.read_text(), str(path))
     try:
         docs = load_docs(path)
         for i, doc in enumerate(docs):
@@ -316,9 +322,12 @@ def check_file(path: Path) -> list[str]:
                 if doc.get("kind") in CRDS:
                     check_manifest(doc, source)
                 problems += manifest_findings(doc, source)
+                problems += [f"{source}: {p}" for where, spec in cluster_specs(doc)
+                             for p in pod_findings(spec, where)]
             else:
-                check_launcher(doc, source)
+                prepared = check_launcher(doc, source)
                 problems += launcher_findings(doc, source)
+                problems += [f"{source}: {p}" for p in launch_findings(prepared)]
     except InfraError as exc:
         problems.append(str(exc))
     return problems
@@ -336,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in problems:
         print(f"error: {line}", file=sys.stderr)
     if not problems:
-        print(f"ok: {len(paths)} files (launcher schema, KubeRay CRD schemas, security, image pins)")
+        print(f"ok: {len(paths)} files (launcher schema, KubeRay CRD schemas, security, image pins, launchability)")
     return 2 if problems else 0
 
 

@@ -13,6 +13,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from orchestrator.config import ModelConfig, TrialConfig
 from workers.envs.tiny_agent import build_tiny_agent
 from workers.families import FAMILIES, family_builder
+from workers.gpu_runtime import check_gpu_runtime
 from workers.learner import Learner
 from workers.models import build_tiny_model
 from workers.reasoner import build_tiny_reasoner
@@ -47,6 +48,7 @@ def _engine_dtype(dtype: str) -> str:
 @ray.remote
 class _RolloutActor(RolloutWorker):
     def __init__(self, model_cfg: dict, dtype: str, **kw):
+        check_gpu_runtime()
         super().__init__(resolve_model(ModelConfig(**model_cfg)), dtype=_engine_dtype(dtype), **kw)
 
     def placement(self) -> dict:
@@ -56,6 +58,7 @@ class _RolloutActor(RolloutWorker):
 @ray.remote
 class _LearnerActor(Learner):
     def __init__(self, model_cfg: dict, **kw):
+        check_gpu_runtime()
         super().__init__(resolve_model(ModelConfig(**model_cfg)), **kw)
 
     def placement(self) -> dict:
@@ -72,8 +75,11 @@ def bundles(cfg: TrialConfig) -> list[dict[str, float]]:
     """Placement-group bundles: [driver, worker x k, learner]."""
     r = cfg.resources
 
+    # a GPU model is a resource Ray gives each node (accelerator_type:H100 = 1): a sliver of it pins the bundle
+    model = {f"accelerator_type:{r.accelerator_type}": 0.001} if r.accelerator_type else {}
+
     def b(cpu: float, gpu: float) -> dict[str, float]:
-        return {"CPU": cpu, **({"GPU": gpu} if gpu else {})}
+        return {"CPU": cpu, **({"GPU": gpu, **model} if gpu else {})}
 
     return [b(r.driver_cpus, 0)] + [b(r.worker_cpus, r.worker_gpus)] * cfg.rollout.num_workers + [
         b(r.learner_cpus, r.learner_gpus)

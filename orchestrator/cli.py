@@ -44,8 +44,10 @@ def _expand(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from orchestrator.campaign import load_campaign
+    from orchestrator.job_env import wandb_mode
     from orchestrator.launch import run_campaign
 
+    wandb_mode(args.wandb_mode)  # checked and exported; run_campaign applies it
     return 1 if run_campaign(load_campaign(args.file)) else 0
 
 
@@ -59,8 +61,10 @@ def _status(args: argparse.Namespace) -> int:
 
 def _submit(args: argparse.Namespace) -> int:
     from orchestrator.campaign import load_campaign
+    from orchestrator.job_env import wandb_mode
     from orchestrator.jobs import submit
 
+    wandb_mode(args.wandb_mode)  # checked here, forwarded to the job as WANDB_MODE
     submit(load_campaign(args.file), args.address)
     return 0
 
@@ -153,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(fn=fn)
         if name == "submit":
             p.add_argument("--address", help="Ray dashboard address (default: $RAY_ADDRESS or 127.0.0.1:8265)")
+        if name in ("run", "submit"):
+            p.add_argument("--wandb-mode", choices=("offline", "online", "disabled"),
+                           help="override the campaign's wandb.mode (default: $WANDB_MODE, else the file's)")
     r = sub.add_parser("report", help="statistical report of a campaign (tables, CSVs, PNGs)")
     r.add_argument("file", help="campaign YAML")
     r.add_argument("--metric", help="metric to compare (default: eval/pass@1 if logged, else train/correct_rate)")

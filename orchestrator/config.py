@@ -190,6 +190,9 @@ class ResourcesConfig(_Strict):
     worker_gpus: float = Field(0.0, ge=0.0)
     learner_cpus: float = Field(1.0, gt=0.0)
     learner_gpus: float = Field(0.0, ge=0.0)
+    accelerator_type: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="GPU model every GPU bundle needs (Ray's accelerator_type:<T> resource: H100, L4, A100, ...)")
 
 
 class WandbConfig(_Strict):

@@ -15,8 +15,7 @@ from pathlib import Path
 from orchestrator import storage as store
 from orchestrator.campaign import Campaign
 from orchestrator.errors import UserError
-
-PASS_ENV = ("VLLM_CPU_KVCACHE_SPACE", "WANDB_API_KEY", "HF_TOKEN", "HF_HOME")
+from orchestrator.job_env import job_env, secrets_note
 
 
 def refuse_storage_inside(campaign: Campaign, working_dir: Path) -> None:
@@ -51,8 +50,10 @@ def submit(campaign: Campaign, address: str | None) -> str:
             return job.submission_id
     sid = f"{campaign.config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     # the job resolves `storage` again on the cluster: it needs the variables the local resolution used
-    storage_vars = re.findall(r"\$\{(\w+)", campaign.config.storage)
-    env = {k: os.environ[k] for k in (*PASS_ENV, *storage_vars) if k in os.environ}
+    env = job_env(re.findall(r"\$\{(\w+)", campaign.config.storage))  # never a secret: see job_env.py
+    note = secrets_note(env.get("WANDB_MODE", campaign.config.wandb.mode))
+    if note:
+        print(note)
     client.submit_job(
         entrypoint=f"python -m orchestrator run {src.relative_to(cwd)}",
         runtime_env={"working_dir": str(cwd), "env_vars": env},

@@ -20,8 +20,10 @@ from ray import tune
 from orchestrator import storage as store
 from orchestrator.actors import bundles
 from orchestrator.campaign import Campaign
+from orchestrator.cluster import PendingOnAutoscaling, check_campaign
 from orchestrator.config import TrialConfig
 from orchestrator.errors import UserError
+from orchestrator.job_env import wandb_mode, with_wandb_mode
 from orchestrator.jobs import refuse_storage_inside
 from orchestrator.model_limits import check_model_limits
 from orchestrator.trial import run_trial
@@ -88,7 +90,7 @@ def _torn_snapshot(directory: str) -> str | None:
 
 
 def _tuner(name: str, storage: str, trials: dict[str, dict], *, max_concurrent: int | None, max_failures: int,
-           keep: int) -> tune.Tuner:
+           keep: int, callbacks: list | None = None) -> tune.Tuner:
     directory = store.join(storage, name)
     trainable = _trainable(trials)
     param_space = {"trial": tune.grid_search(list(trials))}
@@ -110,32 +112,16 @@ def _tuner(name: str, storage: str, trials: dict[str, dict], *, max_concurrent: 
             name=name, storage_path=storage,
             checkpoint_config=tune.CheckpointConfig(num_to_keep=keep),
             failure_config=tune.FailureConfig(max_failures=max_failures),
+            callbacks=callbacks,
         ),
     )
 
 
 # ------------------------------------------------------------------------------------------------ campaigns
 def check_cluster(campaign: Campaign) -> None:
-    """User errors a cluster can reveal before anything launches (exit 2, nothing started)."""
-    total = ray.cluster_resources()
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    src = campaign.source
-    for t in campaign.trials:
-        b = bundles(t.trial)
-        gpus, cpus = sum(x.get("GPU", 0) for x in b), sum(x.get("CPU", 0) for x in b)
-        if gpus and not total.get("GPU"):
-            raise UserError(f"{src}: resources: trial {t.name} asks for {gpus:g} GPUs but the cluster has none; "
-                            "set worker_gpus/learner_gpus to 0 or run on a GPU cluster")
-        if gpus > total.get("GPU", 0):
-            raise UserError(f"{src}: resources: trial {t.name} asks for {gpus:g} GPUs; the cluster has "
-                            f"{total.get('GPU', 0):g}")
-        if cpus > total.get("CPU", 0):
-            raise UserError(f"{src}: resources: trial {t.name} asks for {cpus:g} CPUs; the cluster has "
-                            f"{total.get('CPU', 0):g}")
-    if len(nodes) > 1 and not store.is_uri(campaign.storage) and not campaign.config.storage_shared:
-        raise UserError(f"{src}: storage: {campaign.storage} is a node-local path on a {len(nodes)}-node cluster; "
-                        "a trial retried on another node would not find its checkpoint. Use a URI (s3://, gs://) "
-                        "or a shared filesystem path and set storage_shared: true")
+    """User errors a cluster can reveal before anything launches (exit 2, nothing started): resources and storage
+    against what the cluster can grow to (orchestrator/cluster.py: the autoscaler's node types count)."""
+    check_campaign(campaign)
     if os.environ.get("RAY_JOB_SUBMISSION_ID"):  # running as a Ray job: cwd is the uploaded working dir
         refuse_storage_inside(campaign, Path.cwd().resolve())
 
@@ -218,6 +204,7 @@ def driver_lock(campaign: Campaign):
 
 def run_campaign(campaign: Campaign) -> int:
     """Run (or resume) every trial of the campaign; returns the number of trials that did not finish."""
+    campaign = with_wandb_mode(campaign, wandb_mode())  # $WANDB_MODE / --wandb-mode over the file
     need = max(sum(b.get("CPU", 0) for b in bundles(t.trial)) for t in campaign.trials)
     ensure_ray(need)
     check_cluster(campaign)
@@ -234,7 +221,8 @@ def run_campaign(campaign: Campaign) -> int:
 
         save_at_start(campaign)  # online: the campaign's W&B workspace, saved now
         tuner = _tuner(cfg.name, campaign.storage, {t.name: t.config for t in campaign.trials},
-                       max_concurrent=cfg.max_concurrent_trials, max_failures=cfg.max_failures, keep=keep)
+                       max_concurrent=cfg.max_concurrent_trials, max_failures=cfg.max_failures, keep=keep,
+                       callbacks=[PendingOnAutoscaling(campaign.directory)])
         results = tuner.fit()
     failed = [r for r in results if r.error]
     print(f"campaign {cfg.name}: {len(results) - len(failed)}/{len(results)} trials finished; "

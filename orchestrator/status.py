@@ -56,8 +56,11 @@ def driver_alive(directory: str) -> bool | None:
 
 
 def trial_rows(campaign: Campaign) -> list[dict]:
+    from orchestrator.cluster import pending_label
+
     states = tune_states(campaign.directory)
-    if driver_alive(campaign.directory) is False:  # Tune's last snapshot says RUNNING, but nobody runs it
+    alive = driver_alive(campaign.directory)
+    if alive is False:  # Tune's last snapshot says RUNNING, but nobody runs it
         states = {k: ("INTERRUPTED" if v == "RUNNING" else v) for k, v in states.items()}
     out = []
     for t in campaign.trials:
@@ -68,6 +71,8 @@ def trial_rows(campaign: Campaign) -> list[dict]:
         steps = t.config["steps"]
         last = rows[-1] if rows else {}
         state = states.get(t.name) or ("NOT STARTED" if not starts else "UNKNOWN")
+        if state in ("PENDING", "NOT STARTED", "UNKNOWN") and alive is not False:  # the driver: waiting how long
+            state = pending_label(campaign.directory, t.name) or state
         out.append({"trial": t.name, "state": state, "step": f"{len(rows)}/{steps}", "starts": len(starts),
                     **{k: last[k] for k in KEY_METRICS if k in last}})
     return out
@@ -85,8 +90,10 @@ def render(campaign: Campaign) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     done = sum(r["state"] == "TERMINATED" for r in rows)
+    waiting = sum(r["state"].startswith("PENDING ") for r in rows)
     alive = driver_alive(campaign.directory)
     driver = {True: "driver running", False: "no driver running (run the same command to resume)", None: ""}[alive]
     head = (f"campaign {campaign.config.name}: {done}/{len(rows)} trials finished ({campaign.directory})"
-            + (f"; {driver}" if driver else ""))
+            + (f"; {driver}" if driver else "")
+            + (f"; {waiting} pending on autoscaling (waiting for nodes to be added)" if waiting else ""))
     return head + "\n" + "\n".join(lines)

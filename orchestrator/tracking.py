@@ -30,11 +30,14 @@ def logged_config(cfg: TrialConfig) -> dict[str, Any]:
 
 
 def _api_key(cfg: TrialConfig) -> str | None:
+    """The node's own key: $WANDB_API_KEY, else `wandb.api_key_file`, else the file $WANDB_API_KEY_FILE names (a
+    mounted Secret); None lets wandb use its login (~/.netrc). Never from the job's runtime_env (jobs.py)."""
     if os.environ.get("WANDB_API_KEY"):
         return os.environ["WANDB_API_KEY"]
     if cfg.wandb.api_key_file:
         return Path(store.expand(cfg.wandb.api_key_file)).read_text().strip()
-    return None
+    node_file = Path(os.environ.get("WANDB_API_KEY_FILE") or "/nonexistent")  # an optional Secret may be absent
+    return node_file.read_text().strip() if node_file.is_file() else None
 
 
 class TrialTracker:

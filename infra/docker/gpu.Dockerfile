@@ -1,8 +1,15 @@
 # The GPU image: what every node of a GPU cluster runs (Ray cluster launcher and KubeRay alike).
-# A CUDA base, exact pins of the stack (the same versions as pyproject.toml: tests/unit/test_infra.py checks),
-# this package installed last, a non-root user. Build from the repository root and push where your nodes pull:
-#   docker build -f infra/docker/gpu.Dockerfile -t credit-orchestrator:0.1.0-gpu .
-FROM nvidia/cuda:12.8.1-devel-ubuntu24.04
+# A CUDA base whose CUDA is torch's (torch 2.14's wheels are built for CUDA 13.0: one toolkit in the image, and
+# the base's NVIDIA_REQUIRE_CUDA=cuda>=13.0 stops the container on a driver older than 580 instead of letting torch
+# fail later), exact pins of the stack (the same versions as pyproject.toml; infra/validate.py checks both), this
+# package installed last, a non-root user. Nodes need an NVIDIA driver >= 580 (the label below; docs/deploy.md).
+# Build from the repository root for the nodes' architecture, and push where your nodes pull:
+#   docker build --platform linux/amd64 -f infra/docker/gpu.Dockerfile -t credit-orchestrator:0.1.0-gpu .
+FROM nvidia/cuda:13.0.0-devel-ubuntu24.04
+
+LABEL org.opencontainers.image.title="credit-orchestrator (GPU)" \
+      ai.credit-orchestrator.cuda="13.0" \
+      ai.credit-orchestrator.min-nvidia-driver="580"
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
@@ -27,7 +34,8 @@ RUN apt-get update \
 
 # The stack, pinned exactly as in pyproject.toml (dependencies + the gpu extra). boto3 and
 # google-api-python-client let the Ray autoscaler on the head start AWS / GCP nodes.
-RUN pip install torch==2.14.0 vllm==0.33.0 "ray[tune,train,default]==2.60.0" transformers==5.19.0 \
+# torch from PyTorch's cu130 index: the CUDA build named, not whatever the package index defaults to.
+RUN pip install --extra-index-url https://download.pytorch.org/whl/cu130 torch==2.14.0 vllm==0.33.0 "ray[tune,train,default]==2.60.0" transformers==5.19.0 \
         peft==0.21.2 wandb==0.31.0 math-verify==0.9.0 boto3==1.44.5 google-api-python-client==2.202.0
 
 WORKDIR /home/ray/credit-orchestrator

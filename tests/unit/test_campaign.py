@@ -163,10 +163,11 @@ def test_malformed_campaign_exit_code_from_the_real_cli():
 
 
 def _fake_cluster(monkeypatch, cpus: float, gpus: float, nodes: int) -> None:
-    import orchestrator.launch as launch
+    """`nodes` live nodes sharing `cpus`/`gpus`, no autoscaler (the autoscaler's side: tests/unit/test_cluster.py)."""
+    import orchestrator.cluster as cluster
 
-    monkeypatch.setattr(launch.ray, "cluster_resources", lambda: {"CPU": cpus, **({"GPU": gpus} if gpus else {})})
-    monkeypatch.setattr(launch.ray, "nodes", lambda: [{"Alive": True}] * nodes)
+    node = {"CPU": cpus / nodes, **({"GPU": gpus / nodes} if gpus else {})}
+    monkeypatch.setattr(cluster, "capacity", lambda: cluster.Capacity([dict(node) for _ in range(nodes)]))
     monkeypatch.delenv("RAY_JOB_SUBMISSION_ID", raising=False)
 
 
@@ -183,12 +184,13 @@ def test_cluster_checks_refuse_impossible_asks(tmp_path, monkeypatch):
 
     gpu = _small_campaign(tmp_path, resources={"rollout_workers": 1, "worker_gpus": 1, "learner_gpus": 1})
     _fake_cluster(monkeypatch, cpus=16, gpus=0, nodes=1)
-    with pytest.raises(UserError, match=r"c.yaml: resources: trial A_s0 asks for 2 GPUs but the cluster has none"):
+    with pytest.raises(UserError, match=r"c.yaml: resources: trial A_s0's rollout worker bundle \(CPU:1 GPU:1\) fits "
+                                         r"on no node of the cluster"):
         check_cluster(gpu)
     _fake_cluster(monkeypatch, cpus=16, gpus=8, nodes=1)
     check_cluster(gpu)  # fits
     _fake_cluster(monkeypatch, cpus=2, gpus=8, nodes=1)
-    with pytest.raises(UserError, match=r"asks for 2.5 CPUs; the cluster has 2"):
+    with pytest.raises(UserError, match=r"asks for 2.5 CPUs; the cluster can have at most 2 \(no autoscaler\)"):
         check_cluster(gpu)
     _fake_cluster(monkeypatch, cpus=64, gpus=8, nodes=3)
     with pytest.raises(UserError, match=r"storage: .* node-local path on a 3-node cluster"):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from infra import cluster_checks as cc
 from infra import validate as v
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +44,12 @@ def test_launcher_yaml_passes_rays_own_validation(path):
     head = types[prepared["head_node_type"]]
     assert head["resources"]["GPU"] == 0 and head["max_workers"] == 0  # a CPU head
     gpus = {name: t["resources"]["GPU"] for name, t in types.items() if t["resources"].get("GPU")}
-    assert sorted(gpus.values()) == [1, 8], gpus  # an 8 x H100 type and a 1 x L4 type
+    assert sorted(gpus.values()) == [1, 1, 8, 8], gpus  # 8 x H100 and 1 x L4, each on demand and spot/preemptible
+    for name in gpus:  # the GPU model is a resource, so `accelerator_type: H100` campaigns scale the right type
+        accel = [k for k in types[name]["resources"] if k.startswith("accelerator_type:")]
+        assert accel == [f"accelerator_type:{'H100' if gpus[name] == 8 else 'L4'}"], name
+    spot = [n for n, t in types.items() if "spot" in n]
+    assert len(spot) == 2 and prepared["head_node_type"] not in spot
     # our keys replace Ray's provider defaults, which would pip-install a Ray nightly and open the dashboard
     assert prepared["head_setup_commands"] == [] and prepared["worker_setup_commands"] == []
     assert prepared["docker"]["image"].endswith(f"/credit-orchestrator:{VERSION}-gpu")
@@ -116,10 +122,16 @@ def test_rayjob_runs_sepa_lean_and_cleans_up_after_itself():
     for group in cluster["workerGroupSpecs"]:
         (c,) = group["template"]["spec"]["containers"]
         assert c["resources"]["limits"]["nvidia.com/gpu"] >= 1, group["groupName"]
+    assert job["backoffLimit"] >= 1  # a lost head: KubeRay retries the job on a new cluster, which resumes
     for pod in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
-        env = {e["name"]: e for e in pod["template"]["spec"]["containers"][0]["env"]}
-        assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "wandb"
+        spec = pod["template"]["spec"]
+        env = {e["name"]: e for e in spec["containers"][0]["env"]}
+        assert "WANDB_API_KEY" not in env  # the key is a mounted file, read only by the tracker
+        key_dir = next(m["mountPath"] for m in spec["containers"][0]["volumeMounts"] if m["name"] == "wandb")
+        assert env["WANDB_API_KEY_FILE"]["value"].startswith(key_dir + "/")
+        assert next(v for v in spec["volumes"] if v["name"] == "wandb")["secret"]["secretName"] == "wandb"
         assert env["ORCHESTRATOR_STORAGE"]["valueFrom"]["configMapKeyRef"]["key"] == "storage"
+        assert spec["serviceAccountName"] == "credit-orchestrator"
 
 
 def test_rayjob_cluster_is_the_standalone_raycluster():
@@ -149,6 +161,57 @@ def test_crd_copies_are_the_upstream_files_noted_in_the_readme():
         digest = hashlib.sha256(gzip.decompress(path.read_bytes())).hexdigest()
         assert f"`{path.name}` | `ray-operator/config/crd/bases/{path.name[:-3]}` | `{digest}`" in readme, kind
         assert v.crd_schema(kind)["properties"]["kind"] == {"const": kind}
+
+
+# ------------------------------------------------------------------------------------- clusters that launch
+def test_launch_checks_catch_what_kept_clusters_from_running():
+    def launcher(name: str, edit) -> str:
+        path = ROOT / "infra" / "cluster" / name
+        return "\n".join(cc.launch_findings(v.prepared_launcher(_broken(path, edit))))
+
+    gcp = launcher("gcp-gpu.yaml", lambda c: c["available_node_types"]["gpu_l4x1"]["node_config"]["disks"][0][
+        "initializeParams"].pop("diskType"))
+    assert "gpu_l4x1.node_config.disks.0.initializeParams.diskType: unset (pd-standard)" in gcp
+    std = launcher("gcp-gpu.yaml", lambda c: c["available_node_types"]["gpu_h100x8"]["node_config"]["disks"][0][
+        "initializeParams"].update(diskType="zones/us-central1-a/diskTypes/pd-standard"))
+    assert "gpu_h100x8.node_config.disks.0.initializeParams.diskType" in std
+    aws = launcher("aws-gpu.yaml", lambda c: c["available_node_types"]["head_cpu"]["node_config"].pop(
+        "IamInstanceProfile"))
+    assert "head_cpu.node_config.IamInstanceProfile: unset" in aws and "ssm:GetParameters" in aws
+
+
+def test_image_checks_tie_cuda_torch_and_driver():
+    text = (ROOT / "infra" / "docker" / "gpu.Dockerfile").read_text()
+    assert cc.image_cuda(text) == cc.torch_cuda(text) == "13.0"
+    old = "\n".join(cc.image_findings(text.replace("nvidia/cuda:13.0.0", "nvidia/cuda:12.8.1"), "f"))
+    assert "FROM nvidia/cuda:12.8: torch's wheels are built for CUDA 13.0" in old
+    unlabeled = "\n".join(cc.image_findings(re.sub(r"ai\.credit-orchestrator\.min-nvidia-driver=\"580\"", "",
+                                                   text), "f"))
+    assert "min-nvidia-driver: must be 580" in unlabeled
+    no_index = text.replace("--extra-index-url https://download.pytorch.org/whl/cu130 ", "")
+    assert cc.torch_cuda(no_index) == "13.0" and cc.image_findings(no_index, "f") == []  # torch 2.14's default
+    assert cc.image_findings((ROOT / "infra" / "docker" / "cpu.Dockerfile").read_text(), "f") == []
+
+
+def test_pod_checks_catch_identity_placement_and_shm():
+    spec = _load(ROOT / "infra" / "k8s" / "raycluster.yaml")["spec"]
+    assert cc.pod_findings(spec, "spec") == []
+
+    def findings(edit) -> str:
+        broken = copy.deepcopy(spec)
+        edit(broken)
+        return "\n".join(cc.pod_findings(broken, "spec"))
+
+    head = ("headGroupSpec", "template", "spec")
+    assert "headGroupSpec.template.spec.serviceAccountName: unset" in findings(
+        lambda s: s["headGroupSpec"]["template"]["spec"].pop("serviceAccountName"))
+    assert "workerGroupSpecs.2.template.spec.nodeSelector: a GPU pod without a GPU node selector" in findings(
+        lambda s: s["workerGroupSpecs"][2]["template"]["spec"].pop("nodeSelector"))
+    # Ray's default object store is 30% of the pod's memory: 9.6 GiB of the head's 32 GiB, over an 8 GiB /dev/shm
+    assert "/dev/shm (8 GiB) is smaller than Ray's object store (9.6 GiB)" in findings(
+        lambda s: s["headGroupSpec"]["rayStartParams"].pop("object-store-memory"))
+    assert "no memory-backed /dev/shm" in findings(lambda s: s[head[0]][head[1]][head[2]].update(volumes=[]))
+    assert cc.quantity("900Gi") == 900 * 2**30 and cc.quantity("6442450944") == 6 * 2**30
 
 
 # ------------------------------------------------------------------------------------------------ security
