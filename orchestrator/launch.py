@@ -23,6 +23,7 @@ from orchestrator.campaign import Campaign
 from orchestrator.config import TrialConfig
 from orchestrator.errors import UserError
 from orchestrator.jobs import refuse_storage_inside
+from orchestrator.scheduling import scheduling
 from orchestrator.trial import run_trial
 
 CAMPAIGN_FILE = "campaign.json"
@@ -87,10 +88,12 @@ def _torn_snapshot(directory: str) -> str | None:
 
 
 def _tuner(name: str, storage: str, trials: dict[str, dict], *, max_concurrent: int | None, max_failures: int,
-           keep: int) -> tune.Tuner:
+           keep: int, scheduler=None, search_alg=None) -> tune.Tuner:
+    """search_alg: the campaign's searcher (lockstep / adaptive seeds, orchestrator/scheduling.py) hands Tune the
+    trial names instead of the grid."""
     directory = store.join(storage, name)
     trainable = _trainable(trials)
-    param_space = {"trial": tune.grid_search(list(trials))}
+    param_space = {"trial": tune.grid_search(list(trials))} if search_alg is None else None
     if tune.Tuner.can_restore(directory):
         torn = _torn_snapshot(directory)
         if torn is None:
@@ -102,7 +105,8 @@ def _tuner(name: str, storage: str, trials: dict[str, dict], *, max_concurrent: 
     return tune.Tuner(
         trainable,
         param_space=param_space,
-        tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent,
+        tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent, scheduler=scheduler,
+                                    search_alg=search_alg, num_samples=len(trials) if search_alg else 1,
                                     trial_name_creator=lambda t: t.config["trial"],
                                     trial_dirname_creator=lambda t: t.config["trial"]),
         run_config=tune.RunConfig(
@@ -218,8 +222,10 @@ def run_campaign(campaign: Campaign) -> int:
         keep = max(t.trial.checkpoint.keep for t in campaign.trials)
         print(f"{'resuming' if resumed else 'starting'} campaign {cfg.name}: {len(campaign.trials)} trials -> "
               f"{campaign.directory}", flush=True)
+        plan = scheduling(campaign)
         tuner = _tuner(cfg.name, campaign.storage, {t.name: t.config for t in campaign.trials},
-                       max_concurrent=cfg.max_concurrent_trials, max_failures=cfg.max_failures, keep=keep)
+                       max_concurrent=plan.max_concurrent, max_failures=cfg.max_failures, keep=keep,
+                       scheduler=plan.scheduler, search_alg=plan.search_alg)
         results = tuner.fit()
     failed = [r for r in results if r.error]
     print(f"campaign {cfg.name}: {len(results) - len(failed)}/{len(results)} trials finished; "
