@@ -56,9 +56,10 @@ def look(directory: str, names: dict[tuple[str, int], str], seeds: int, cfg: Ada
                 for s in range(seeds)]
 
     c = paired_comparison(values(base), values(other), confidence=1.0 - level, bootstrap=False)
-    claimed = math.isfinite(c.p) and c.p < level  # zero-variance differences (p NaN) are never a claim
-    return {"seeds": seeds, "pairs": c.n, "delta": c.delta, "lo": c.lo, "hi": c.hi, "p": c.p, "level": level,
-            "claimed": bool(claimed)}
+    # the interval excludes zero exactly when p < level; zero-variance differences (p NaN) are never a claim
+    claimed = c.excludes_zero and math.isfinite(c.p_value)
+    return {"seeds": seeds, "pairs": c.n, "delta": c.delta, "lo": c.ci_low, "hi": c.ci_high, "p": c.p_value,
+            "level": level, "claimed": bool(claimed)}
 
 
 class CampaignSearcher(Searcher):

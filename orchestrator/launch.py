@@ -214,6 +214,9 @@ def run_campaign(campaign: Campaign) -> int:
     need = max(sum(b.get("CPU", 0) for b in bundles(t.trial)) for t in campaign.trials)
     ensure_ray(need)
     check_cluster(campaign)
+    from orchestrator.plan import run_paragraph
+
+    print(run_paragraph(campaign), flush=True)
     with driver_lock(campaign):
         check_same_campaign(campaign)
         resumed = tune.Tuner.can_restore(campaign.directory)
