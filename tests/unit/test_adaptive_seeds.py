@@ -71,7 +71,7 @@ def test_adaptive_seeds_hold_the_false_claim_rate_and_stop_early_under_an_effect
     sd = null.std()
     effect = _curves(rng, 3000, 16, 16, 0.8 * sd / 7.5)  # AUC shift of about 0.8 paired sd
     claimed, used = sequential_paired_t(effect, LOOKS)
-    assert claimed.mean() > 0.8 and used.mean() < 13, (claimed.mean(), used.mean())
+    assert claimed.mean() > 0.75 and used.mean() < 13, (claimed.mean(), used.mean())
     assert np.mean(used[claimed] < 16) > 0.5  # most claims come before the fixed maximum
 
 
