@@ -15,7 +15,7 @@ has finished, GPU-hours spent so far) and `budget_stop`. `status` reads the roun
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
@@ -44,13 +44,20 @@ class LockstepScheduler(FIFOScheduler):
         self.active: set[str] = set()  # running or about to start: what the slots count
         self.finished: set[str] = set()
         self.stopped = False  # the budget ended the campaign
-        past = [e for e in campaign_events(directory) if e.get("event") == "round"]
-        self.spent = past[-1]["gpu_hours"] if past else 0.0  # GPU-hours of earlier drivers (resume)
-        self.round_cost = past[-1].get("round_gpu_hours", 0.0) if past else 0.0
-        self.round_wall = past[-1].get("round_s", 0.0) if past else 0.0
-        self.boundary = past[-1]["round"] if past else 0
+        self.loaded = False  # the campaign's past rounds read back (Tune unpickles this object on a resume)
+        self.spent = self.round_cost = self.round_wall = self.spent_at_boundary = 0.0
+        self.boundary, self.boundary_time = 0, time.time()
+
+    def _load_past(self) -> None:
+        """GPU-hours and rounds of earlier drivers of this campaign (a resumed campaign keeps its budget)."""
+        self.loaded = True
+        past = [e for e in campaign_events(self.directory) if e.get("event") == "round"]
+        if past:
+            last = past[-1]
+            self.spent = self.spent_at_boundary = last["gpu_hours"]
+            self.round_cost, self.round_wall = last.get("round_gpu_hours", 0.0), last.get("round_s", 0.0)
+            self.boundary = last["round"]
         self.boundary_time = time.time()
-        self.spent_at_boundary = self.spent
 
     @property
     def supports_buffered_results(self) -> bool:
@@ -70,6 +77,8 @@ class LockstepScheduler(FIFOScheduler):
             self.rounds.setdefault(n, 0)
 
     def on_trial_add(self, tune_controller, trial: Trial) -> None:
+        if not self.loaded:
+            self._load_past()
         name = trial.config["trial"]
         last = (trial.last_result or {}).get("step")  # a restored experiment: where the trial got to
         self.rounds[name] = 0 if last is None else (int(last) + 1) // self.round_steps
@@ -145,7 +154,7 @@ class LockstepScheduler(FIFOScheduler):
             return (f"{self.spent:.3g} GPU-hours spent, another round would take about {self.round_cost:.3g} "
                     f"of the {b.gpu_hours:g}")
         if b.deadline is not None and now + self.round_wall > b.deadline.timestamp():
-            end = datetime.fromtimestamp(now + self.round_wall, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+            end = datetime.fromtimestamp(now + self.round_wall, UTC).strftime("%Y-%m-%d %H:%M UTC")
             return f"another round would end about {end}, past the deadline {b.deadline:%Y-%m-%d %H:%M %Z}"
         return None
 

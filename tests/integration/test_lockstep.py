@@ -33,40 +33,46 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
 
 
-def _rounds_run(campaign) -> list[tuple[float, float, str, int]]:
-    """(start, end, trial, round) of every stretch a trial ran: from its start events (the step it resumed
-    from) to the next `round_done` / its end event."""
+def _timeline(campaign) -> tuple[dict, dict]:
+    """done[trial][r]: when the trial finished round r (1-based; the campaign's `round_done` events, its own
+    `end` for the last); started[trial][r]: when it started round r (its `start` events: the step it resumed
+    from; a trial that went on without pausing started round r + 1 when it finished round r)."""
     cdir = Path(campaign.directory)
     events = _jsonl(cdir / "events.jsonl")
-    spans = []
+    done, started = {}, {}
     for t in campaign.trials:
         own = _jsonl(cdir / "trials" / t.name / "events.jsonl")
-        starts = [e for e in own if e["event"] == "start"]
-        ends = sorted([e["time"] for e in events if e.get("trial") == t.name and e["event"] == "round_done"]
-                      + [e["time"] for e in own if e["event"] == "end"])
-        for s in starts:
-            end = min(x for x in ends if x >= s["time"])
-            spans.append((s["time"], end, t.name, s["from_step"] // 2))
-    return sorted(spans)
+        done[t.name] = {e["round"]: e["time"] for e in events if e["event"] == "round_done" and e["trial"] == t.name}
+        ends = [e["time"] for e in own if e["event"] == "end"]
+        if ends:
+            done[t.name][t.trial.steps // 2] = ends[-1]
+        started[t.name] = {e["from_step"] // 2 + 1: e["time"] for e in own if e["event"] == "start"}
+        for r, when in done[t.name].items():
+            started[t.name].setdefault(r + 1, when)
+    return done, started
 
 
 def test_one_slot_runs_three_conditions_by_two_seeds_in_lockstep(ray_local, tmp_path):
     campaign = _campaign(tmp_path, "lockstep", steps=4)
     assert run_campaign(campaign) == 0
-    spans = _rounds_run(campaign)
-    assert len(spans) == 12  # 6 trials x 2 rounds: each paused after round 0 and resumed from its checkpoint
-    # one slot: the stretches never overlap, and every round-0 stretch ends before any round-1 stretch starts
-    for (s0, e0, *_), (s1, _, *_) in zip(spans, spans[1:], strict=False):
-        assert e0 <= s1
-    last_round0 = max(e for _, e, _, r in spans if r == 0)
-    assert all(s >= last_round0 for s, _, _, r in spans if r == 1), spans
-    assert [r for *_, r in spans] == [0] * 6 + [1] * 6
-    for t in campaign.trials:
-        rows = _jsonl(Path(campaign.directory) / "trials" / t.name / "metrics.jsonl")
-        assert [r["step"] for r in rows] == [0, 1, 2, 3], t.name
+    done, started = _timeline(campaign)
+    names = [t.name for t in campaign.trials]
+    assert all(set(done[n]) == {1, 2} for n in names), done
+    # lockstep: nobody starts round 2 before everybody finished round 1
+    everyone_round1 = max(done[n][1] for n in names)
+    assert all(started[n][2] >= everyone_round1 for n in names), (started, done)
+    # one slot: the trials took turns; all but the last of round 1 paused at their checkpoint and resumed there
+    spans = sorted((started[n][r], done[n][r]) for n in names for r in (1, 2))
+    assert all(a_end <= b_start + 1e-3 for (_, a_end), (b_start, _) in zip(spans, spans[1:], strict=False)), spans
+    resumed = [n for n in names if any(e["event"] == "start" and e["from_step"] == 2 for e in
+                                       _jsonl(Path(campaign.directory) / "trials" / n / "events.jsonl"))]
+    assert len(resumed) == 5, resumed
+    for n in names:
+        rows = _jsonl(Path(campaign.directory) / "trials" / n / "metrics.jsonl")
+        assert [r["step"] for r in rows] == [0, 1, 2, 3], n
     boundaries = [e for e in _jsonl(Path(campaign.directory) / "events.jsonl") if e["event"] == "round"]
-    assert [b["round"] for b in boundaries] == [1]  # the boundary after round 0 (the last one ends the trials)
-    assert "round 1" in render(campaign)
+    assert [b["round"] for b in boundaries] == [1]  # the boundary after round 1 (round 2 ends the trials)
+    assert "lockstep: round 1 of 2" in render(campaign)
 
 
 def test_budget_ends_the_campaign_at_a_round_boundary(ray_local, tmp_path):
