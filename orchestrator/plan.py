@@ -280,9 +280,10 @@ def paragraph(plan: Plan) -> str:
     cfg = plan.campaign.config
     steps = sum(t.trial.trial.steps for t in plan.trials)
     source = ", ".join(sorted({t.source for t in plan.trials}))
-    text = (f"plan: {len(plan.trials)} trials, {steps:,} steps, about {plan.gpu_hours:.1f} GPU-hours (step times "
-            f"from {source}); {plan.at_once} trial(s) at once on {plan.cluster.gpus:g} GPUs / "
-            f"{plan.cluster.cpus:g} CPUs, makespan about {_fmt_h(plan.makespan_h)}")
+    hours = (f"about {plan.gpu_hours:.1f} GPU-hours (step times from {source})" if math.isfinite(plan.gpu_hours)
+             else "GPU-hours unknown (the model's size is not in its name: `plan --pilot DIR` measures it)")
+    text = (f"plan: {len(plan.trials)} trials, {steps:,} steps, {hours}; {plan.at_once} trial(s) at once on "
+            f"{_size(plan.cluster)}, makespan about {_fmt_h(plan.makespan_h)}")
     if cfg.schedule.mode == "lockstep":
         text += f"; lockstep rounds of {cfg.schedule.round_steps} steps"
     if cfg.budget is not None:

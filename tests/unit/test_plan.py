@@ -117,3 +117,14 @@ def test_multiplicity_lowers_the_planned_alpha(tmp_path, holm):
     plan = make_plan(load_campaign(path), pilot=str(pilot), effect=0.02, measure="final",
                      cluster=Cluster(0, 8, "t"))
     assert f"Holm over {holm} comparisons" in plan.power[0] and f"alpha 0.05/{holm}" in plan.power[0]
+
+
+def test_run_prints_the_paragraph_before_launching(monkeypatch):
+    import orchestrator.plan as plan_mod
+
+    monkeypatch.setattr("ray.cluster_resources", lambda: {"GPU": 8.0, "CPU": 64.0})
+    text = plan_mod.run_paragraph(load_campaign(ROOT / "campaigns/sepa_lean.yaml"))
+    assert text.startswith("plan: 20 trials, 800 steps, about 69.7 GPU-hours (step times from cost model); "
+                           "4 trial(s) at once on 8 GPUs, 64 CPUs, makespan about"), text
+    launch = (ROOT / "orchestrator/launch.py").read_text()
+    assert launch.index("print(run_paragraph(campaign)") < launch.index("tuner.fit()")
