@@ -124,10 +124,9 @@ class CampaignConfig(BaseModel):
     description: str = ""
     base: dict[str, Any] = Field(default_factory=dict, description="a trial config (keys of TrialConfig)")
     conditions: dict[str, dict[str, Any]] = Field(min_length=1)
+    # a list, or {adaptive: {...}} (seeds 0 .. max-1, added look by look); the tag picks the branch to validate
     seeds: Annotated[Annotated[list[int], Tag("list")] | Annotated[SeedsConfig, Tag("table")],
-                     Discriminator(lambda v: "table" if isinstance(v, dict | SeedsConfig) else "list")] = Field(
-                         description="a list, or {adaptive: {...}}: seeds 0 .. max-1, added "
-                                           "look by look")
+                     Discriminator(lambda v: "table" if isinstance(v, dict | SeedsConfig) else "list")]
     sweep: dict[str, list[Any]] = Field(default_factory=dict, description="key path -> values, crossed")
     resources: CampaignResources | None = Field(None, description="overrides base.resources/rollout.num_workers")
     max_concurrent_trials: int | None = Field(None, ge=1)

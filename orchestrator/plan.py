@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from orchestrator import storage as store
 from orchestrator.actors import bundles
-from orchestrator.campaign import CONTRAST, Campaign, ExpandedTrial, load_campaign
+from orchestrator.campaign import CONTRAST, MEASURE, Campaign, ExpandedTrial, load_campaign
 from orchestrator.cost_model import device_kind, step_seconds, step_tokens
 from orchestrator.errors import UserError
 
@@ -187,6 +187,8 @@ def power_lines(campaign: Campaign, runs: list[dict], effect: float, measure: st
 def make_plan(campaign: Campaign, *, pilot: str | None = None, effect: float | None = None,
               gpus: float | None = None, cpus: float | None = None, device: str | None = None,
               measure: str | None = None, metric: str | None = None, cluster: Cluster | None = None) -> Plan:
+    if measure is not None and not MEASURE.match(measure):
+        raise UserError(f"--measure: {measure!r}: must be auc_LO_HI (e.g. auc_0_15) or final")
     runs = pilot_runs(pilot) if pilot else []
     kind = device_kind(device)
     trials = []
