@@ -231,7 +231,8 @@ def run_campaign(campaign: Campaign) -> int:
                        scheduler=plan.scheduler, search_alg=plan.search_alg)
         results = tuner.fit()
     failed = [r for r in results if r.error]
-    print(f"campaign {cfg.name}: {len(results) - len(failed)}/{len(results)} trials finished; "
+    ended = "stopped by the budget at a round boundary" if getattr(plan.scheduler, "stopped", False) else "finished"
+    print(f"campaign {cfg.name}: {len(results) - len(failed)}/{len(results)} trials {ended}; "
           f"results in {campaign.directory}")
     if cfg.wandb.mode == "offline":
         print(f"W&B offline runs: {cfg.wandb.dir or campaign.directory}/wandb (upload: wandb sync "
