@@ -168,6 +168,10 @@ def power_lines(campaign: Campaign, runs: list[dict], effect: float, measure: st
             out.append(f"  {other}-{base}: the pilot has {len(d)} complete pair(s); needs 2 for a paired sd")
             continue
         sd = statistics.stdev(d)
+        if sd == 0:
+            out.append(f"  {other}-{base}: the pilot's {len(d)} paired differences are all equal (sd 0): it cannot "
+                       "size this comparison")
+            continue
         sds.append(sd)
         counts.append(len(d))
         n = seeds_for_power(effect, sd, alpha, POWER)

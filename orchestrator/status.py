@@ -89,10 +89,11 @@ def render(campaign: Campaign) -> str:
     driver = {True: "driver running", False: "no driver running (run the same command to resume)", None: ""}[alive]
     head = (f"campaign {campaign.config.name}: {done}/{len(rows)} trials finished ({campaign.directory})"
             + (f"; {driver}" if driver else ""))
-    return head + "".join(f"\n{x}" for x in schedule_lines(campaign)) + "\n" + "\n".join(lines)
+    extra = schedule_lines(campaign, finished=done == len(rows))
+    return head + "".join(f"\n{x}" for x in extra) + "\n" + "\n".join(lines)
 
 
-def schedule_lines(campaign: Campaign) -> list[str]:
+def schedule_lines(campaign: Campaign, finished: bool = False) -> list[str]:
     """Lockstep round, budget and adaptive-seed looks, from the campaign's events.jsonl."""
     from orchestrator.lockstep import campaign_events
 
@@ -104,8 +105,9 @@ def schedule_lines(campaign: Campaign) -> list[str]:
         rounds = [e for e in events if e.get("event") == "round"]
         done = rounds[-1]["round"] if rounds else 0
         spent = f"; {rounds[-1]['gpu_hours']:.3g} GPU-hours so far" if rounds else ""
-        out.append(f"lockstep: round {done} of {total} finished by every unfinished trial ({k} steps a round)"
-                   + spent)
+        where = (f"all {total} rounds finished" if finished else
+                 f"round {done} of {total} finished by every unfinished trial")
+        out.append(f"lockstep: {where} ({k} steps a round){spent}")
     stop = next((e for e in events if e.get("event") == "budget_stop"), None)
     if stop:
         out.append(f"budget: ended after step {stop['step']} (round {stop['round']}): {stop['reason']}")

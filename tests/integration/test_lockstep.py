@@ -72,7 +72,7 @@ def test_one_slot_runs_three_conditions_by_two_seeds_in_lockstep(ray_local, tmp_
         assert [r["step"] for r in rows] == [0, 1, 2, 3], n
     boundaries = [e for e in _jsonl(Path(campaign.directory) / "events.jsonl") if e["event"] == "round"]
     assert [b["round"] for b in boundaries] == [1]  # the boundary after round 1 (round 2 ends the trials)
-    assert "lockstep: round 1 of 2" in render(campaign)
+    assert "lockstep: all 2 rounds finished" in render(campaign)
 
 
 def test_budget_ends_the_campaign_at_a_round_boundary(ray_local, tmp_path):
