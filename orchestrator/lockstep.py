@@ -75,6 +75,7 @@ class LockstepScheduler(FIFOScheduler):
         """Trials that will run from now on (adaptive seeds: the next look's)."""
         for n in names:
             self.rounds.setdefault(n, 0)
+        self.boundary = min(self.boundary, self._unfinished_min() or 0)  # the new seeds' rounds are boundaries too
 
     def on_trial_add(self, tune_controller, trial: Trial) -> None:
         if not self.loaded:

@@ -128,3 +128,14 @@ def test_status_shows_round_budget_and_looks(tmp_path):
     lines = schedule_lines(campaign)
     assert lines[0].startswith("lockstep: round 1 of 5 finished by every unfinished trial (2 steps a round)")
     assert lines[1].startswith("budget: ended after step 1 (round 1)")
+
+
+def test_seeds_added_by_a_look_run_their_rounds_under_the_budget(tmp_path):
+    first, later = ["A_s0", "B_s0"], ["A_s1", "B_s1"]
+    sched = LockstepScheduler(2, dict.fromkeys(first + later, 6), dict.fromkeys(first + later, 1.0), str(tmp_path),
+                              BudgetConfig(gpu_hours=100), slots=1, expected=first)
+    _drive(sched, first, 6, hours_per_step=0.5)
+    sched.expect(later)  # what the adaptive searcher does after a look
+    _drive(sched, later, 6, hours_per_step=0.5)
+    rounds = [e["round"] for e in campaign_events(str(tmp_path)) if e["event"] == "round"]
+    assert rounds == [1, 2, 1, 2]  # the later seeds' boundaries are recorded (and budget-checked) too
