@@ -14,10 +14,20 @@ import itertools
 import re
 import typing
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from orchestrator import storage as store
 from orchestrator.config import ResourcesConfig, TrialConfig, WandbConfig
@@ -71,6 +81,78 @@ class ReportSettings(BaseModel):
                                 f"conditions of this campaign ({', '.join(conditions)})")
             out.append(pair)
         return out
+MEASURE = re.compile(r"^(auc_(\d+)_(\d+)|final)$")
+CONTRAST = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.]*)-([A-Za-z0-9][A-Za-z0-9_.]*)$")
+
+
+class ScheduleConfig(BaseModel):
+    """How trials share the cluster (orchestrator/lockstep.py). fifo: Tune's default, each trial runs to its end
+    once started. lockstep: rounds of `round_steps` steps; no trial starts round r+1 before every unfinished trial
+    has finished round r."""
+
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["fifo", "lockstep"] = "fifo"
+    round_steps: int | None = Field(None, ge=1, description="steps per round (lockstep); a multiple of "
+                                    "checkpoint.every, so a trial pauses only at a checkpoint")
+
+
+class BudgetConfig(BaseModel):
+    """Ends a lockstep campaign at the first round boundary where the next round would overrun: spent GPU-hours
+    plus the last round's cost above `gpu_hours`, or now plus the last round's duration past `deadline`."""
+
+    model_config = ConfigDict(extra="forbid")
+    gpu_hours: float | None = Field(None, gt=0)
+    deadline: datetime | None = Field(None, description="ISO 8601; without a time zone: UTC")
+
+    @field_validator("deadline")
+    @classmethod
+    def _utc(cls, v: datetime | None) -> datetime | None:
+        return v.replace(tzinfo=UTC) if v is not None and v.tzinfo is None else v
+
+
+class AdaptiveSeeds(BaseModel):
+    """Add `step` seeds to every condition until the `contrast`'s group-sequential interval on `measure` excludes
+    zero, or `max` seeds ran (orchestrator/adaptive.py; O'Brien-Fleming-type alpha spending over the looks)."""
+
+    model_config = ConfigDict(extra="forbid")
+    start: int = Field(3, ge=3, description="seeds at the first look (a paired interval needs 3)")
+    max: int = Field(16, ge=3)
+    step: int = Field(1, ge=1)
+    contrast: str = Field(description="OTHER-BASE, two condition names, e.g. C4-C1")
+    measure: str = Field("auc_0_15", description="auc_LO_HI (normalized AUC over steps LO..HI) or final")
+    metric: str | None = Field(None, description="default: eval/success, else eval/pass@1, else "
+                               "train/correct_rate (the report's default)")
+    alpha: float = Field(0.05, gt=0, lt=0.5, description="the whole procedure's two-sided false-claim rate")
+
+    @field_validator("contrast")
+    @classmethod
+    def _contrast(cls, v: str) -> str:
+        if not CONTRAST.match(v):
+            raise ValueError("must be OTHER-BASE, two condition names joined by '-', e.g. C4-C1")
+        return v
+
+    @field_validator("measure")
+    @classmethod
+    def _measure(cls, v: str) -> str:
+        m = MEASURE.match(v)
+        if not m or (m.group(2) is not None and int(m.group(2)) >= int(m.group(3))):
+            raise ValueError("must be auc_LO_HI with LO < HI (e.g. auc_0_15) or final")
+        return v
+
+    @model_validator(mode="after")
+    def _range(self) -> AdaptiveSeeds:
+        if self.max < self.start:
+            raise ValueError(f"max ({self.max}) must be at least start ({self.start})")
+        return self
+
+    def looks(self) -> list[int]:
+        """Seeds per condition at each look: start, start + step, ..., max."""
+        return sorted({*range(self.start, self.max, self.step), self.max})
+
+
+class SeedsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    adaptive: AdaptiveSeeds
 
 
 class CampaignConfig(BaseModel):
@@ -80,7 +162,9 @@ class CampaignConfig(BaseModel):
     description: str = ""
     base: dict[str, Any] = Field(default_factory=dict, description="a trial config (keys of TrialConfig)")
     conditions: dict[str, dict[str, Any]] = Field(min_length=1)
-    seeds: list[int] = Field(min_length=1)
+    # a list, or {adaptive: {...}} (seeds 0 .. max-1, added look by look); the tag picks the branch to validate
+    seeds: Annotated[Annotated[list[int], Tag("list")] | Annotated[SeedsConfig, Tag("table")],
+                     Discriminator(lambda v: "table" if isinstance(v, dict | SeedsConfig) else "list")]
     sweep: dict[str, list[Any]] = Field(default_factory=dict, description="key path -> values, crossed")
     resources: CampaignResources | None = Field(None, description="overrides base.resources/rollout.num_workers")
     max_concurrent_trials: int | None = Field(None, ge=1)
@@ -89,6 +173,8 @@ class CampaignConfig(BaseModel):
     storage_shared: bool = Field(False, description="declare a plain path visible to every node (NFS, ...)")
     wandb: WandbConfig = WandbConfig()
     report: ReportSettings = ReportSettings()
+    schedule: ScheduleConfig = ScheduleConfig()
+    budget: BudgetConfig | None = None
 
     @field_validator("name")
     @classmethod
@@ -109,7 +195,11 @@ class CampaignConfig(BaseModel):
 
     @field_validator("seeds")
     @classmethod
-    def _seeds(cls, v: list[int]) -> list[int]:
+    def _seeds(cls, v: list[int] | SeedsConfig) -> list[int] | SeedsConfig:
+        if isinstance(v, SeedsConfig):
+            return v
+        if not v:
+            raise ValueError("needs at least one seed")
         dup = sorted({s for s in v if v.count(s) > 1})
         if dup:
             raise ValueError(f"seeds must not repeat (repeated: {dup})")
@@ -122,6 +212,14 @@ class CampaignConfig(BaseModel):
             if not values:
                 raise ValueError(f"sweep key {key!r} needs at least one value")
         return v
+
+    def seed_list(self) -> list[int]:
+        """Every seed a trial may run with: the list, or 0 .. max-1 for adaptive seeds."""
+        return list(range(self.seeds.adaptive.max)) if isinstance(self.seeds, SeedsConfig) else list(self.seeds)
+
+    @property
+    def adaptive(self) -> AdaptiveSeeds | None:
+        return self.seeds.adaptive if isinstance(self.seeds, SeedsConfig) else None
 
 
 @dataclass(frozen=True)
@@ -171,7 +269,8 @@ def _suggest(word: str, allowed: list[str]) -> str:
 
 def _validation_message(source: str, model: type[BaseModel], err: ValidationError) -> str:
     first = first_error(err)
-    msg = format_validation(source, err)
+    # `seeds` is a list or a table: pydantic names the branch in the key path, the user never wrote it
+    msg = format_validation(source, err).replace(": seeds.table.", ": seeds.").replace(": seeds.list", ": seeds")
     if first["type"] == "extra_forbidden":
         msg += _suggest(str(first["loc"][-1]), _allowed_keys(model, first["loc"]))
     return msg
@@ -286,7 +385,7 @@ def expand(cfg: CampaignConfig, source: str = "<campaign>", directory: str = "")
     for cond, override in cfg.conditions.items():
         merged = deep_merge(cfg.base, override)
         for values, label in sweep_points(cfg.sweep):
-            for seed in cfg.seeds:
+            for seed in cfg.seed_list():
                 name = f"{cond}_s{seed}" + (f"_{label}" if label else "")
                 data = copy.deepcopy(merged)
                 for key, value in values.items():
@@ -339,7 +438,49 @@ def load_campaign(path: str | Path) -> Campaign:
         raise UserError(f"{source}: storage: environment variable {exc.args[0]} is not set "
                         "(use ${VAR:-default} for a fallback)") from None
     directory = store.join(storage, cfg.name)
-    return Campaign(cfg, source, directory, storage, expand(cfg, source, directory))
+    trials = expand(cfg, source, directory)
+    check_schedule(cfg, trials, source)
+    return Campaign(cfg, source, directory, storage, trials)
+
+
+def check_schedule(cfg: CampaignConfig, trials: list[ExpandedTrial], source: str) -> None:
+    """schedule / budget / seeds.adaptive against the trials they govern (one line each, before launch)."""
+    sched, budget, adaptive = cfg.schedule, cfg.budget, cfg.adaptive
+    if sched.mode == "lockstep":
+        if sched.round_steps is None:
+            raise UserError(f"{source}: schedule.round_steps: lockstep needs round_steps (a multiple of "
+                            "checkpoint.every)")
+        for t in trials:
+            every = t.trial.checkpoint.every
+            if sched.round_steps % every:
+                raise UserError(f"{source}: schedule.round_steps: {sched.round_steps} is not a multiple of "
+                                f"checkpoint.every ({every}, trial {t.name}); a trial may pause only at a checkpoint")
+    elif sched.round_steps is not None:
+        raise UserError(f"{source}: schedule.round_steps: only with mode: lockstep")
+    if budget is not None:
+        if sched.mode != "lockstep":
+            raise UserError(f"{source}: budget: needs schedule: {{mode: lockstep, round_steps: k}} (a budget ends "
+                            "the campaign at a round boundary, so every trial stops at the same step)")
+        if budget.gpu_hours is None and budget.deadline is None:
+            raise UserError(f"{source}: budget: give gpu_hours or deadline")
+    if adaptive is not None:
+        other, base = CONTRAST.match(adaptive.contrast).groups()
+        for name in (other, base):
+            if name not in cfg.conditions:
+                raise UserError(f"{source}: seeds.adaptive.contrast: {name!r} is not a condition; conditions: "
+                                + ", ".join(cfg.conditions))
+        if other == base:
+            raise UserError(f"{source}: seeds.adaptive.contrast: compares {base} with itself")
+        if cfg.sweep:
+            raise UserError(f"{source}: seeds.adaptive: not with a sweep (the contrast pairs seeds of two "
+                            "conditions; run one campaign per swept value)")
+        m = MEASURE.match(adaptive.measure)
+        if m.group(2) is not None:
+            hi = int(m.group(3))
+            for t in trials:
+                if t.condition in (other, base) and hi > t.trial.steps - 1:
+                    raise UserError(f"{source}: seeds.adaptive.measure: {adaptive.measure} needs step {hi}; trial "
+                                    f"{t.name} runs steps 0..{t.trial.steps - 1}")
 
 
 def trial_table(trials: list[ExpandedTrial]) -> str:

@@ -1,4 +1,4 @@
-"""`python -m orchestrator {expand,run,status,submit,report,dashboard,trial}`. User mistakes: one line on stderr, exit code 2."""
+"""`python -m orchestrator {expand,plan,run,status,submit,report,dashboard,trial}`. User mistakes: one line on stderr, exit code 2."""
 
 from __future__ import annotations
 
@@ -49,6 +49,15 @@ def _run(args: argparse.Namespace) -> int:
 
     wandb_mode(args.wandb_mode)  # checked and exported; run_campaign applies it
     return 1 if run_campaign(load_campaign(args.file)) else 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from orchestrator.campaign import load_campaign
+    from orchestrator.plan import make_plan, render
+
+    print(render(make_plan(load_campaign(args.file), pilot=args.pilot, effect=args.effect, gpus=args.gpus,
+                           cpus=args.cpus, device=args.device, measure=args.measure, metric=args.metric)))
+    return 0
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -160,6 +169,16 @@ def main(argv: list[str] | None = None) -> int:
         if name in ("run", "submit"):
             p.add_argument("--wandb-mode", choices=("offline", "online", "disabled"),
                            help="override the campaign's wandb.mode (default: $WANDB_MODE, else the file's)")
+    pl = sub.add_parser("plan", help="the compute plan of a campaign (launches nothing)")
+    pl.add_argument("file", help="campaign YAML")
+    pl.add_argument("--pilot", help="a pilot campaign (its directory or YAML): measured step times, paired sd")
+    pl.add_argument("--effect", type=float, help="effect of interest in the metric's units: seeds for 80%% power")
+    pl.add_argument("--gpus", type=float, help="cluster GPUs (default: the Ray cluster at RAY_ADDRESS, else here)")
+    pl.add_argument("--cpus", type=float, help="cluster CPUs")
+    pl.add_argument("--device", help="GPU kind for the cost model: H100 (default), H200, A100, L40S")
+    pl.add_argument("--measure", help="auc_LO_HI or final (default: seeds.adaptive's, else auc_0_15 or final)")
+    pl.add_argument("--metric", help="metric of the measure (default: the report's)")
+    pl.set_defaults(fn=_plan)
     r = sub.add_parser("report", help="statistical report of a campaign (tables, CSVs, PNGs)")
     r.add_argument("file", help="campaign YAML")
     r.add_argument("--metric", help="metric to compare (default: eval/pass@1 if logged, else train/correct_rate)")

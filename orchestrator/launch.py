@@ -26,6 +26,7 @@ from orchestrator.errors import UserError
 from orchestrator.job_env import wandb_mode, with_wandb_mode
 from orchestrator.jobs import refuse_storage_inside
 from orchestrator.model_limits import check_model_limits
+from orchestrator.scheduling import scheduling
 from orchestrator.trial import run_trial
 
 CAMPAIGN_FILE = "campaign.json"
@@ -90,10 +91,12 @@ def _torn_snapshot(directory: str) -> str | None:
 
 
 def _tuner(name: str, storage: str, trials: dict[str, dict], *, max_concurrent: int | None, max_failures: int,
-           keep: int, callbacks: list | None = None) -> tune.Tuner:
+           keep: int, callbacks: list | None = None, scheduler=None, search_alg=None) -> tune.Tuner:
+    """search_alg: the campaign's searcher (lockstep / adaptive seeds, orchestrator/scheduling.py) hands Tune the
+    trial names instead of the grid."""
     directory = store.join(storage, name)
     trainable = _trainable(trials)
-    param_space = {"trial": tune.grid_search(list(trials))}
+    param_space = {"trial": tune.grid_search(list(trials))} if search_alg is None else None
     if tune.Tuner.can_restore(directory):
         torn = _torn_snapshot(directory)
         if torn is None:
@@ -105,7 +108,8 @@ def _tuner(name: str, storage: str, trials: dict[str, dict], *, max_concurrent: 
     return tune.Tuner(
         trainable,
         param_space=param_space,
-        tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent,
+        tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent, scheduler=scheduler,
+                                    search_alg=search_alg, num_samples=len(trials) if search_alg else 1,
                                     trial_name_creator=lambda t: t.config["trial"],
                                     trial_dirname_creator=lambda t: t.config["trial"]),
         run_config=tune.RunConfig(
@@ -209,6 +213,9 @@ def run_campaign(campaign: Campaign) -> int:
     ensure_ray(need)
     check_cluster(campaign)
     check_campaign_models(campaign)
+    from orchestrator.plan import run_paragraph
+
+    print(run_paragraph(campaign), flush=True)
     with driver_lock(campaign):
         check_same_campaign(campaign)
         resumed = tune.Tuner.can_restore(campaign.directory)
@@ -220,12 +227,15 @@ def run_campaign(campaign: Campaign) -> int:
         from orchestrator.dashboard import save_at_start  # wandb-workspaces loads only here
 
         save_at_start(campaign)  # online: the campaign's W&B workspace, saved now
+        plan = scheduling(campaign)
         tuner = _tuner(cfg.name, campaign.storage, {t.name: t.config for t in campaign.trials},
-                       max_concurrent=cfg.max_concurrent_trials, max_failures=cfg.max_failures, keep=keep,
-                       callbacks=[PendingOnAutoscaling(campaign.directory)])
+                       max_concurrent=plan.max_concurrent, max_failures=cfg.max_failures, keep=keep,
+                       callbacks=[PendingOnAutoscaling(campaign.directory)], scheduler=plan.scheduler,
+                       search_alg=plan.search_alg)
         results = tuner.fit()
     failed = [r for r in results if r.error]
-    print(f"campaign {cfg.name}: {len(results) - len(failed)}/{len(results)} trials finished; "
+    ended = "stopped by the budget at a round boundary" if getattr(plan.scheduler, "stopped", False) else "finished"
+    print(f"campaign {cfg.name}: {len(results) - len(failed)}/{len(results)} trials {ended}; "
           f"results in {campaign.directory}")
     if cfg.wandb.mode == "offline":
         print(f"W&B offline runs: {cfg.wandb.dir or campaign.directory}/wandb (upload: wandb sync "

@@ -96,4 +96,30 @@ def render(campaign: Campaign) -> str:
     head = (f"campaign {campaign.config.name}: {done}/{len(rows)} trials finished ({campaign.directory})"
             + (f"; {driver}" if driver else "")
             + (f"; {waiting} pending on autoscaling (waiting for nodes to be added)" if waiting else ""))
-    return head + "\n" + "\n".join(lines)
+    extra = schedule_lines(campaign, finished=done == len(rows))
+    return head + "".join(f"\n{x}" for x in extra) + "\n" + "\n".join(lines)
+
+
+def schedule_lines(campaign: Campaign, finished: bool = False) -> list[str]:
+    """Lockstep round, budget and adaptive-seed looks, from the campaign's events.jsonl."""
+    from orchestrator.lockstep import campaign_events
+
+    cfg, out = campaign.config, []
+    events = campaign_events(campaign.directory)
+    if cfg.schedule.mode == "lockstep":
+        k = cfg.schedule.round_steps
+        total = max(-(-t.trial.steps // k) for t in campaign.trials)
+        rounds = [e for e in events if e.get("event") == "round"]
+        done = rounds[-1]["round"] if rounds else 0
+        spent = f"; {rounds[-1]['gpu_hours']:.3g} GPU-hours so far" if rounds else ""
+        where = (f"all {total} rounds finished" if finished else
+                 f"round {done} of {total} finished by every unfinished trial")
+        out.append(f"lockstep: {where} ({k} steps a round){spent}")
+    stop = next((e for e in events if e.get("event") == "budget_stop"), None)
+    if stop:
+        out.append(f"budget: ended after step {stop['step']} (round {stop['round']}): {stop['reason']}")
+    for e in (e for e in events if e.get("event") == "look"):
+        out.append(f"adaptive seeds: look {e['look']} at {e['seeds']} seeds: {e['contrast']} {e['measure']} "
+                   f"delta {e['delta']:+.4g} [{e['lo']:.4g}, {e['hi']:.4g}] p {e['p']:.3g} (level "
+                   f"{e['level']:.3g}): {e['decision']}")
+    return out

@@ -2,6 +2,7 @@
 
 Layout of `<storage>/<campaign>/` (the Tune experiment directory, plus our own files):
     campaign.json                   expanded trial table, written on the first run, checked on every resume
+    events.jsonl                    campaign decisions: lockstep rounds, budget stop, adaptive-seed looks
     trials/<trial>/metrics.jsonl    one row per step (rewritten whole each step: no gaps, no repeats)
     trials/<trial>/events.jsonl     one line per (re)start of the trial: {"event": "start", "from_step": k}
     trials/<trial>/placement.json   the placement group and GPUs each actor of the trial got
