@@ -34,6 +34,7 @@ _MARKER = "tiny_agent.json"
 WARM_START = {"episodes": 256, "steps": 150, "batch": 16, "lr": 3e-3, "max_turns": 5, "max_actions_per_turn": 2,
               "max_actions_per_episode": 10, "max_tokens": 16}
 WHOLE_TOKENS = ("<think>", "</think>", "<answer>", "</answer>", "||")
+TINY_AGENT_VERSION = 2  # the ragen protocol's vocabulary and warm start
 MAX_POSITIONS = 4096  # rotary positions: room for whole multi-turn episodes
 
 
@@ -162,7 +163,7 @@ def build_tiny_agent(out_dir: str | os.PathLike, seed: int = 0) -> Path:
     """The warm-started tiny agent model in `out_dir` (reused when built with the same settings)."""
     out = Path(out_dir)
     spec = {"seed": seed, "vocab": list(agent_vocab()), "warm_start": WARM_START, "positions": MAX_POSITIONS,
-            "version": 2}
+            "version": TINY_AGENT_VERSION}
     marker = out / _MARKER
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:
