@@ -18,13 +18,13 @@ from collections import Counter
 import numpy as np
 
 from workers.envs.frozen_lake import make_map
+from workers.envs.sokoban import WALL, generate_level
 from workers.envs.solve import (
     frozen_lake_shortest_path,
     frozen_lake_success,
     sokoban_optimal_moves,
     sokoban_random_success,
 )
-from workers.envs.sokoban import WALL, generate_level
 
 # measured on RAGEN's generators (200 levels each, an independent BFS; ../shared/notes/AGENTIC.md)
 RAGEN = {"sokoban": {"moves_mean": 3.98, "one": 0.105, "two": 0.33, "random": 0.187, "next_to_box": 0.60},
@@ -83,7 +83,10 @@ def main() -> None:
               + ("; RAGEN's generator in brackets" if levels == "ragen" else ""))
         print(f"  shortest path histogram   {fl['hist']}")
         ref = RAGEN["frozen_lake"] if levels == "ragen" else None
-        br = (lambda key, fmt: f"   [{format(ref[key], fmt)}]") if ref else (lambda key, fmt: "")
+
+        def br(key: str, fmt: str, ref=ref) -> str:
+            return f"   [{format(ref[key], fmt)}]" if ref else ""
+
         print(f"  shortest path mean        {fl['moves_mean']:.2f}{br('moves_mean', '.2f')}")
         print(f"  solvable in 1 / <= 2      {fl['one']:.1%} / {fl['two']:.1%}{br('two', '.0%')}")
         print(f"  random 10-action success  {fl['random']:.1%} (success_rate 0.8){br('random', '.1%')}")

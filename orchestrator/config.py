@@ -16,7 +16,6 @@ from workers.interventions import InterventionsConfig, scoring_pass_needs
 from workers.objectives import Aggregation
 from workers.tasks.config import TaskConfig
 
-
 AGENTIC_MAX_MODEL_LEN = 2048
 
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from workers.envs import ACTION_NAMES, EVAL_SEED_LIMIT, EnvTask, TextEpisode, format_answer, parse_answer
 from workers.envs.frozen_lake import TextFrozenLake
-from workers.envs.solve import frozen_lake_shortest_path, sokoban_optimal_moves, sokoban_random_success
 from workers.envs.sokoban import MOVES, TARGET, WALL, SokobanEnv
+from workers.envs.solve import frozen_lake_shortest_path, sokoban_optimal_moves, sokoban_random_success
 from workers.tasks.config import TaskConfig
 
 

@@ -8,7 +8,7 @@ Used by the tests (every generated level is solvable) and by `benchmarks/envs.py
 from __future__ import annotations
 
 from collections import deque
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -101,7 +101,7 @@ def frozen_lake_success(desc: np.ndarray, success_rate: float, actions: int = 10
     iteration), `random` = uniform-random actions."""
     start = tuple(int(x) for x in np.argwhere(desc == b"S")[0])
 
-    @lru_cache(maxsize=None)
+    @cache
     def value(s: Pos, left: int) -> float:
         if desc[s] == b"G":
             return 1.0
