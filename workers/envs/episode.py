@@ -2,9 +2,9 @@
 
 `TextEpisode` turns model text into env actions and env results into the next user turn, both under a turn
 protocol (`workers.envs.protocol`: `ragen` or `plain`); it keeps per-turn env rewards, format penalties and the
-counters the trial logs. `EnvTask` is the agentic
-counterpart of `workers.tasks.Task`: a seeded stream of training level seeds (its cursor is the checkpointed
-state) and a fixed validation set disjoint from it.
+counters the trial logs. `EnvTask` is the agentic counterpart of `workers.tasks.Task`: a seeded stream of
+training level seeds (its cursor is the checkpointed state), a fixed validation set disjoint from it, and the
+group dynamics (one random stream per level, or per member).
 """
 
 from __future__ import annotations
