@@ -284,3 +284,34 @@ def test_validation_levels_have_their_own_streams_the_same_for_every_trial_seed(
 
     assert [slips(a, lv) for lv in range(4)] == [slips(b, lv) for lv in range(4)]
     assert len({tuple(slips(a, lv)) for lv in range(4)}) == 4
+
+
+def _ragen_reference_map(size: int, p: float, seed: int) -> list[str]:
+    """RAGEN's FrozenLake generator as its source reads (gymnasium's seeding; string cells; DFS from the start)."""
+    from gymnasium.utils import seeding
+
+    rng, _ = seeding.np_random(seed)
+    while True:
+        board = rng.choice(["F", "H"], (size, size), p=[p, 1 - p])
+        (sr, sc), (gr, gc) = rng.integers(size, size=2), rng.integers(size, size=2)
+        if (sr, sc) == (gr, gc):
+            continue
+        board[sr][sc], board[gr][gc] = "S", "G"
+        stack, seen = [(sr, sc)], set()
+        while stack:
+            r, c = stack.pop()
+            if (r, c) in seen:
+                continue
+            seen.add((r, c))
+            for nr, nc in ((r + 1, c), (r, c + 1), (r - 1, c), (r, c - 1)):
+                if 0 <= nr < size and 0 <= nc < size and board[nr][nc] == "G":
+                    return ["".join(row) for row in board]
+                if 0 <= nr < size and 0 <= nc < size and board[nr][nc] != "H":
+                    stack.append((nr, nc))
+
+
+def test_frozen_lake_ragen_maps_are_ragens_maps_seed_for_seed():
+    from workers.envs.frozen_lake import ragen_map
+
+    assert all(ragen_map(4, 0.9, s) == _ragen_reference_map(4, 0.9, s) for s in range(200))
+    assert ragen_map(5, 0.8, 3) == _ragen_reference_map(5, 0.8, 3)
