@@ -26,7 +26,7 @@ from workers.envs.solve import (
     sokoban_random_success,
 )
 
-# measured on RAGEN's generators (200 levels each, an independent BFS; ../shared/notes/AGENTIC.md)
+# measured on RAGEN's generators (200 levels each, an independent BFS)
 RAGEN = {"sokoban": {"moves_mean": 3.98, "one": 0.105, "two": 0.33, "random": 0.187, "next_to_box": 0.60},
          "frozen_lake": {"moves_mean": 2.81, "two": 0.46, "random": 0.231, "best_0.8": 0.94}}
 
