@@ -11,7 +11,7 @@ import torch
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.config import ModelConfig, TrialConfig
-from workers.envs.tiny_agent import build_tiny_agent
+from workers.envs.tiny_agent import TINY_AGENT_VERSION, build_tiny_agent
 from workers.families import FAMILIES, family_builder
 from workers.gpu_runtime import check_gpu_runtime
 from workers.learner import Learner
@@ -22,6 +22,8 @@ from workers.rollout import RolloutWorker
 # models built locally (deterministic, cached under the temp dir by name and seed) instead of loaded by name
 LOCAL_MODELS = {"tiny": build_tiny_model, "tiny-agent": build_tiny_agent, "tiny-reasoner": build_tiny_reasoner,
                 **{name: family_builder(name) for name in FAMILIES}}
+# a rebuilt model of a new version gets its own cache directory: an older build in use is never replaced under it
+_CACHE_TAG = {"tiny-agent": f"-v{TINY_AGENT_VERSION}"}
 
 
 def resolve_model(cfg: ModelConfig) -> str:
@@ -29,7 +31,7 @@ def resolve_model(cfg: ModelConfig) -> str:
     builder = LOCAL_MODELS.get(cfg.name)
     if builder is None:
         return cfg.name
-    root = Path(tempfile.gettempdir()) / f"credit-orchestrator-{cfg.name}-{cfg.tiny_seed}"
+    root = Path(tempfile.gettempdir()) / f"credit-orchestrator-{cfg.name}-{cfg.tiny_seed}{_CACHE_TAG.get(cfg.name, '')}"
     return str(builder(root, seed=cfg.tiny_seed))
 
 

@@ -25,10 +25,11 @@ def _trial(args: argparse.Namespace) -> int:
         resolve_plugins(cfg.credit)
     except CreditError as exc:
         raise UserError(f"{args.config or '<default trial>'}: credit: {exc}") from None
-    from orchestrator.launch import run_single_trial
+    from orchestrator.launch import check_episodes, run_single_trial
     from orchestrator.model_limits import check_model_limits
 
     check_model_limits(cfg.model, args.config or "<default trial>")
+    check_episodes(args.config or "<default trial>", [(cfg.name, cfg)])
     result = run_single_trial(cfg, Path(args.storage).resolve())
     return 0 if result else 1
 

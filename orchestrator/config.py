@@ -16,6 +16,8 @@ from workers.interventions import InterventionsConfig, scoring_pass_needs
 from workers.objectives import Aggregation
 from workers.tasks.config import TaskConfig
 
+AGENTIC_MAX_MODEL_LEN = 2048
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -29,7 +31,10 @@ class ModelConfig(_Strict):
         "'tiny-qwen3-2507'"))
     tiny_seed: int = 0
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto: fp32 on CPU, bf16 on GPU")
-    max_model_len: int = Field(128, ge=16)
+    max_model_len: int | None = Field(None, ge=16, description=(
+        "context length of the engines. None: 128 for single-turn tasks, 2048 for agentic ones (a 5-turn episode "
+        "is the first prompt + turns x (answer + observation)); checked against the task's first prompt before "
+        "launch"))
 
 
 class EngineConfig(_Strict):
@@ -237,6 +242,8 @@ class TrialConfig(_Strict):
 
     @model_validator(mode="after")
     def _fits(self) -> TrialConfig:
+        if self.model.max_model_len is None:
+            self.model.max_model_len = AGENTIC_MAX_MODEL_LEN if self.task.agentic else 128
         if self.rollout.max_tokens >= self.model.max_model_len:
             raise ValueError("rollout.max_tokens must be smaller than model.max_model_len")
         if self.task.agentic and self.model.name in ("tiny", "tiny-reasoner"):

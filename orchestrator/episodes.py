@@ -4,8 +4,10 @@ Per turn, every active episode generates in ONE batched call sharded across the 
 episode: after the first turn every episode has its own history), then each env steps on its text. The
 trajectory is token-exact: the first prompt's ids, then exactly the ids vLLM sampled for each turn, then the
 observation's ids (tokenised once, `workers.envs.tokens`), and so on; the loss mask covers exactly the sampled
-ids and the rollout log-probs cover each of them. An episode whose next turn would not fit in
-`model.max_model_len` is cut there and counted as truncated.
+ids and the rollout log-probs cover each of them. A protocol's prefill (`<think>`) ends the first prompt and
+every observation: prompt side, never trained; the parser reads prefill + the decoded sample. The first turn must
+fit `model.max_model_len` (checked before launch: `check_episode_fits`); an episode whose next turn would not
+fit is cut there and counted as truncated (`env/truncated_rate`), by design.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ def play_episodes(cfg: TrialConfig, workers, tokenizer, episodes: list[TextEpiso
                   temperature: float) -> tuple[list[Trajectory], dict]:
     """Play `episodes` to the end; returns their trajectories and {"num_tokens", "versions", "turns"}."""
     ro, limit = cfg.rollout, cfg.model.max_model_len
-    trajs = [Trajectory(first_prompt_ids(tokenizer, ep.prompt()), ep) for ep in episodes]
+    trajs = [Trajectory(first_prompt_ids(tokenizer, ep.prompt(), system=ep.system(), prefill=ep.prefill), ep)
+             for ep in episodes]
     for t in trajs:
         if len(t.prompt_ids) + ro.max_tokens > limit:
             raise ValueError(f"the first prompt ({len(t.prompt_ids)} tokens) plus rollout.max_tokens "
@@ -75,10 +78,10 @@ def play_episodes(cfg: TrialConfig, workers, tokenizer, episodes: list[TextEpiso
             t.loss_mask += [True] * len(ids)
             t.logprobs += list(s["logprobs"])
             t.reward_positions.append(len(t.response_ids) - 1)
-            out = t.episode.play(tokenizer.decode(ids, skip_special_tokens=True))
+            out = t.episode.play(t.episode.prefill + tokenizer.decode(ids, skip_special_tokens=True))
             if out.done:
                 continue
-            obs = observation_ids(tokenizer, out.observation, ids)
+            obs = observation_ids(tokenizer, out.observation, ids, prefill=t.episode.prefill)
             if len(t.prompt_ids) + len(t.response_ids) + len(obs) + ro.max_tokens > limit:
                 t.truncated = True
                 continue
@@ -88,6 +91,23 @@ def play_episodes(cfg: TrialConfig, workers, tokenizer, episodes: list[TextEpiso
             t.logprobs += [0.0] * len(obs)
         turn += 1
     return trajs, {"num_tokens": num_tokens, "versions": versions, "turns": turn}
+
+
+def check_episode_fits(cfg: TrialConfig, tokenizer, levels: int = 32) -> str | None:
+    """Why the first turn of an agentic trial cannot fit `model.max_model_len` (None when it fits): the longest
+    first prompt over the first validation and training levels plus `rollout.max_tokens`."""
+    from workers.tasks import make_task
+
+    task = make_task(cfg.task, cfg.seed)
+    seeds = task.eval_levels(levels) + task.next_levels(levels)
+    longest = max(len(first_prompt_ids(tokenizer, ep.prompt(), system=ep.system(), prefill=ep.prefill))
+                  for ep in (task.episode(s, 0, cfg.rollout) for s in seeds))
+    limit = cfg.model.max_model_len
+    if longest + cfg.rollout.max_tokens > limit:
+        return (f"model.max_model_len: {limit} is too small for task '{cfg.task.name}': the first prompt takes up "
+                f"to {longest} tokens plus rollout.max_tokens {cfg.rollout.max_tokens}; allowed: at least "
+                f"{longest + cfg.rollout.max_tokens} (later turns that do not fit are cut and marked truncated)")
+    return None
 
 
 def episode_metrics(trajs: list[Trajectory], prefix: str = "env") -> dict[str, float]:

@@ -121,6 +121,41 @@ def _tuner(name: str, storage: str, trials: dict[str, dict], *, max_concurrent: 
     )
 
 
+def _local_tokenizer(cfg: TrialConfig):
+    """The trial model's tokenizer when it is on this machine (local models are built), else None."""
+    from orchestrator.actors import LOCAL_MODELS, resolve_model
+
+    if cfg.model.name in LOCAL_MODELS or Path(cfg.model.name).expanduser().is_dir():
+        from workers.models import load_tokenizer
+
+        return load_tokenizer(resolve_model(cfg.model))
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(cfg.model.name, local_files_only=True)
+    except (OSError, ValueError):
+        return None  # not downloaded here: the trial checks its first prompt itself
+
+
+def check_episodes(source: str, trials: list[tuple[str, TrialConfig]]) -> None:
+    """Before launch: every agentic trial's first turn (longest first prompt + rollout.max_tokens) fits
+    model.max_model_len; UserError (one line, exit 2) naming the file and the trial otherwise."""
+    from orchestrator.episodes import check_episode_fits
+
+    seen: dict[str, str | None] = {}
+    for name, cfg in trials:
+        if not cfg.task.agentic:
+            continue
+        key = json.dumps([cfg.model.model_dump(mode="json"), cfg.task.model_dump(mode="json"), cfg.seed,
+                          cfg.rollout.max_tokens, cfg.rollout.max_actions_per_turn,
+                          cfg.rollout.max_actions_per_episode])
+        if key not in seen:
+            tok = _local_tokenizer(cfg)
+            seen[key] = None if tok is None else check_episode_fits(cfg, tok)
+        if seen[key]:
+            raise UserError(f"{source}: trial {name}: {seen[key]}")
+
+
 # ------------------------------------------------------------------------------------------------ campaigns
 def check_cluster(campaign: Campaign) -> None:
     """User errors a cluster can reveal before anything launches (exit 2, nothing started): resources and storage
@@ -213,6 +248,7 @@ def run_campaign(campaign: Campaign) -> int:
     ensure_ray(need)
     check_cluster(campaign)
     check_campaign_models(campaign)
+    check_episodes(campaign.source, [(t.name, t.trial) for t in campaign.trials])
     from orchestrator.plan import run_paragraph
 
     print(run_paragraph(campaign), flush=True)

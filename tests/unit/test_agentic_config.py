@@ -17,6 +17,10 @@ def test_agentic_defaults_validate():
     cfg = TrialConfig(model=AGENT, task={"name": "sokoban"})
     assert cfg.task.agentic and cfg.rollout.max_turns == 5 and cfg.rollout.max_actions_per_turn == 2
     assert cfg.rollout.max_actions_per_episode == 10 and not TrialConfig().task.agentic
+    assert (cfg.task.levels, cfg.task.protocol, cfg.task.dynamics) == ("ragen", "ragen", "shared")
+    minimal = TrialConfig(model={"name": "tiny-agent"}, task={"name": "frozen_lake"})
+    assert minimal.model.max_model_len == 2048 and TrialConfig().model.max_model_len == 128
+    assert TrialConfig().model.max_model_len == 128  # resolving one config leaves the shared default alone
 
 
 @pytest.mark.parametrize("over, needle", [
@@ -29,6 +33,10 @@ def test_agentic_defaults_validate():
     ({"interventions": {"probability_floor": {"min_prob": 0.2}}}, "one-token action set"),
     ({"credit": {"advantage_mode": "gae", "transform_mode": "my.plugin.fn"}}, "gae composes"),
     ({"learner": {"optim": {"mini_batch_size": 0}}}, "mini_batch_size"),
+    ({"task": {"name": "sokoban", "levels": "gymnasium"}}, "sokoban has levels 'ragen' only"),
+    ({"task": {"name": "frozen_lake", "levels": "corner"}}, "task.levels"),
+    ({"task": {"name": "frozen_lake", "protocol": "ragen2"}}, "task.protocol"),
+    ({"task": {"name": "frozen_lake", "dynamics": "same"}}, "task.dynamics"),
 ])
 def test_bad_agentic_configs(over, needle):
     data = {"model": AGENT, "task": {"name": "frozen_lake"}}
@@ -46,3 +54,36 @@ def test_cli_reports_one_line_exit_2(tmp_path):
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "task.boxes" in lines[0] and str(path) in lines[0]
+
+
+def _trial_file(tmp_path, text: str):
+    path = tmp_path / "t.yaml"
+    path.write_text(text)
+    return subprocess.run([sys.executable, "-m", "orchestrator", "trial", str(path), "--storage", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600), path
+
+
+def test_first_turn_that_does_not_fit_is_refused_before_launch(tmp_path):
+    """The first prompt + rollout.max_tokens must fit model.max_model_len: one line, exit 2, nothing started."""
+    proc, path = _trial_file(tmp_path, "model: {name: tiny-agent, max_model_len: 128}\ntask: {name: sokoban}\n")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0] and "model.max_model_len: 128 is too small" in lines[0]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "local").exists()
+
+
+def test_check_episode_fits_measures_the_longest_first_prompt():
+    from orchestrator.actors import resolve_model
+    from orchestrator.episodes import check_episode_fits
+    from workers.envs.tokens import first_prompt_ids
+    from workers.models import load_tokenizer
+    from workers.tasks import make_task
+
+    cfg = TrialConfig(model={"name": "tiny-agent"}, task={"name": "frozen_lake"})
+    tok = load_tokenizer(resolve_model(cfg.model))
+    task = make_task(cfg.task, cfg.seed)
+    longest = max(len(first_prompt_ids(tok, ep.prompt(), system=ep.system(), prefill=ep.prefill))
+                  for ep in (task.episode(s, 0, cfg.rollout) for s in task.eval_levels(32)))
+    assert check_episode_fits(cfg, tok) is None
+    tight = cfg.model_copy(update={"model": cfg.model.model_copy(update={"max_model_len": longest + 63})})
+    assert "too small" in check_episode_fits(tight, tok)

@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 from workers.envs import ACTION_NAMES, EVAL_SEED_LIMIT, EnvTask, TextEpisode, format_answer, parse_answer
 from workers.envs.frozen_lake import TextFrozenLake
 from workers.envs.sokoban import MOVES, TARGET, WALL, SokobanEnv
+from workers.envs.solve import frozen_lake_shortest_path, sokoban_optimal_moves, sokoban_random_success
 from workers.tasks.config import TaskConfig
 
 
-class Budget:  # the three RolloutConfig fields an episode reads
-    max_turns, max_actions_per_turn, max_actions_per_episode = 5, 2, 10
+class Budget:  # the RolloutConfig fields an episode reads
+    max_turns, max_actions_per_turn, max_actions_per_episode, max_tokens = 5, 2, 10, 64
 
 
 def bfs_solve(env: SokobanEnv, limit: int = 200_000) -> int | None:
@@ -166,7 +167,8 @@ def test_format_penalty_once_per_turn_and_budgets():
     assert ep.stats.invalid_actions == 2 and ep.stats.items == 3
     with pytest.raises(RuntimeError):
         ep.play("<answer>Up</answer>")
-    ep = TextEpisode(TextFrozenLake(frozen_prob=1.0), dynamics_seed=0, **_budget(max_actions_per_episode=3))
+    ep = TextEpisode(TextFrozenLake(frozen_prob=1.0, levels="gymnasium"), dynamics_seed=0,
+                     **_budget(max_actions_per_episode=3))
     ep.play("<answer>Up || Left</answer>")  # walls: no move, no end
     out = ep.play("<answer>Up || Left</answer>")
     assert out.done and out.actions == 1 and ep.stats.actions == 3  # the episode's action budget
@@ -175,7 +177,7 @@ def test_format_penalty_once_per_turn_and_budgets():
 def test_slipping_matches_success_rate():
     """From the start of an all-ice map, 'Right' lands right with p = success_rate, else up/down (clamped)."""
     rate, trials = 0.8, 4000
-    env = TextFrozenLake(size=4, frozen_prob=1.0, success_rate=rate)
+    env = TextFrozenLake(size=4, frozen_prob=1.0, success_rate=rate, levels="gymnasium")
     moved_right = 0
     for i in range(trials):
         env.reset(seed=i)
@@ -183,7 +185,7 @@ def test_slipping_matches_success_rate():
         moved_right += state == 1
     sd = np.sqrt(rate * (1 - rate) / trials)
     assert abs(moved_right / trials - rate) < 4 * sd
-    det = TextFrozenLake(size=4, frozen_prob=1.0, success_rate=1.0)
+    det = TextFrozenLake(size=4, frozen_prob=1.0, success_rate=1.0, levels="gymnasium")
     for i in range(50):
         det.reset(seed=i)
         assert det.step(det.action_ids[ACTION_NAMES.index("Down")])[0] == 4
@@ -203,3 +205,113 @@ def test_level_stream_is_seeded_resumable_and_disjoint_from_validation():
         c.load_state_dict({"task": "frozen_lake", "seed": 1, "cursor": 0})
     group = [a.episode(first[0], g, Budget) for g in range(3)]
     assert len({ep.env.grid_text() for ep in group}) == 1  # a group plays one level
+
+
+def _bfs_levels(n: int) -> list[tuple[SokobanEnv, int]]:
+    return [(env, bfs_solve(env)) for env in (SokobanEnv(level_seed=s) for s in range(n))]
+
+
+def test_default_sokoban_levels_have_ragens_difficulty():
+    """200 default levels (6x6, 1 box): all solvable, few one-move levels, random success near RAGEN's 18.7%."""
+    levels = _bfs_levels(200)
+    depths = np.array([d for _, d in levels])
+    assert all(d is not None and d >= 1 for _, d in levels)
+    assert np.mean(depths == 1) <= 0.20 and np.mean(depths <= 2) < 0.5
+    # uniform-random 10-action success, exact (every 4^k prefix weighted), by the independent solver module
+    rand = np.mean([sokoban_random_success(e.room == WALL, e.targets, e._start_boxes, e._start_player, 10)
+                    for e, _ in levels])
+    assert 0.10 <= rand <= 0.30, rand
+    # the module's BFS agrees with this file's
+    assert [sokoban_optimal_moves(e.room == WALL, e.targets, e._start_boxes, e._start_player)
+            for e, _ in levels[:40]] == list(depths[:40])
+
+
+def test_sokoban_random_success_matches_monte_carlo():
+    env = SokobanEnv(level_seed=4)
+    exact = sokoban_random_success(env.room == WALL, env.targets, env._start_boxes, env._start_player, 10)
+    rng, wins, n = np.random.default_rng(0), 0, 4000
+    for _ in range(n):
+        env.reset()
+        for a in rng.integers(4, size=10):
+            if env.step(int(a))[2]:
+                wins += 1
+                break
+    assert abs(wins / n - exact) < 4 * np.sqrt(exact * (1 - exact) / n) + 1e-9
+
+
+def test_frozen_lake_ragen_maps_are_solvable_with_random_start_and_goal():
+    starts, paths = set(), []
+    for seed in range(100):
+        env = TextFrozenLake(level_seed=seed)
+        start, goal = (tuple(np.argwhere(env.desc == k)[0]) for k in (b"S", b"G"))
+        env.reset(seed=0)
+        assert start != goal and env.grid_text().count("P") == 1
+        paths.append(frozen_lake_shortest_path(env.desc))
+        starts.add(start)
+    assert None not in paths and len(set(paths)) >= 4 and len(starts) >= 8
+    corner = [frozen_lake_shortest_path(TextFrozenLake(level_seed=s, levels="gymnasium").desc) for s in range(20)]
+    assert set(corner) == {6}  # gymnasium's maps: start and goal in opposite corners
+    assert (TextFrozenLake(level_seed=7).desc == TextFrozenLake(level_seed=7).desc).all()
+
+
+def _fixed_plan_outcomes(dynamics: str, n: int = 16) -> list[tuple]:
+    """One group of n members on one slippery level, every member playing the same fixed plan."""
+    task = EnvTask(TaskConfig(name="frozen_lake", success_rate=0.8, frozen_prob=1.0, levels="gymnasium",
+                              dynamics=dynamics, protocol="plain"), 0)
+    level = task.next_levels(1)[0]
+    outcomes = []
+    for member in range(n):
+        ep = task.episode(level, member, Budget)
+        while not ep.done:
+            ep.play("<answer>Right || Down</answer>")
+        outcomes.append((ep.stats.success, int(ep.env.s), ep.stats.actions))
+    return outcomes
+
+
+def test_shared_dynamics_give_a_group_identical_outcomes_for_one_plan():
+    assert len(set(_fixed_plan_outcomes("shared"))) == 1  # 16/16 identical
+    assert len(set(_fixed_plan_outcomes("independent"))) > 1
+
+
+def test_validation_levels_have_their_own_streams_the_same_for_every_trial_seed():
+    cfg = TaskConfig(name="frozen_lake", success_rate=0.8)
+    a, b = EnvTask(cfg, 1), EnvTask(cfg, 2)
+    assert a.eval_levels(8) == b.eval_levels(8)
+
+    def slips(task, level):
+        ep = task.episode(level, 0, Budget)
+        return [int(ep.env.np_random.integers(1 << 30)) for _ in range(3)]
+
+    assert [slips(a, lv) for lv in range(4)] == [slips(b, lv) for lv in range(4)]
+    assert len({tuple(slips(a, lv)) for lv in range(4)}) == 4
+
+
+def _ragen_reference_map(size: int, p: float, seed: int) -> list[str]:
+    """RAGEN's FrozenLake generator as its source reads (gymnasium's seeding; string cells; DFS from the start)."""
+    from gymnasium.utils import seeding
+
+    rng, _ = seeding.np_random(seed)
+    while True:
+        board = rng.choice(["F", "H"], (size, size), p=[p, 1 - p])
+        (sr, sc), (gr, gc) = rng.integers(size, size=2), rng.integers(size, size=2)
+        if (sr, sc) == (gr, gc):
+            continue
+        board[sr][sc], board[gr][gc] = "S", "G"
+        stack, seen = [(sr, sc)], set()
+        while stack:
+            r, c = stack.pop()
+            if (r, c) in seen:
+                continue
+            seen.add((r, c))
+            for nr, nc in ((r + 1, c), (r, c + 1), (r - 1, c), (r, c - 1)):
+                if 0 <= nr < size and 0 <= nc < size and board[nr][nc] == "G":
+                    return ["".join(row) for row in board]
+                if 0 <= nr < size and 0 <= nc < size and board[nr][nc] != "H":
+                    stack.append((nr, nc))
+
+
+def test_frozen_lake_ragen_maps_are_ragens_maps_seed_for_seed():
+    from workers.envs.frozen_lake import ragen_map
+
+    assert all(ragen_map(4, 0.9, s) == _ragen_reference_map(4, 0.9, s) for s in range(200))
+    assert ragen_map(5, 0.8, 3) == _ragen_reference_map(5, 0.8, 3)

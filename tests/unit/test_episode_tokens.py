@@ -45,3 +45,29 @@ def test_plain_text_models_get_the_observation_on_a_new_line(tmp_path):
     tok = load_tokenizer(str(build_tiny_model(tmp_path / "t", seed=0)))
     assert first_prompt_ids(tok, "what is 3 + 4 ?") == tok("what is 3 + 4 ?")["input_ids"]
     assert observation_ids(tok, "so 7", [5]) == tok("\nso 7", add_special_tokens=False)["input_ids"]
+
+
+def test_system_message_and_think_prefill_equal_the_whole_conversation(chat_tok):
+    """system + user + prefill, then answer + observation + prefill: the template of the whole conversation
+    with each assistant turn opened by the prefill text, the prefill on the prompt side of every turn."""
+    tok = chat_tok
+    tok.add_tokens(["<think>", "</think>"])
+    system, prompt, obs = "let me check", "what is 3 + 4 ?", "so then check 7"
+    first = first_prompt_ids(tok, prompt, system=system, prefill="<think>")
+    think = tok.convert_tokens_to_ids("<think>")
+    assert first[-1] == think and first[:-1] == first_prompt_ids(tok, prompt, system=system)
+    sampled = tok("</think> the answer is 7", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    obs_ids = observation_ids(tok, obs, sampled, prefill="<think>")
+    assert obs_ids[-1] == think and obs_ids[:-1] == observation_ids(tok, obs, sampled)
+    whole = tok.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": prompt},
+         {"role": "assistant", "content": "<think></think> the answer is 7"}, {"role": "user", "content": obs}],
+        add_generation_prompt=True, tokenize=False) + "<think>"
+    assert first + sampled + obs_ids == tok(whole, add_special_tokens=False)["input_ids"]
+
+
+def test_plain_text_models_get_the_system_text_first_and_the_prefill_last(tmp_path):
+    tok = load_tokenizer(str(build_tiny_model(tmp_path / "t", seed=0)))
+    assert first_prompt_ids(tok, "so 7", system="what is 3 + 4 ?", prefill="?") == \
+        tok("what is 3 + 4 ?\nso 7")["input_ids"] + tok("?", add_special_tokens=False)["input_ids"]
+    assert observation_ids(tok, "so 7", [5], prefill="?") == tok("\nso 7 ?", add_special_tokens=False)["input_ids"]

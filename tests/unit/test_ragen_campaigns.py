@@ -39,6 +39,8 @@ def test_sweep_campaign_expands_as_the_seed_states(name):
             assert iv.entropy_bonus.coeff == 0.001
             assert iv.kl.coef == (0.001 if name.startswith("sokoban") else 0.0)
         assert c.task.name == ("sokoban" if name.startswith("sokoban") else "frozen_lake")
+        assert (c.task.levels, c.task.protocol, c.task.dynamics) == ("ragen", "ragen", "shared")
+        assert c.task.frozen_prob == 0.9 and c.model.max_model_len >= 3600  # RAGEN's p and context
         assert c.model.name == ("Qwen/Qwen2.5-3B-Instruct" if name.startswith("frozen") else "Qwen/Qwen2.5-3B")
     if name == "sokoban_entropy":
         assert sorted({t.trial.interventions.entropy_bonus.coeff for t in campaign.trials}) == SIX

@@ -1,9 +1,10 @@
 """One episode of a grid environment played through text, and the level source of an agentic task.
 
-`TextEpisode` turns model text into env actions (the fixed grammar of `workers.envs.text`) and env results into
-the next observation text; it keeps per-turn rewards and the counters the trial logs. `EnvTask` is the agentic
-counterpart of `workers.tasks.Task`: a seeded stream of training level seeds (its cursor is the checkpointed
-state) and a fixed validation set disjoint from it.
+`TextEpisode` turns model text into env actions and env results into the next user turn, both under a turn
+protocol (`workers.envs.protocol`: `ragen` or `plain`); it keeps per-turn env rewards, format penalties and the
+counters the trial logs. `EnvTask` is the agentic counterpart of `workers.tasks.Task`: a seeded stream of
+training level seeds (its cursor is the checkpointed state), a fixed validation set disjoint from it, and the
+group dynamics (one random stream per level, or per member).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from workers.envs.text import ACTION_NAMES, format_answer, parse_answer
+from workers.envs.protocol import PlainProtocol, make_protocol
 
 FORMAT_PENALTY = -0.1
 EVAL_SEED_LIMIT = 1_000_000  # validation levels use seeds below this, training levels seeds at or above it
@@ -21,7 +22,7 @@ EVAL_SEED_LIMIT = 1_000_000  # validation levels use seeds below this, training 
 
 @dataclass(frozen=True)
 class TurnOutcome:
-    reward: float  # env rewards of this turn's actions plus the format penalty
+    reward: float  # env rewards of this turn's actions (plus the format penalty under a protocol that shows it)
     done: bool
     observation: str | None  # the next user turn (None when done)
     invalid: bool
@@ -30,7 +31,9 @@ class TurnOutcome:
 
 @dataclass
 class EpisodeStats:
-    turn_rewards: list[float] = field(default_factory=list)
+    env_rewards: list[float] = field(default_factory=list)  # per turn
+    penalties: list[float] = field(default_factory=list)  # per turn: FORMAT_PENALTY or 0
+    penalty_at_end: bool = False  # the penalties join the last turn's reward (ragen) instead of their own turn
     actions: int = 0
     invalid_turns: int = 0
     items: int = 0  # action items read from the answers
@@ -39,38 +42,49 @@ class EpisodeStats:
     env_done: bool = False
 
     @property
+    def turn_rewards(self) -> list[float]:
+        """The reward credited to each turn; their sum is the episode return."""
+        if not self.penalty_at_end:
+            return [r + p for r, p in zip(self.env_rewards, self.penalties, strict=True)]
+        out = list(self.env_rewards)
+        if out:
+            out[-1] += sum(self.penalties)
+        return out
+
+    @property
     def episode_return(self) -> float:
-        return float(sum(self.turn_rewards))
+        return float(sum(self.env_rewards) + sum(self.penalties))
 
 
 class TextEpisode:
-    """Plays one env through text turns. `prompt()` is the first user turn; `play(text)` applies one answer."""
+    """Plays one env through text turns under a turn protocol (`workers.envs.protocol`): `system()` and
+    `prompt()` are the first turn's messages, `prefill` opens every answer, `play(text)` applies one answer
+    (`text` = prefill + what the model wrote)."""
 
     def __init__(self, env, *, dynamics_seed: int, max_actions_per_turn: int, max_actions_per_episode: int,
-                 max_turns: int):
+                 max_turns: int, protocol=None):
         self.env = env
         self.max_per_turn, self.max_actions, self.max_turns = max_actions_per_turn, max_actions_per_episode, max_turns
+        self.protocol = protocol or PlainProtocol(max_actions_per_turn)
+        self.prefill = self.protocol.prefill
         self.env.reset(seed=int(dynamics_seed))
-        self.stats = EpisodeStats()
+        self.stats = EpisodeStats(penalty_at_end=self.protocol.penalty_at_end)
         self.done = False
 
-    def _state(self) -> str:
-        left = self.max_actions - self.stats.actions
-        return f"State:\n{self.env.grid_text()}\nActions left: {left}."
+    def system(self) -> str | None:
+        return self.protocol.system(self.env, self.max_actions)
 
     def prompt(self) -> str:
-        example = format_answer(ACTION_NAMES[:2][: self.max_per_turn])
-        return (f"{self.env.rules} Answer with {example}, at most {self.max_per_turn} actions per turn.\n"
-                f"{self._state()}")
+        return self.protocol.turn(self.env, 1, self.max_actions, None, False)
 
     def play(self, text: str) -> TurnOutcome:
         """Apply one model answer: at most `max_actions_per_turn` parsed actions, stopping when the env ends or
         the episode's action budget is spent. A turn with an invalid or no valid action gets one format
-        penalty and the next observation says so."""
+        penalty; the next observation says when no valid action was given."""
         if self.done:
             raise RuntimeError("the episode is over")
-        parsed = parse_answer(text, ACTION_NAMES, self.max_per_turn)
-        reward, applied = (FORMAT_PENALTY if parsed.invalid else 0.0), 0
+        parsed = self.protocol.parse(text, self.max_per_turn)
+        penalty, reward, applied = (FORMAT_PENALTY if parsed.invalid else 0.0), 0.0, 0
         for a in parsed.actions:
             if self.stats.actions >= self.max_actions or self.stats.env_done:
                 break
@@ -81,18 +95,17 @@ class TextEpisode:
             if terminated or truncated:
                 self.stats.env_done = True
                 self.stats.success = bool(terminated and self.env.solved)
-        self.stats.turn_rewards.append(reward)
+        self.stats.env_rewards.append(reward)
+        self.stats.penalties.append(penalty)
         self.stats.invalid_turns += int(parsed.invalid)
         self.stats.items += parsed.items
         self.stats.invalid_actions += parsed.items - len(parsed.actions)
-        self.done = (self.stats.env_done or self.stats.actions >= self.max_actions
-                     or len(self.stats.turn_rewards) >= self.max_turns)
-        obs = None
-        if not self.done:
-            note = ("" if not parsed.invalid else "No valid action was given. " if not parsed.actions
-                    else "An invalid action was dropped. ")
-            obs = f"{note}Reward: {reward:.1f}\n{self._state()}"
-        return TurnOutcome(reward=reward, done=self.done, observation=obs, invalid=parsed.invalid, actions=applied)
+        turns = len(self.stats.env_rewards)
+        self.done = self.stats.env_done or self.stats.actions >= self.max_actions or turns >= self.max_turns
+        shown = reward + (0.0 if self.protocol.penalty_at_end else penalty)
+        obs = None if self.done else self.protocol.turn(
+            self.env, turns + 1, self.max_actions - self.stats.actions, shown, not parsed.actions, parsed.invalid)
+        return TurnOutcome(reward=shown, done=self.done, observation=obs, invalid=parsed.invalid, actions=applied)
 
 
 def make_env(config, level_seed: int):
@@ -102,7 +115,7 @@ def make_env(config, level_seed: int):
         from workers.envs.frozen_lake import TextFrozenLake
 
         return TextFrozenLake(size=config.size or 4, frozen_prob=config.frozen_prob,
-                              success_rate=config.success_rate, level_seed=seed)
+                              success_rate=config.success_rate, level_seed=seed, levels=config.levels)
     if config.name == "sokoban":
         from workers.envs.sokoban import SokobanEnv
 
@@ -111,9 +124,11 @@ def make_env(config, level_seed: int):
     raise ValueError(f"{config.name!r} is not an agentic task")
 
 
-def dynamics_seed(level_seed: int, member: int) -> int:
-    """Seed of one episode's env randomness (slips): distinct per group member, fixed by (level, member)."""
-    return int(np.random.SeedSequence([int(level_seed), int(member), 7]).generate_state(1)[0])
+def dynamics_seed(level_seed: int, member: int | None) -> int:
+    """Seed of one episode's env randomness (slips): `member` None = the level's own stream (shared by a whole
+    group, RAGEN's), else distinct per group member, fixed by (level, member)."""
+    key = [int(level_seed), 7] if member is None else [int(level_seed), int(member), 7]
+    return int(np.random.SeedSequence(key).generate_state(1)[0])
 
 
 class EnvTask:
@@ -138,10 +153,16 @@ class EnvTask:
         return list(range(min(n, EVAL_SEED_LIMIT)))
 
     def episode(self, level_seed: int, member: int, rollout) -> TextEpisode:
-        """A fresh episode on level `level_seed` for group member `member` (rollout: the trial's RolloutConfig)."""
-        return TextEpisode(make_env(self.config, level_seed), dynamics_seed=dynamics_seed(level_seed, member),
+        """A fresh episode on level `level_seed` for group member `member` (rollout: the trial's RolloutConfig).
+        `dynamics: shared`: every member plays the level's own random stream; `independent`: one per member."""
+        shared = self.config.dynamics == "shared"  # keyed by the drawn seed: groups on a fixed level still differ
+        protocol = make_protocol(self.config.protocol, max_tokens=rollout.max_tokens,
+                                 max_actions_per_turn=rollout.max_actions_per_turn)
+        return TextEpisode(make_env(self.config, level_seed),
+                           dynamics_seed=dynamics_seed(level_seed, None if shared else member),
                            max_actions_per_turn=rollout.max_actions_per_turn,
-                           max_actions_per_episode=rollout.max_actions_per_episode, max_turns=rollout.max_turns)
+                           max_actions_per_episode=rollout.max_actions_per_episode, max_turns=rollout.max_turns,
+                           protocol=protocol)
 
     def state_dict(self) -> dict[str, Any]:
         return {"task": self.name, "seed": self.seed, "cursor": self.cursor}

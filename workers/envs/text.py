@@ -1,9 +1,11 @@
-"""The text face shared by the grid environments: grid rendering and the fixed answer grammar.
+"""The text face shared by the grid environments: grid rendering and the two fixed answer grammars.
 
-The model answers `<answer>Up || Left</answer>`, optionally after `<think>...</think>`. Model text is data: it is
-matched against one fixed regular grammar and nothing in it is ever evaluated. Whitespace inside the tags and
-around `||` is tolerated because word-level tokenizers decode with spaces between tokens
-(`< answer > Up | | Left < / answer >`).
+Model text is data: it is matched against a fixed regular grammar and nothing in it is ever evaluated.
+- `parse_strict` (protocol `ragen`, RAGEN's parse): `<think>...</think>`, only whitespace, then
+  `<answer>...</answer>`, case-sensitive tags; the answer's items split on `||`, empty items dropped, the first
+  `max_actions` kept, unknown words dropped (and the turn marked invalid).
+- `parse_answer` (protocol `plain`): the first `<answer>...</answer>` block, think optional; whitespace inside
+  the tags and around `||` tolerated (word-level tokenizers decode as `< answer > Up | | Left < / answer >`).
 """
 
 from __future__ import annotations
@@ -53,6 +55,36 @@ def parse_answer(text: str, names: Sequence[str] = ACTION_NAMES, max_actions: in
     return ParsedTurn(valid, invalid=len(valid) != len(actions) or not valid, items=len(actions))
 
 
-def render_grid(rows: Sequence[Sequence[str]]) -> str:
-    """Rows of one-character cell symbols, cells separated by a space (one token per cell for every tokenizer)."""
-    return "\n".join(" ".join(row) for row in rows)
+_STRICT = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
+_TAGS = ("<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>")
+
+
+def parse_strict(text: str, names: Sequence[str] = ACTION_NAMES, max_actions: int = 2) -> ParsedTurn:
+    """RAGEN's parse of one turn (`text` includes the `<think>` prefill); never raises for any string.
+
+    The first `<think>` must be followed by `</think>`, only whitespace, and an `<answer>...</answer>` block
+    (tags exactly so: case and spacing matter). The answer's items are split on `||` and stripped; empty ones are
+    dropped silently, only the first `max_actions` are read (the rest are cut), and among those an item naming no
+    action (case-insensitive) is dropped and marks the turn invalid, as does an answer with no valid action.
+    """
+    if not isinstance(text, str):
+        return ParsedTurn((), True)
+    text = text[:MAX_TEXT_CHARS]
+    start = text.find("<think>")
+    # a match from a later <think> implies one from the first (.*? spans it), so the first is the only start
+    m = _STRICT.match(text, start) if start >= 0 else None
+    if m is None:
+        return ParsedTurn((), True)
+    body = m.group(2)
+    for tag in _TAGS:
+        body = body.replace(tag, "")
+    items = [item.strip() for item in body.split("||") if item.strip()][: max(max_actions, 0)]
+    lookup = {n.lower(): i for i, n in enumerate(names)}
+    valid = tuple(lookup[item.lower()] for item in items if item.lower() in lookup)
+    return ParsedTurn(valid, invalid=len(valid) != len(items) or not valid, items=len(items))
+
+
+def render_grid(rows: Sequence[Sequence[str]], spaced: bool = True) -> str:
+    """Rows of one-character cell symbols; `spaced`: cells separated by a space (protocol `plain`), else joined
+    (protocol `ragen`)."""
+    return "\n".join((" " if spaced else "").join(row) for row in rows)

@@ -27,6 +27,12 @@ def _ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def _prefill_ids(tokenizer, prefill: str) -> list[int]:
+    """A protocol's prefill (e.g. "<think>") tokenised on its own: the same ids after every prompt, never merged
+    with the text before it."""
+    return _ids(tokenizer, prefill) if prefill else []
+
+
 def _chat(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
@@ -35,10 +41,10 @@ def first_prompt_ids(tokenizer, text: str, *, system: str | None = None, prefill
     """Ids of the first user turn, ending where the model starts answering.
 
     `system`: a system message when the template renders one (else it is put before the user text); `prefill`
-    (e.g. "<think>") is appended after the generation prompt and tokenised with it, on the prompt side."""
+    (e.g. "<think>") is appended after the generation prompt, tokenised on its own, on the prompt side."""
     if not _chat(tokenizer):
         head = f"{system}\n" if system else ""
-        return list(tokenizer(head + text + prefill)["input_ids"])
+        return list(tokenizer(head + text)["input_ids"]) + _prefill_ids(tokenizer, prefill)
     user = {"role": "user", "content": text}
     if system is None:
         rendered = tokenizer.apply_chat_template([user], add_generation_prompt=True, tokenize=False)
@@ -49,7 +55,7 @@ def first_prompt_ids(tokenizer, text: str, *, system: str | None = None, prefill
         except Exception:  # a template without a system role (it raises): the system text leads the user turn
             rendered = tokenizer.apply_chat_template([{"role": "user", "content": f"{system}\n\n{text}"}],
                                                      add_generation_prompt=True, tokenize=False)
-    return _ids(tokenizer, rendered + prefill)
+    return _ids(tokenizer, rendered) + _prefill_ids(tokenizer, prefill)
 
 
 @lru_cache(maxsize=8)
@@ -108,10 +114,10 @@ def observation_ids(tokenizer, text: str, sampled: list[int], *, prefill: str = 
     """Ids to append after a turn's `sampled` ids so the model reads observation `text` next and then answers
     (after `prefill`, tokenised here, on the prompt side)."""
     if not _chat(tokenizer):
-        return _ids(tokenizer, "\n" + text + prefill)
+        return _ids(tokenizer, "\n" + text) + _prefill_ids(tokenizer, prefill)
     head, tail = chat_glue(tokenizer)
     end = end_of_turn_id(tokenizer)
     end_text = tokenizer.convert_ids_to_tokens(end) if end is not None else None
     if end_text and head.startswith(end_text) and sampled and sampled[-1] in stop_token_ids(tokenizer):
         head = head[len(end_text):]  # the turn already ended on a stop token: never a second end token
-    return _ids(tokenizer, head + text + tail + prefill)
+    return _ids(tokenizer, head + text + tail) + _prefill_ids(tokenizer, prefill)

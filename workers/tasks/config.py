@@ -41,7 +41,17 @@ class TaskConfig(BaseModel):
     grader_timeout_s: float = Field(5.0, gt=0.0)
     # frozen_lake, sokoban (agentic, multi-turn: see workers/envs)
     size: int | None = Field(None, ge=4, le=12, description="grid side; default 4 (frozen_lake), 6 (sokoban)")
-    frozen_prob: float = Field(0.8, gt=0.0, le=1.0, description="frozen_lake: probability a tile is ice")
+    levels: Literal["ragen", "gymnasium"] = Field("ragen", description=(
+        "level generator. sokoban: ragen only (gym-sokoban's reverse-play search, as RAGEN runs it); frozen_lake: "
+        "ragen (random start and goal, always solvable) or gymnasium (generate_random_map's corner maps)"))
+    protocol: Literal["ragen", "plain"] = Field("ragen", description=(
+        "turn protocol (workers/envs/protocol.py). ragen: system message, coordinates, <think> prefill, strict "
+        "parse, format penalty added to the return at the end; plain: no system message, lenient parse, the "
+        "penalty shown in each turn's Reward line"))
+    dynamics: Literal["shared", "independent"] = Field("shared", description=(
+        "env randomness (FrozenLake slips) of a group. shared: every member plays the level's own random stream "
+        "(RAGEN's: a fixed plan gives the same outcome across the group); independent: one stream per member"))
+    frozen_prob: float = Field(0.9, gt=0.0, le=1.0, description="frozen_lake: probability a tile is ice")
     success_rate: float = Field(1.0, gt=0.0, le=1.0,
                                 description="frozen_lake: chance a move goes where intended (1 = not slippery)")
     boxes: int = Field(1, ge=1, le=3, description="sokoban: boxes (and targets) per level")
@@ -72,6 +82,8 @@ class TaskConfig(BaseModel):
     def _math_needs_dataset(self) -> TaskConfig:
         if self.name == "math" and not self.dataset:
             raise ValueError("task 'math' requires 'dataset' (a local .jsonl path or a Hugging Face name)")
+        if self.name == "sokoban" and self.levels != "ragen":
+            raise ValueError(f"levels {self.levels!r} is for frozen_lake; sokoban has levels 'ragen' only")
         return self
 
     @property
