@@ -25,10 +25,12 @@ CASES = {"chain-qwen3": ("tiny-qwen3", "chain"), "frozen-qwen2-base": ("tiny-qwe
 @pytest.mark.parametrize("case", list(CASES))
 def test_family_trial_runs_with_hot_swapped_adapters(ray_local, tmp_path, case):
     model, task = CASES[case]
+    # 2048 positions: RAGEN's protocol (system message, coordinates, grid) takes most of 768 with these small
+    # byte-level vocabularies, and a second turn would be cut
     # PPO + GAE (the critic's advantages are not 0 on a random model, so the policy moves); a large lr and the
     # measured KL to the base model show that the adapter vLLM serves at step 1 is not the base model
     cfg = TrialConfig(name=case, steps=2, seed=1, output_dir=str(tmp_path / case), task={"name": task},
-                      model={"name": model, "max_model_len": 768}, rollout=SMALL, eval={"every": 0},
+                      model={"name": model, "max_model_len": 2048}, rollout=SMALL, eval={"every": 0},
                       checkpoint={"every": 2}, credit={"advantage_mode": "gae"},
                       learner={"optim": {"lr": 0.05}, "critic": {"lr": 1e-3}}, interventions={"kl": {"measure": True}})
     assert run_single_trial(cfg, tmp_path) is not None

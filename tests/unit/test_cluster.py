@@ -98,6 +98,8 @@ def test_wandb_mode_overrides_the_file(tmp_path, monkeypatch):
 
 
 def test_a_job_carries_no_secret_and_no_local_path(monkeypatch):
+    for k in job_env.FORWARD:  # the integration conftest sets VLLM_CPU_KVCACHE_SPACE when both suites run
+        monkeypatch.delenv(k, raising=False)
     for k, v in {"WANDB_API_KEY": "k" * 40, "HF_TOKEN": "hf_x", "HF_HOME": "/home/me/.cache/hf",
                  "ORCHESTRATOR_STORAGE": "s3://b/c", "WANDB_MODE": "online"}.items():
         monkeypatch.setenv(k, v)
