@@ -308,7 +308,11 @@ def shipped() -> dict[str, list[Path]]:
 
 def check_file(path: Path) -> list[str]:
     """Every problem of one launcher YAML, KubeRay manifest or Dockerfile, one line each."""
-    from infra.cluster_checks import image_findings, launch_findings, pod_findings
+    try:
+        from infra.cluster_checks import image_findings, launch_findings, pod_findings
+    except ModuleNotFoundError:  # run as `python infra/validate.py`: this folder is on sys.path, the repo is not
+        sys.path.insert(0, str(INFRA.parent))
+        from infra.cluster_checks import image_findings, launch_findings, pod_findings
 
     problems = text_findings(path.read_text(), str(path))
     if path.name.endswith("Dockerfile"):

@@ -35,6 +35,16 @@ def resolve_model(cfg: ModelConfig) -> str:
     return str(builder(root, seed=cfg.tiny_seed))
 
 
+def resolve_model_quietly(cfg: ModelConfig) -> str:
+    """`resolve_model` for the pre-launch checks: a local model built now (first use on this machine) writes its
+    progress bars to a buffer, so the check's answer (or its one-line user error) is all the user sees."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return resolve_model(cfg)
+
+
 def _where() -> dict:
     ctx = ray.get_runtime_context()
     return {"placement_group": ctx.get_placement_group_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}

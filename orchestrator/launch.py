@@ -123,12 +123,12 @@ def _tuner(name: str, storage: str, trials: dict[str, dict], *, max_concurrent: 
 
 def _local_tokenizer(cfg: TrialConfig):
     """The trial model's tokenizer when it is on this machine (local models are built), else None."""
-    from orchestrator.actors import LOCAL_MODELS, resolve_model
+    from orchestrator.actors import LOCAL_MODELS, resolve_model_quietly
 
     if cfg.model.name in LOCAL_MODELS or Path(cfg.model.name).expanduser().is_dir():
         from workers.models import load_tokenizer
 
-        return load_tokenizer(resolve_model(cfg.model))
+        return load_tokenizer(resolve_model_quietly(cfg.model))
     try:
         from transformers import AutoTokenizer
 
