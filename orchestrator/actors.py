@@ -83,8 +83,13 @@ def _placement(pg, bundle: int) -> dict:
     return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)}
 
 
+def bundle_roles(cfg: TrialConfig) -> list[str]:
+    """What runs in each bundle of `bundles(cfg)`: driver, rollout worker x k, learner rank x N."""
+    return ["driver"] + ["rollout worker"] * cfg.rollout.num_workers + ["learner rank"] * cfg.resources.learner_ranks
+
+
 def bundles(cfg: TrialConfig) -> list[dict[str, float]]:
-    """Placement-group bundles: [driver, worker x k, learner]."""
+    """Placement-group bundles: [driver, worker x k, learner rank x N]."""
     r = cfg.resources
 
     # a GPU model is a resource Ray gives each node (accelerator_type:H100 = 1): a sliver of it pins the bundle
@@ -94,8 +99,7 @@ def bundles(cfg: TrialConfig) -> list[dict[str, float]]:
         return {"CPU": cpu, **({"GPU": gpu, **model} if gpu else {})}
 
     return [b(r.driver_cpus, 0)] + [b(r.worker_cpus, r.worker_gpus)] * cfg.rollout.num_workers + [
-        b(r.learner_cpus, r.learner_gpus)
-    ]
+        b(r.learner_cpus, r.learner_gpus)] * r.learner_ranks
 
 
 def placement_record(pg, workers, learner) -> dict:

@@ -382,7 +382,7 @@ def trial_table(trials: list[ExpandedTrial]) -> str:
     """The plain-text table `expand` prints."""
     from orchestrator.actors import bundles
 
-    rows = [("trial", "condition", "seed", "sweep", "steps", "bundles (driver + workers + learner)")]
+    rows = [("trial", "condition", "seed", "sweep", "steps", "bundles (driver + workers + learner ranks)")]
     for t in trials:
         c = t.trial
         b = bundles(c)

@@ -160,15 +160,14 @@ def capacity() -> Capacity:
 # --------------------------------------------------------------------------------------------------- checks
 def check_trials(campaign, cap: Capacity) -> list[str]:
     """Exit 2 for a trial no node type can hold; returns the trials that need nodes not up yet."""
-    from orchestrator.actors import bundles
+    from orchestrator.actors import bundle_roles, bundles
 
     src = campaign.source
     waiting = []
     for t in campaign.trials:
         b = bundles(t.trial)
-        for i, bundle in enumerate(b):
+        for what, bundle in zip(bundle_roles(t.trial), b, strict=True):
             if not cap.can_hold(bundle):
-                what = "driver" if i == 0 else ("learner" if i == len(b) - 1 else "rollout worker")
                 adds = f"node types it can add: {cap.describe()}" if cap.autoscaling else "no autoscaler"
                 raise UserError(f"{src}: resources: trial {t.name}'s {what} bundle ({_fmt(bundle)}) fits on no node "
                                 f"of the cluster (nodes up: {'; '.join(_fmt(n) for n in cap.live)}; {adds}); lower "

@@ -17,6 +17,7 @@ from workers.objectives import Aggregation
 from workers.tasks.config import TaskConfig
 
 AGENTIC_MAX_MODEL_LEN = 2048
+FULL_MODE_LR = 1e-6  # verl's / RAGEN's actor lr for full fine-tuning
 
 
 class _Strict(BaseModel):
@@ -143,14 +144,26 @@ class CriticConfig(_Strict):
         "verl's critic_warmup: the policy is first updated at training step warmup_steps - 1 (counted from 0), so "
         "N > 0 gives N - 1 critic-only steps, as in verl"))
     lora: LoraSettings | None = Field(None, description="the critic adapter's settings; None = the policy's")
+    model: Literal["full", "lora"] | None = Field(None, description=(
+        "full: the critic is its own full model (the policy's initial weights) with a value head, every weight "
+        "trained (RAGEN's shape); lora: a LoRA adapter + value head on the policy's frozen base weights (lora mode "
+        "only). None: full under learner.mode full, lora under lora"))
 
 
 class LearnerConfig(_Strict):
+    mode: Literal["lora", "full"] = Field("lora", description=(
+        "lora: the policy is a LoRA adapter on frozen base weights, the KL reference is the base (adapter "
+        "disabled), vLLM hot-swaps the adapter. full: every weight of the policy trains (seed 004's verl FSDP "
+        "actor), the reference is a frozen copy loaded only when KL is on or measured, and vLLM reloads the full "
+        "weights every step. optim.lr defaults to 1e-6 under full"))
     lora: LoraSettings = LoraSettings()
     optim: OptimConfig = OptimConfig()
     loss: LossConfig = LossConfig()
     critic: CriticConfig = CriticConfig()
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less memory)")
+    cpu_offload: bool = Field(False, description=(
+        "keep the sharded parameters, gradients and optimizer state in CPU memory and step the optimizer there "
+        "(FSDP2's CPUOffloadPolicy): less GPU memory, slower steps"))
     old_logprobs: Literal["recompute", "rollout"] = Field("recompute", description=(
         "the PPO ratio's anchor pi_old. recompute: the learner's log-probs from a no-grad scoring pass (eval mode) "
         "before the step's first update (verl's default, 'decoupled'; rollout.tis_cap adds the truncated importance "
@@ -194,7 +207,22 @@ class ResourcesConfig(_Strict):
     worker_cpus: float = Field(1.0, gt=0.0)
     worker_gpus: float = Field(0.0, ge=0.0)
     learner_cpus: float = Field(1.0, gt=0.0)
-    learner_gpus: float = Field(0.0, ge=0.0)
+    learner_gpus: float = Field(0.0, ge=0.0, description=(
+        "GPUs per learner rank (one process drives one device; use learner_ranks for more GPUs)"))
+    learner_ranks: int = Field(1, ge=1, description=(
+        "learner processes forming one torch.distributed group (FSDP2-sharded model, mini-batches split by "
+        "tokens, one optimizer step); each gets learner_cpus and learner_gpus, on one node or spread by the "
+        "placement group"))
+    gpu_memory_gb: float | None = Field(None, gt=0.0, description=(
+        "memory of one learner GPU for the pre-launch fit check; None: from accelerator_type's known models"))
+
+    @field_validator("learner_gpus")
+    @classmethod
+    def _one_device_per_rank(cls, v: float) -> float:
+        if v > 1.0:
+            raise ValueError(f"learner_gpus is per learner rank and one rank drives one GPU (got {v:g}): set "
+                             f"learner_gpus: 1 and learner_ranks: {v:g} to shard the learner over {v:g} GPUs")
+        return v
     accelerator_type: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_.-]+$",
         description="GPU model every GPU bundle needs (Ray's accelerator_type:<T> resource: H100, L4, A100, ...)")
@@ -239,6 +267,18 @@ class TrialConfig(_Strict):
     wandb: TrialWandb = TrialWandb()
     labels: dict[str, Any] = Field(default_factory=dict, description=(
         "extra top-level keys logged with the config (campaigns set condition, seed and every swept key)"))
+
+    @model_validator(mode="after")
+    def _learner_mode(self) -> TrialConfig:
+        lrn = self.learner
+        if lrn.mode == "full" and "lr" not in lrn.optim.model_fields_set:
+            lrn.optim.lr = FULL_MODE_LR
+        if lrn.critic.model is None:
+            lrn.critic.model = lrn.mode
+        if lrn.mode == "lora" and lrn.critic.model == "full":
+            raise ValueError("learner.critic.model 'full' needs learner.mode 'full' (under lora the critic is an "
+                             "adapter on the policy's base)")
+        return self
 
     @model_validator(mode="after")
     def _fits(self) -> TrialConfig:

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from orchestrator import cli
+from orchestrator.actors import bundles
 from orchestrator.campaign import CampaignConfig, expand, load_campaign, sweep_points
 from orchestrator.config import TrialConfig
 
@@ -112,10 +113,13 @@ def test_table_and_list_overrides_survive_intact():
 
 
 def test_resources_section_sets_every_trial():
-    cfg = _campaign(resources={"rollout_workers": 3, "worker_gpus": 1, "learner_gpus": 2, "driver_cpus": 0.25})
+    cfg = _campaign(resources={"rollout_workers": 3, "worker_gpus": 1, "learner_gpus": 1, "learner_ranks": 2,
+                               "driver_cpus": 0.25})
     t = TrialConfig.model_validate(expand(cfg)[0].config)
     assert t.rollout.num_workers == 3
-    assert (t.resources.worker_gpus, t.resources.learner_gpus, t.resources.driver_cpus) == (1, 2, 0.25)
+    assert (t.resources.worker_gpus, t.resources.learner_gpus, t.resources.driver_cpus) == (1, 1, 0.25)
+    assert t.resources.learner_ranks == 2
+    assert [b.get("GPU", 0) for b in bundles(t)] == [0, 1, 1, 1, 1, 1]  # driver, 3 workers, 2 learner ranks
 
 
 def test_sweep_labels_are_short_and_distinct():

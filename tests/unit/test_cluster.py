@@ -65,7 +65,7 @@ def test_live_trials_do_not_wait(tmp_path):
     cap = Capacity([{"CPU": 16.0, "GPU": 2.0}])
     assert check_trials(_campaign(tmp_path, worker_gpus=1, learner_gpus=1), cap) == []
     with pytest.raises(UserError, match=r"asks for 3 GPUs; the cluster can have at most 2 \(no autoscaler\)"):
-        check_trials(_campaign(tmp_path, worker_gpus=1, learner_gpus=2), cap)
+        check_trials(_campaign(tmp_path, worker_gpus=1, learner_gpus=1, learner_ranks=2), cap)
 
 
 def test_node_local_storage_is_refused_when_the_cluster_can_grow(tmp_path):
