@@ -147,7 +147,7 @@ class CriticConfig(_Strict):
     model: Literal["full", "lora"] | None = Field(None, description=(
         "full: the critic is its own full model (the policy's initial weights) with a value head, every weight "
         "trained (RAGEN's shape); lora: a LoRA adapter + value head on the policy's frozen base weights (lora mode "
-        "only). None: full under learner.mode full, lora under lora"))
+        "only). None: the same as learner.mode"))
 
 
 class LearnerConfig(_Strict):
@@ -275,9 +275,10 @@ class TrialConfig(_Strict):
             lrn.optim.lr = FULL_MODE_LR
         if lrn.critic.model is None:
             lrn.critic.model = lrn.mode
-        if lrn.mode == "lora" and lrn.critic.model == "full":
-            raise ValueError("learner.critic.model 'full' needs learner.mode 'full' (under lora the critic is an "
-                             "adapter on the policy's base)")
+        if lrn.critic.model != lrn.mode:
+            raise ValueError(f"learner.critic.model '{lrn.critic.model}' needs learner.mode '{lrn.critic.model}': "
+                             "under lora the critic is an adapter on the policy's frozen base, under full its own "
+                             "full model")
         return self
 
     @model_validator(mode="after")

@@ -1,20 +1,25 @@
-"""The critic for PPO + GAE: a value head beside the policy on the SAME base weights.
+"""The critic for PPO + GAE, in two shapes (`learner.critic.model`):
 
-It owns its own LoRA adapter ("critic", added to the policy's PeftModel: PEFT holds several adapters and
-switches between them) plus a scalar head on the decoder's last hidden state, its own AdamW optimizer, learning
-rate and gradient clip. No second copy of the base model exists. `values` predicts one value per response
-position: the value of the state before that token is sampled (hidden state at position p-1, the same
-alignment as the policy's log-prob of token p). The KL reference pass (`disable_adapter()`) disables both
-adapters, and the policy adapter exported to vLLM never contains the critic's.
+- `LoraCritic` (lora mode): a value head beside the policy on the SAME base weights. It owns its own LoRA adapter
+  ("critic", added to the policy's PeftModel: PEFT holds several adapters and switches between them) plus a scalar
+  head, its own AdamW, learning rate and gradient clip. No second copy of the base model exists. The KL reference
+  pass (`disable_adapter()`) disables both adapters, and the policy adapter exported to vLLM never contains the
+  critic's.
+- `FullCritic` (full mode, RAGEN's shape): its own full model (the policy's initial decoder) plus a value head,
+  every weight trained; sharded over the learner group like the policy.
+
+`values` predicts one value per response position: the value of the state before that token is sampled (hidden
+state at position p-1, the same alignment as the policy's log-prob of token p).
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from workers.learner_dist import Ranks
 from workers.objectives import aggregate
 
 ADAPTER = "critic"
@@ -28,70 +33,161 @@ def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip
     return 0.5 * torch.maximum(a, b), b > a
 
 
-class Critic:
-    """Value adapter + head + optimizer, trained inside the learner actor (see module docstring)."""
+def _window(hidden: Tensor, start: Tensor, length: int, width: int) -> Tensor:
+    """`[b, length, H]` hidden states at the positions before each response token."""
+    idx = (start[:, None] - 1 + torch.arange(length)[None, :]).clamp(max=width - 2).to(hidden.device)
+    return hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
 
-    def __init__(self, peft_model, config: dict, lora_config, device: str, dtype: torch.dtype):
-        self.model, self.cfg, self.device = peft_model, config, device
-        self.model.add_adapter(ADAPTER, lora_config)
-        self.model.set_adapter("default")  # the policy stays the active adapter outside `active()`
-        hidden = self.model.get_base_model().config.hidden_size
-        self.head = torch.nn.Linear(hidden, 1).to(device=device, dtype=torch.float32)
-        with self.active():
-            params = [p for p in self.model.parameters() if p.requires_grad]
-        self.params = params + list(self.head.parameters())
-        self.optimizer = torch.optim.AdamW(self.params, lr=config["lr"], betas=tuple(config["betas"]),
-                                           weight_decay=config["weight_decay"])
 
-    @contextmanager
+class _Critic:
+    """What both critics share: the PPO value update over (micro-batch, real) passes."""
+
+    cfg: dict
+    device: str
+    optimizer: torch.optim.Optimizer
+    ranks: Ranks
+
     def active(self):
-        """Route forwards (and gradients) through the critic adapter, then back to the policy's."""
-        self.model.set_adapter(ADAPTER)
-        try:
-            yield
-        finally:
-            self.model.set_adapter("default")
+        return nullcontext()
+
+    def train(self, on: bool) -> None:
+        """Train / eval mode of the critic's own modules (the LoRA critic's model is the policy's)."""
 
     def values(self, seqs: Tensor, attn: Tensor, start: Tensor, length: int) -> Tensor:
-        """`[b, length]` float32 values of the response window (call inside `active()`)."""
-        hf = self.model.get_base_model()
-        decoder = getattr(hf, hf.base_model_prefix)
-        hidden = decoder(input_ids=seqs.to(self.device), attention_mask=attn.to(self.device)).last_hidden_state
-        idx = (start[:, None] - 1 + torch.arange(length)[None, :]).clamp(max=seqs.shape[1] - 2).to(self.device)
-        h = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
-        return self.head(h.float()).squeeze(-1)
+        raise NotImplementedError
 
-    def update(self, micro_batches, returns: Tensor, old_values: Tensor, aggregation: str, totals: dict
-               ) -> dict[str, float]:
-        """One optimizer step over `micro_batches` [(seqs, attn, start, length, mask, rows)], gradient
-        accumulated; returns the summed value loss, clip count and the gradient norm."""
+    def update(self, passes, returns: Tensor, old_values: Tensor, aggregation: str, totals: dict) -> dict[str, float]:
+        """One optimizer step over `passes` [((seqs, attn, start, length, mask, rows), real)], gradient accumulated
+        (a pass that is not `real` keeps the group's collectives in step and adds nothing); returns this rank's
+        summed value loss, clip count and the gradient norm."""
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum, clipped = 0.0, 0.0
         with self.active():
-            for seqs, attn, start, length, mask, rows in micro_batches:
+            for (seqs, attn, start, length, mask, rows), real in passes:
                 v = self.values(seqs, attn, start, length)
                 m = mask.to(self.device)
                 per_tok, was_clipped = clipped_value_loss(v, old_values[rows].to(self.device),
                                                           returns[rows].to(self.device), self.cfg["cliprange_value"])
                 loss = aggregate(per_tok, m, aggregation, **totals)
-                loss.backward()
-                loss_sum += loss.item()
-                clipped += float((was_clipped & m).sum())
-            norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg["grad_clip"]))
+                (loss if real else loss * 0.0).backward()
+                if real:
+                    loss_sum += loss.item()
+                    clipped += float((was_clipped & m).sum())
+            norm = self._clip()
             self.optimizer.step()
         return {"value_loss": loss_sum, "clipped": clipped, "grad_norm": norm}
 
-    def state_dict(self) -> dict:
-        from peft import get_peft_model_state_dict
+    def _clip(self) -> float:
+        from workers.learner_models import clip_grad_norm
 
-        return {"adapter": {k: v.detach().cpu() for k, v in get_peft_model_state_dict(
-                    self.model, adapter_name=ADAPTER).items()},
-                "head": {k: v.detach().cpu() for k, v in self.head.state_dict().items()},
-                "optimizer": self.optimizer.state_dict()}
+        return clip_grad_norm(self.params, self.cfg["grad_clip"])
 
-    def load_state_dict(self, state: dict) -> None:
-        from peft import set_peft_model_state_dict
+    params: list[nn.Parameter]
 
-        set_peft_model_state_dict(self.model, state["adapter"], adapter_name=ADAPTER)
-        self.head.load_state_dict(state["head"])
-        self.optimizer.load_state_dict(state["optimizer"])
+
+class LoraCritic(_Critic):
+    """Value adapter + head + optimizer on the policy's PeftModel (see module docstring)."""
+
+    def __init__(self, peft_model, config: dict, lora_config, device: str, ranks: Ranks = Ranks()):
+        self.model, self.cfg, self.device, self.ranks = peft_model, config, device, ranks
+        self.model.add_adapter(ADAPTER, lora_config)
+        self._use("default")  # the policy stays the active adapter outside `active()`
+        hidden = self.model.get_base_model().config.hidden_size
+        self.head = nn.Linear(hidden, 1).to(device=device, dtype=torch.float32)
+        self.module = nn.ModuleDict({"lm": self.model, "head": self.head})  # what the critic's checkpoint holds
+        self.sharded = False  # set by the learner once the PeftModel is FSDP-sharded
+
+    def _use(self, adapter: str) -> None:
+        """Make `adapter` the one forwards run through. PEFT's `set_adapter` also freezes the other adapters;
+        both stay trainable here (FSDP2 builds each unsharded parameter's requires_grad once, so toggling it
+        between passes is not safe): which adapter learns is decided by which one the forward used and which
+        optimizer steps, and an adapter the forward skipped gets no gradient."""
+        self.model.set_adapter(adapter)
+        for name, p in self.model.named_parameters():
+            if "lora_" in name:
+                p.requires_grad_(True)
+
+    def make_optimizer(self) -> None:
+        """After sharding: the adapter's (possibly sharded) parameters plus the head's."""
+        params = [p for n, p in self.model.named_parameters() if f".{ADAPTER}." in n]
+        self.params = params + list(self.head.parameters())
+        self.optimizer = torch.optim.AdamW(self.params, lr=self.cfg["lr"], betas=tuple(self.cfg["betas"]),
+                                           weight_decay=self.cfg["weight_decay"])
+
+    @contextmanager
+    def active(self):
+        """Route forwards (and gradients) through the critic adapter, then back to the policy's."""
+        self._use(ADAPTER)
+        try:
+            yield
+        finally:
+            self._use("default")
+
+    def values(self, seqs: Tensor, attn: Tensor, start: Tensor, length: int) -> Tensor:
+        """`[b, length]` float32 values of the response window (call inside `active()`)."""
+        ids, mask = seqs.to(self.device), attn.to(self.device)
+        hf = self.model.get_base_model()
+        decoder = getattr(hf, hf.base_model_prefix)
+        if self.sharded:  # the root's forward gathers the parameters; the decoder's output is taken on its way
+            seen = {}
+
+            def keep(_module, _args, out) -> None:  # returns None: the forward's output is left as it is
+                seen["h"] = out.last_hidden_state
+
+            hook = decoder.register_forward_hook(keep)
+            try:
+                self.model(input_ids=ids, attention_mask=mask, logits_to_keep=1, use_cache=False)
+            finally:
+                hook.remove()
+            hidden = seen["h"]
+        else:
+            hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        return self.head(_window(hidden, start, length, seqs.shape[1]).float()).squeeze(-1)
+
+    def _clip(self) -> float:
+        from workers.learner_models import clip_grad_norm, sum_grads
+
+        if self.ranks.grouped:  # the head is replicated, outside FSDP: its gradient is summed here
+            sum_grads(list(self.head.parameters()))
+        return clip_grad_norm(self.params, self.cfg["grad_clip"])
+
+
+class ValueModel(nn.Module):
+    """A decoder plus a scalar value head: `forward(ids, mask, start, length) -> [b, length]` values."""
+
+    def __init__(self, decoder: nn.Module, hidden: int):
+        super().__init__()
+        self.decoder = decoder
+        self.head = nn.Linear(hidden, 1, dtype=torch.float32)
+
+    def forward(self, ids: Tensor, mask: Tensor, start: Tensor, length: int) -> Tensor:
+        hidden = self.decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        h = _window(hidden, start, length, ids.shape[1])
+        return self.head(h.to(self.head.weight.dtype)).float().squeeze(-1)
+
+
+class FullCritic(_Critic):
+    """Its own full model + value head, every weight trained (see module docstring)."""
+
+    def __init__(self, model_path: str, config: dict, device: str, dtype: torch.dtype, *, ranks: Ranks = Ranks(),
+                 shard_fn=None, gradient_checkpointing: bool = False):
+        from transformers import AutoModel
+
+        self.cfg, self.device, self.ranks = config, device, ranks
+        decoder = AutoModel.from_pretrained(model_path, dtype=dtype).to(device)
+        if gradient_checkpointing:
+            decoder.config.use_cache = False
+            decoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model = ValueModel(decoder, decoder.config.hidden_size).to(device)
+        if shard_fn is not None:
+            shard_fn(self.model)
+        self.module = self.model  # what the critic's checkpoint holds
+        self.params = list(self.model.parameters())
+        self.optimizer = torch.optim.AdamW(self.params, lr=config["lr"], betas=tuple(config["betas"]),
+                                           weight_decay=config["weight_decay"])
+
+    def values(self, seqs: Tensor, attn: Tensor, start: Tensor, length: int) -> Tensor:
+        return self.model(seqs.to(self.device), attn.to(self.device), start, length)
+
+    def train(self, on: bool) -> None:
+        self.model.train(on)

@@ -1,4 +1,5 @@
-"""Learner: the HF policy with a PEFT LoRA adapter, its optimizer, and one training step.
+"""Learner: the HF policy (a PEFT LoRA adapter, or every weight under `learner.mode: full`), its optimizer, and one
+training step; one rank of the learner group when the group has several (workers/learner_dist.py).
 
 Thin by design: the math lives in `workers.credit` (advantages) and `workers.objectives` (loss), the batch and
 how it is cut into mini- / micro-batches in `workers.batch`, what a step reports in `workers.learner_metrics`.
@@ -7,27 +8,46 @@ It trains on sequences with a loss mask: the response window after the prompt ho
 per-token quantity reads the loss mask; a single-turn completion is the case of one contiguous sampled run.
 `train_step` is split by concept: collate -> score (no grad) -> planning mask -> credit -> entropy floors ->
 optimise -> metrics.
+In a group of N ranks every rank gets the whole batch, scores and trains its token-balanced share of each
+(mini-)batch and gathers the scored tensors, so the credit stack runs on the whole batch, unchanged, on every rank;
+the models (workers/learner_models.py) are FSDP2-sharded and the gradients are summed over the ranks.
 """
 
 from __future__ import annotations
 
 import random
-import tempfile
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from workers.batch import Batch, Scored, collate, loss_totals, micro_batches, mini_batches, sampled_runs
-from workers.checkpoint import dump_blob, load_blob
 from workers.credit import CreditConfig, compute_advantages, planning_masks, token_uncertainty
 from workers.credit.decomposition import decomposition_metrics
 from workers.credit.gae import gae, token_rewards
 from workers.credit.pipeline import resolve_plugins
-from workers.critic import Critic
+from workers.critic import ADAPTER as CRITIC_ADAPTER
+from workers.critic import FullCritic, LoraCritic
 from workers.interventions import InterventionsConfig, scoring_pass_needs
+from workers.learner_dist import (
+    Ranks,
+    gather_rows,
+    join_group,
+    min_over_ranks,
+    pad_passes,
+    split_rows,
+    sum_over_ranks,
+)
 from workers.learner_metrics import critic_metrics, probe_metrics, step_metrics, token_samples
-from workers.models import head_is_linear, load_model, load_tokenizer, token_pieces
+from workers.learner_models import (
+    clip_grad_norm,
+    frozen_copy,
+    load_causal_lm,
+    lora_config,
+    response_logits,
+    shard,
+)
+from workers.learner_state import LearnerState
+from workers.models import head_is_linear, load_tokenizer, token_pieces
 from workers.objectives import (
     aggregate,
     entropy_floor_surrogate,
@@ -44,62 +64,101 @@ def _decomposes(credit: CreditConfig) -> bool:
     return credit.log_decomposition or credit.uncertainty_kind != "surprisal"
 
 
-class Learner:
-    """Owns model + LoRA + AdamW + LR schedule. All inputs arrive as plain Python lists (Ray-friendly)."""
+class Learner(LearnerState):
+    """Owns model(s) + AdamW + LR schedule. All inputs arrive as plain Python lists (Ray-friendly)."""
 
     def __init__(self, model_path: str, *, learner: dict, credit: dict, seed: int, total_steps: int,
-                 dtype: str = "auto", interventions: dict | None = None) -> None:
-        from peft import LoraConfig, get_peft_model
+                 dtype: str = "auto", interventions: dict | None = None, ranks: Ranks = Ranks(),
+                 init_method: str | None = None) -> None:
         from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        cuda = torch.cuda.is_available()
+        self.device = "cuda" if cuda else "cpu"
+        self.ranks = ranks
+        if ranks.grouped:
+            join_group(ranks, init_method, cuda)
         if dtype == "auto":
-            dtype = "bfloat16" if self.device == "cuda" else "float32"
-        self.dtype = getattr(torch, dtype)
+            dtype = "bfloat16" if cuda else "float32"
+        self.dtype = getattr(torch, dtype)  # the compute dtype (and the rollout engine's)
         self.cfg = learner
+        self.full = learner.get("mode", "lora") == "full"
+        # sharded: FSDP2 over the group; also one rank that offloads, or trains every weight on a GPU (fp32 master
+        # weights, bf16 compute: full fine-tuning at lr 1e-6 would lose its updates in bf16 weights)
+        self.sharded = ranks.grouped or bool(learner.get("cpu_offload")) or (self.full and cuda)
+        weights_dtype = torch.float32 if self.sharded else self.dtype
         self.credit = CreditConfig.model_validate(credit)
         self.iv = InterventionsConfig.model_validate(interventions or {})
         self.total_steps = max(total_steps, 1)
         self.reference_passes = 0  # counted so tests can check that KL coef 0 costs no reference pass
         self.detector = resolve_plugins(self.credit).get("planning_detector")  # import plugins early
-        torch.manual_seed(seed)
+        torch.manual_seed(seed)  # the same on every rank: FSDP shards identical initial weights
         random.seed(seed)
         self.tokenizer = load_tokenizer(model_path)
-        base = load_model(model_path, dtype=self.dtype, device=self.device)
-        lora = learner["lora"]
-        self.model = get_peft_model(base, LoraConfig(
-            r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-            target_modules=lora["target_modules"], task_type="CAUSAL_LM",
-        ))
-        if learner.get("gradient_checkpointing"):  # activations recomputed in backward (train mode only)
-            base.config.use_cache = False
-            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        grad_ckpt = bool(learner.get("gradient_checkpointing"))
+        base = load_causal_lm(model_path, weights_dtype, self.device, grad_ckpt)
         self._head_only = head_is_linear(base)
+        if self.full:
+            self.model = base
+        else:
+            from peft import get_peft_model
+
+            self.model = get_peft_model(base, lora_config(learner["lora"]))
+        self.reference = None  # full mode: a frozen copy, only when the KL reference is read
+        if self.full and (self.iv.kl.is_active or self.iv.kl.measure):
+            self.reference = frozen_copy(model_path, weights_dtype, self.device)
+
+        def shard_fn(m):
+            return shard(m, ranks.world, cuda=cuda, cpu_offload=bool(learner.get("cpu_offload")),
+                         param_dtype=self.dtype)
+
+        self.critic = None
+        if self.credit.uses_critic:
+            c = learner["critic"]
+            if c.get("model", "lora" if not self.full else "full") == "full":
+                self.critic = FullCritic(model_path, c, self.device, weights_dtype, ranks=ranks,
+                                         shard_fn=shard_fn if self.sharded else None, gradient_checkpointing=grad_ckpt)
+            else:
+                self.critic = LoraCritic(self.model, c, lora_config(c.get("lora") or learner["lora"]), self.device,
+                                         ranks)
+        if self.sharded:
+            for m in (self.model, self.reference):
+                if m is not None:
+                    shard_fn(m)
+        if isinstance(self.critic, LoraCritic):
+            self.critic.sharded = self.sharded
+            self.critic.make_optimizer()
         opt = learner["optim"]
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=opt["lr"], betas=tuple(opt["betas"]),
+        self.params = [p for n, p in self.model.named_parameters()  # the policy's: never the critic adapter's
+                       if p.requires_grad and f".{CRITIC_ADAPTER}." not in n]
+        self.optimizer = torch.optim.AdamW(self.params, lr=opt["lr"], betas=tuple(opt["betas"]),
                                            weight_decay=opt["weight_decay"])
         if opt["schedule"] == "cosine":
             self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, opt["warmup_steps"], total_steps)
         else:
             self.scheduler = get_constant_schedule_with_warmup(self.optimizer, opt["warmup_steps"])
         self.seed, self.steps_done, self.optimizer_steps = seed, 0, 0
-        self.critic = None
-        if self.credit.uses_critic:
-            c_lora = learner["critic"].get("lora") or lora
-            self.critic = Critic(self.model, learner["critic"], LoraConfig(
-                r=c_lora["rank"], lora_alpha=c_lora["alpha"], lora_dropout=c_lora["dropout"],
-                target_modules=c_lora["target_modules"], task_type="CAUSAL_LM",
-            ), self.device, self.dtype)
         # the PPO ratio's anchor pi_old: "recompute" = the scoring pass's log-probs (verl's default, decoupled
         # mode), "rollout" = vLLM's (verl's bypass mode), which skips the scoring pass
         self.skip_scoring = learner.get("old_logprobs", "recompute") == "rollout"
         if self.skip_scoring and (needs := scoring_pass_needs(self.credit, self.iv)):
             raise ValueError(f"old_logprobs 'rollout' skips the scoring pass that {needs} needs")
 
+    def _passes(self, b: Batch, rows: Tensor) -> list:
+        """This rank's micro-batches of `rows` as (micro-batch, real) pairs, padded so every rank runs as many
+        passes (workers/learner_dist.py); one rank: its micro-batches, all real."""
+        optim = self.cfg["optim"]
+        shares = split_rows(rows, b.attn.sum(-1), self.ranks.world)
+        mine = list(micro_batches(b, shares[self.ranks.rank], optim))
+        if not self.ranks.grouped:
+            return [(m, True) for m in mine]
+        counts = [len(mine) if k == self.ranks.rank else sum(1 for _ in micro_batches(b, s, optim))
+                  for k, s in enumerate(shares)]
+        return pad_passes(mine, counts, next(micro_batches(b, rows[:1], optim)))
+
     # -- forward ----------------------------------------------------------------------------------------
     def _logprobs(self, seqs: Tensor, attn: Tensor, comp_start: Tensor, comp_len: int, temperature: float,
-                  want_logits: bool, floor: tuple[list[int], float] | None = None) -> tuple[Tensor, Tensor | None]:
+                  want_logits: bool, floor: tuple[list[int], float] | None = None,
+                  model=None) -> tuple[Tensor, Tensor | None]:
         """Response-window log-probs `[b, comp_len]` (and the logits divided by `temperature`, float32) from one
         forward pass.
 
@@ -112,14 +171,8 @@ class Learner:
         idx = comp_start[:, None] - 1 + torch.arange(comp_len)[None, :]  # logits at p-1 predict token p
         idx = idx.clamp(max=seqs.shape[1] - 2).to(self.device)
         ids, mask = seqs.to(self.device), attn.to(self.device)
-        if self._head_only:
-            hf = self.model.get_base_model()
-            hidden = getattr(hf, hf.base_model_prefix)(input_ids=ids, attention_mask=mask).last_hidden_state
-            z = hf.get_output_embeddings()(hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1])))
-        else:  # an architecture whose head does more than one linear layer: full logits, then gathered
-            logits = self.model(input_ids=ids, attention_mask=mask).logits
-            z = logits.gather(1, idx[..., None].expand(-1, -1, logits.shape[-1]))
-            del logits
+        z = response_logits(model if model is not None else self.model, ids, mask, idx, self._head_only,
+                            self.sharded)
         z = z.float().div_(temperature)  # a no-op cast in fp32: z / T in place, nothing else [b, T, V]
         targets = ids.gather(1, idx + 1)
         if floor is None:
@@ -132,8 +185,11 @@ class Learner:
 
     def _reference_logprobs(self, seqs: Tensor, attn: Tensor, comp_start: Tensor, comp_len: int,
                             temperature: float, floor) -> Tensor:
-        """Log-probs under the frozen reference = the base model with the adapter disabled (no second copy)."""
+        """Log-probs under the frozen reference: the base model with the adapter disabled (lora: no second copy),
+        or the frozen copy of the initial policy (full)."""
         self.reference_passes += 1
+        if self.reference is not None:
+            return self._logprobs(seqs, attn, comp_start, comp_len, temperature, False, floor, self.reference)[0]
         with self.model.disable_adapter():
             lp, _ = self._logprobs(seqs, attn, comp_start, comp_len, temperature, False, floor)
         return lp
@@ -220,39 +276,52 @@ class Learner:
         log-probs (KL on or measured) and, under the probability floor, the smallest valid action probability.
         In eval mode: pi_old, the reference and the old values are the models themselves, without LoRA dropout."""
         self.model.eval()
+        if self.critic is not None:
+            self.critic.train(False)
         try:
             return self._score_eval(b, temp, floor)
         finally:
             self.model.train()
+            if self.critic is not None:
+                self.critic.train(True)
 
     def _score_eval(self, b: Batch, temp: float, floor) -> Scored:
         iv = self.iv
         use_ref = iv.kl.is_active or iv.kl.measure
         lps, sigs, ents, refs, action_min, vals, order = [], [], [], [], [], [], []
         with torch.no_grad():
-            for seqs, attn, start, length, _, r in micro_batches(b, torch.arange(b.size), self.cfg["optim"]):
-                order.append(r)
+            for (seqs, attn, start, length, _, r), real in self._passes(b, torch.arange(b.size)):
                 args = (seqs, attn, start, length, temp)
                 lp, logits = self._logprobs(*args, True, floor)  # logits / temp
+                ref = self._reference_logprobs(*args, floor) if use_ref else None
+                val = None
+                if self.critic is not None:
+                    with self.critic.active():
+                        val = self.critic.values(*args[:4])
+                if not real:  # a pass that only keeps the group's collectives in step
+                    continue
+                order.append(r)
                 lps.append(lp.float().cpu())
                 sig = token_uncertainty(self.credit.uncertainty_kind, logprobs=lp, logits=logits, temperature=1.0)
                 sigs.append(sig.float().cpu())
                 ents.append(entropy_from_logits(logits, 1.0, iv.entropy_bonus.chunk_size).float().cpu())
-                if use_ref:
-                    refs.append(self._reference_logprobs(*args, floor).float().cpu())
+                if ref is not None:
+                    refs.append(ref.float().cpu())
+                if val is not None:
+                    vals.append(val.float().cpu())
                 if floor is not None:  # every valid action's probability at the action position
                     valid = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
                     valid[floor[0]] = True
                     action_min.append(float(floor_probs(logits[:, 0], valid, floor[1], 1.0)[:, floor[0]].exp().min()))
-                if self.critic is not None:
-                    with self.critic.active():
-                        vals.append(self.critic.values(*args[:4]).float().cpu())
-        inverse = torch.argsort(torch.cat(order))  # micro-batches packed by tokens may reorder the rows
 
-        def cat(parts):
-            return torch.cat(parts)[inverse] if parts else None
+        def cat(parts, on: bool = True):  # micro-batches packed by tokens may reorder the rows
+            return (torch.cat(parts) if parts else torch.zeros(0, b.t)) if on else None
 
-        return Scored(cat(lps), cat(sigs), cat(ents), cat(refs), min(action_min) if action_min else None, cat(vals))
+        rows = torch.cat(order) if order else torch.zeros(0, dtype=torch.long)
+        full = gather_rows(rows, {"lp": cat(lps), "sig": cat(sigs), "ent": cat(ents), "ref": cat(refs, use_ref),
+                                  "val": cat(vals, self.critic is not None)}, b.size, self.ranks)
+        low = min_over_ranks(min(action_min) if action_min else None, self.ranks)
+        return Scored(full["lp"], full["sig"], full["ent"], full["ref"], low, full["val"])
 
     def _gae(self, batch: dict, b: Batch, values: Tensor) -> tuple[Tensor, Tensor]:
         """GAE advantages and returns `[B, T]` from the turn rewards and the critic's (pre-update) values."""
@@ -301,8 +370,10 @@ class Learner:
                     sums[k] += v
                 sums["policy_steps"] += 1
             if self.critic is not None:
-                out = self.critic.update(micro_batches(b, rows, self.cfg["optim"]), returns, scored.values,
+                out = self.critic.update(self._passes(b, rows), returns, scored.values,
                                          self.cfg["loss"]["aggregation"], loss_totals(b, rows))
+                out = {**sum_over_ranks({k: out[k] for k in ("value_loss", "clipped")}, self.ranks),
+                       "grad_norm": out["grad_norm"]}
                 sums["value_loss"] += out["value_loss"]
                 sums["value_clipped"] += out["clipped"]
                 sums["critic_grad_norm"] += out["grad_norm"]
@@ -332,10 +403,11 @@ class Learner:
         iv, loss_cfg = self.iv, self.cfg["loss"]
         ratio_base = b.old_lp if ratio_base is None else ratio_base
         need_logits = iv.entropy_bonus.is_active or bool(floor_terms) or probe is not None
-        agg = loss_totals(b, rows)
+        agg = loss_totals(b, rows)  # the whole mini-batch's denominators, on every rank
         self.optimizer.zero_grad(set_to_none=True)
         sums = {"pg": 0.0, "kl": 0.0, "ent": 0.0, "clipped": 0.0}
-        for seqs, attn, start, length, mask, r in micro_batches(b, rows, self.cfg["optim"]):
+        probed = []
+        for (seqs, attn, start, length, mask, r), real in self._passes(b, rows):
             lp, logits = self._logprobs(seqs, attn, start, length, temp, need_logits, floor)
             m = mask.to(self.device)
             tok_loss, was_clipped = ppo_token_loss(
@@ -344,20 +416,26 @@ class Learner:
             )
             if tis is not None:
                 tok_loss = tok_loss * tis[r].to(self.device)
-            if probe is not None:
+            if probe is not None and real:
+                probed.append(r)
                 with torch.no_grad():
                     probe["lp"][r] = lp.detach().float().cpu()
                     probe["entropy"][r] = entropy_from_logits(logits.detach(), 1.0,
                                                               iv.entropy_bonus.chunk_size).float().cpu()
             pg = aggregate(tok_loss, m, loss_cfg["aggregation"], **agg)
             loss = pg + self._regularisers(lp, logits if need_logits else None, r, m, rows, ref_lp, floor_terms,
-                                           classes, agg, sums)
+                                           classes, agg, sums if real else {"kl": 0.0, "ent": 0.0})
             loss = loss * scale
-            loss.backward()
-            sums["pg"] += pg.item()
-            sums["clipped"] += float((was_clipped & m).sum())
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, self.cfg["optim"]["grad_clip"]))
+            (loss if real else loss * 0.0).backward()  # a padding pass keeps FSDP's collectives in step
+            if real:
+                sums["pg"] += pg.item()
+                sums["clipped"] += float((was_clipped & m).sum())
+        sums = sum_over_ranks(sums, self.ranks)
+        if probe is not None and self.ranks.grouped:
+            mine = torch.cat(probed) if probed else torch.zeros(0, dtype=torch.long)
+            probe.update(gather_rows(mine, {k: v[mine] for k, v in probe.items()}, b.size, self.ranks,
+                                     fill=float("nan")))
+        sums["grad_norm"] = clip_grad_norm(self.params, self.cfg["optim"]["grad_clip"])
         self.optimizer.step()
         return sums
 
@@ -385,45 +463,3 @@ class Learner:
             w = weight if whole else weight * float(classes[c].sum()) / max(float(classes[c][rows].sum()), 1.0)
             loss = loss - w * (ent * classes[c][r].to(self.device)).sum()
         return loss
-
-    # -- adapters and state -----------------------------------------------------------------------------
-    def export_adapter(self, version: int) -> dict[str, bytes]:
-        """The adapter as files (bytes), written to a fresh directory so vLLM never sees a stale one."""
-        with tempfile.TemporaryDirectory(prefix=f"adapter-v{version}-") as d:
-            self.model.save_pretrained(d, selected_adapters=["default"])  # the policy only, never the critic
-            return {p.name: p.read_bytes() for p in Path(d).iterdir() if p.is_file()}
-
-    def state_dict(self) -> bytes:
-        """Adapter, optimizer, scheduler and RNG states, serialised (bytes travel through Ray unchanged)."""
-        from peft import get_peft_model_state_dict
-
-        state = {
-            "adapter": {k: v.detach().cpu() for k, v in get_peft_model_state_dict(self.model).items()},
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "torch_rng": torch.random.get_rng_state(),
-            "python_rng": random.getstate(),
-            "steps_done": self.steps_done,
-            "optimizer_steps": self.optimizer_steps,
-        }
-        if self.critic is not None:
-            state["critic"] = self.critic.state_dict()
-        return dump_blob(state)
-
-    def load_state_dict(self, blob: bytes, source: str = "learner state") -> None:
-        """Restore `state_dict()`'s blob. Loaded with `torch.load(weights_only=True)` (workers.checkpoint): a
-        blob that would run code is refused with `UnsafeCheckpoint` naming `source`."""
-        from peft import set_peft_model_state_dict
-
-        state = load_blob(blob, source)
-        set_peft_model_state_dict(self.model, state["adapter"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        torch.random.set_rng_state(state["torch_rng"])
-        random.setstate(state["python_rng"])
-        self.steps_done, self.optimizer_steps = state.get("steps_done", 0), state.get("optimizer_steps", 0)
-        if self.critic is not None:
-            self.critic.load_state_dict(state["critic"])
-
-    def ready(self) -> bool:
-        return True

@@ -1,0 +1,125 @@
+"""A 2-rank learner group (real torch.distributed over gloo, FSDP2-sharded models) gives the same gradients, the
+same step-1 weights and the same metrics as one unsharded rank on the same batch, for LoRA and for full
+fine-tuning, with token counts that differ between the ranks (so the ranks also run different numbers of real
+micro-batches and pad with zero-weight passes). Token-mean over the whole mini-batch is what makes this exact:
+each rank divides by the whole mini-batch's token count, and the group sums the gradients."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from orchestrator.config import TrialConfig
+from tests.integration.test_learner_interventions import COMPLETIONS, PROMPTS, _encode
+from workers.learner import Learner
+from workers.learner_dist import Ranks, split_rows
+
+pytestmark = pytest.mark.integration
+
+REWARDS = [[1.0, 0.0, 0.0, 0.5], [1.0, 0.0, 0.25, 1.0]]
+# (name, trial config overrides): LoRA with GRPO; LoRA with a GAE critic (its own adapter on the shared base);
+# full fine-tuning with a full critic and KL to the frozen reference copy
+VARIANTS = [
+    ("lora", {"learner": {"optim": {"lr": 1e-2}}}),
+    ("lora_gae", {"learner": {"optim": {"lr": 1e-2, "mini_batch_size": 5, "ppo_epochs": 2},
+                              "critic": {"lr": 1e-3}},
+                  "credit": {"advantage_mode": "gae"}}),
+    ("full_gae_kl", {"learner": {"mode": "full", "optim": {"lr": 1e-3, "mini_batch_size": 5},
+                                 "critic": {"lr": 1e-3}},
+                     "credit": {"advantage_mode": "gae"}, "interventions": {"kl": {"coef": 0.05}}}),
+]
+
+
+def _config(overrides: dict) -> TrialConfig:
+    base = {"model": {"name": "tiny"}, "task": {"name": "arithmetic"}}
+    cfg = TrialConfig.model_validate({**base, **overrides})
+    cfg.learner.optim.micro_batch_size = 2
+    return cfg
+
+
+def _learner(model_dir: str, cfg: TrialConfig, ranks: Ranks = Ranks(), init: str | None = None) -> Learner:
+    return Learner(model_dir, learner=cfg.learner.model_dump(), credit=cfg.credit.model_dump(), seed=0,
+                   total_steps=10, interventions=cfg.interventions.model_dump(), ranks=ranks, init_method=init)
+
+
+def _batch(tok) -> dict:
+    p_ids, c_ids = _encode(tok, PROMPTS, COMPLETIONS)
+    return {"prompt_ids": p_ids, "response_ids": c_ids, "rollout_logprobs": [[-1.5] * len(c) for c in c_ids],
+            "rewards": REWARDS, "temperature": 1.0, "step": 0}
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
+
+
+def _outcome(learner: Learner) -> dict:
+    """Metrics, then every trained weight and its gradient (gathered from the shards) after one step."""
+    out = learner.train_step(_batch(learner.tokenizer))
+    named = [("policy." + n, p) for n, p in learner.model.named_parameters() if p.requires_grad]
+    if learner.critic is not None and learner.critic.module is not learner.model:
+        named += [("critic." + n, p) for n, p in learner.critic.module.named_parameters()]
+    elif learner.critic is not None:
+        named += [("critic_head." + n, p) for n, p in learner.critic.head.named_parameters()]
+    return {"metrics": out["metrics"],
+            "weights": {n: _full(p) for n, p in named},
+            "grads": {n: _full(p.grad) for n, p in named if p.grad is not None}}
+
+
+def _rank(rank: int, world: int, init: str, model_dir: str, out_file: str) -> None:
+    torch.set_num_threads(1)
+    results = {}
+    for name, overrides in VARIANTS:
+        results[name] = _outcome(_learner(model_dir, _config(overrides), Ranks(rank, world), init))
+    if rank == 0:
+        torch.save(results, out_file)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tiny_model_dir, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("group") / "two_ranks.pt"
+    mp.spawn(_rank, args=(2, f"tcp://127.0.0.1:{_free_port()}", tiny_model_dir, str(out)), nprocs=2)
+    return torch.load(out, weights_only=False)
+
+
+def test_the_batch_splits_unevenly(tiny_model_dir):
+    """The premise: the two ranks get different token counts and different numbers of micro-batches."""
+    from workers.batch import collate
+    from workers.models import load_tokenizer
+
+    b = collate(_batch(load_tokenizer(tiny_model_dir)), 0)
+    lengths = b.attn.sum(-1)
+    shares = split_rows(torch.arange(b.size), lengths, 2)
+    tokens = [int(lengths[s].sum()) for s in shares]
+    assert sorted(torch.cat(shares).tolist()) == list(range(b.size)) and tokens[0] != tokens[1]
+    five = split_rows(torch.arange(5), lengths, 2)  # a PPO mini-batch of 5 rows: 3 and 2 rows, 2 and 1 passes
+    assert sorted(len(s) for s in five) == [2, 3]
+
+
+@pytest.mark.parametrize("variant", [v[0] for v in VARIANTS])
+def test_two_ranks_equal_one(two_ranks, tiny_model_dir, variant):
+    one = _outcome(_learner(tiny_model_dir, _config(dict(VARIANTS)[variant])))
+    two = two_ranks[variant]
+    assert set(one["weights"]) == set(two["weights"]) and set(one["grads"]) == set(two["grads"])
+    assert len(one["grads"]) > 0
+    for n, g in one["grads"].items():
+        torch.testing.assert_close(two["grads"][n], g, rtol=1e-4, atol=1e-6, msg=lambda m, n=n: f"grad {n}: {m}")
+    # AdamW divides by sqrt(v): a gradient that is zero up to float rounding still moves its weight by up to lr,
+    # so the weights are compared to 1% of the largest step, the gradients above to float rounding
+    lr = dict(VARIANTS)[variant]["learner"]["optim"]["lr"]
+    for n, w in one["weights"].items():
+        torch.testing.assert_close(two["weights"][n], w, rtol=1e-5, atol=1e-2 * lr,
+                                   msg=lambda m, n=n: f"weight {n}: {m}")
+    assert any(float(g.abs().sum()) > 0 for n, g in one["grads"].items() if n.startswith("policy.")), \
+        "the step trained no policy weight: equal weights would prove nothing"
+    for key, value in one["metrics"].items():
+        if isinstance(value, float):
+            assert two["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6, nan_ok=True), key

@@ -1,0 +1,157 @@
+"""What leaves the learner: the policy for the rollout workers (LoRA adapter files, or the full weights), and the
+checkpoint (a weights-only blob plus, for a sharded learner, `torch.distributed.checkpoint` shards).
+
+Checkpoint files (`checkpoint_files`, merged over the ranks by the trial driver into one directory):
+    learner.pt            weights-only blob: LR scheduler, RNG, step counters; an unsharded LoRA learner also keeps
+                          its adapter and optimizer here (the format every checkpoint before the learner group had)
+    learner_shards/...    DCP shards of the trained weights and optimizer state (sharded or full-mode learners),
+                          saved by every rank in parallel and restorable on any number of ranks (DCP reshards)
+Exports and sharded saves are collective calls: every rank of a group must make them; rank 0's result is the one
+that counts (others return None / their own shard files).
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from pathlib import Path
+
+import torch
+
+from workers.checkpoint import CorruptCheckpoint, dump_blob, load_blob
+
+BLOB, SHARDS = "learner.pt", "learner_shards"
+
+
+class LearnerState:
+    """Mixin of `workers.learner.Learner`: exports and checkpoints (see module docstring)."""
+
+    # -- the policy, for the rollout workers ------------------------------------------------------------
+    def export_policy(self, version: int) -> dict | None:
+        """The policy as vLLM takes it: {"kind": "adapter", "files"} (lora) or {"kind": "weights", "files",
+        "checksum"} (full, in the engine's dtype). None on ranks other than 0."""
+        if not self.full:
+            files = self.export_adapter(version)
+            return {"kind": "adapter", "files": files} if files is not None else None
+        from workers.learner_models import full_state
+        from workers.weight_sync import pack_weights, weights_checksum
+
+        state = full_state(self.model, sharded=self.sharded)
+        if not self.ranks.leader:
+            return None
+        state = {k: v.to(self.dtype) for k, v in state.items()}
+        return {"kind": "weights", "files": pack_weights(state, self.dtype), "checksum": weights_checksum(state)}
+
+    def export_adapter(self, version: int) -> dict[str, bytes] | None:
+        """The policy adapter as PEFT files (bytes), written to a fresh directory so vLLM never sees a stale one;
+        never the critic's adapter. Sharded: gathered from the shards onto rank 0 (others return None)."""
+        with tempfile.TemporaryDirectory(prefix=f"adapter-v{version}-") as d:
+            if not self.sharded:
+                self.model.save_pretrained(d, selected_adapters=["default"])
+            else:
+                from peft.utils import get_peft_model_state_dict
+                from safetensors.torch import save_file
+
+                from workers.learner_models import full_state
+
+                state = full_state(self.model, trainable_only=True, sharded=True)  # the active (policy) adapter
+                if not self.ranks.leader:
+                    return None
+                adapter = get_peft_model_state_dict(self.model, state_dict=state, adapter_name="default")
+                save_file({k: v.contiguous() for k, v in adapter.items()}, str(Path(d) / "adapter_model.safetensors"),
+                          metadata={"format": "pt"})
+                self.model.peft_config["default"].save_pretrained(d)
+            return {p.name: p.read_bytes() for p in Path(d).iterdir() if p.is_file()}
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def _counters(self) -> dict:
+        return {"scheduler": self.scheduler.state_dict(), "torch_rng": torch.random.get_rng_state(),
+                "python_rng": random.getstate(), "steps_done": self.steps_done,
+                "optimizer_steps": self.optimizer_steps}
+
+    def checkpoint_files(self) -> dict[str, bytes]:
+        """This rank's part of the checkpoint (file name -> bytes; see module docstring). Collective."""
+        if not self.sharded and not self.full:
+            return {BLOB: self.state_dict()}
+        from workers.sharded_checkpoint import save_shards
+
+        files = {f"{SHARDS}/{name}": data for name, data in save_shards(
+            self._parts(), trainable_only=not self.full).items()}
+        if self.ranks.leader:
+            files[BLOB] = dump_blob({**self._counters(), "format": "sharded", "ranks": self.ranks.world})
+        return files
+
+    def restore(self, files: dict[str, bytes], source: str = "checkpoint") -> None:
+        """Load `checkpoint_files()` merged over the ranks of whichever group saved them (any number of ranks).
+        Collective on a sharded learner."""
+        state = load_blob(files[BLOB], f"{source}/{BLOB}")
+        shards = {k.split("/", 1)[1]: v for k, v in files.items() if k.startswith(f"{SHARDS}/")}
+        if state.get("format") != "sharded":
+            if self.sharded or self.full:
+                raise CorruptCheckpoint(f"{source}/{BLOB}: saved by a one-rank LoRA learner; resume it with "
+                                        "resources.learner_ranks 1 and learner.mode lora")
+            self.load_state_dict(files[BLOB], f"{source}/{BLOB}")
+            return
+        from workers.sharded_checkpoint import load_shards
+
+        load_shards(shards, self._parts(), trainable_only=not self.full, source=f"{source}/{SHARDS}")
+        self._load_counters(state)
+
+    def _parts(self) -> dict:
+        """The trained modules and their optimizers, by name, for the shards."""
+        parts = {"policy": (self.model, self.optimizer)}
+        if self.critic is not None:
+            parts["critic"] = (self.critic.module, self.critic.optimizer)
+        return parts
+
+    def _load_counters(self, state: dict) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        torch.random.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+        self.steps_done, self.optimizer_steps = state.get("steps_done", 0), state.get("optimizer_steps", 0)
+
+    def state_dict(self) -> bytes:
+        """An unsharded LoRA learner's whole state (adapter, optimizer, scheduler, RNG) as one weights-only blob."""
+        from peft import get_peft_model_state_dict
+
+        state = {"adapter": {k: v.detach().cpu() for k, v in get_peft_model_state_dict(self.model).items()},
+                 "optimizer": self.optimizer.state_dict(), **self._counters()}
+        if self.critic is not None:
+            state["critic"] = self._critic_blob()
+        return dump_blob(state)
+
+    def load_state_dict(self, blob: bytes, source: str = "learner state") -> None:
+        """Restore `state_dict()`'s blob. Loaded with `torch.load(weights_only=True)` (workers.checkpoint): a
+        blob that would run code is refused with `UnsafeCheckpoint` naming `source`."""
+        from peft import set_peft_model_state_dict
+
+        state = load_blob(blob, source)
+        set_peft_model_state_dict(self.model, state["adapter"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._load_counters(state)
+        if self.critic is not None:
+            self._load_critic_blob(state["critic"])
+
+    def _critic_blob(self) -> dict:
+        from peft import get_peft_model_state_dict
+
+        from workers.critic import ADAPTER
+
+        c = self.critic
+        return {"adapter": {k: v.detach().cpu() for k, v in get_peft_model_state_dict(
+                    c.model, adapter_name=ADAPTER).items()},
+                "head": {k: v.detach().cpu() for k, v in c.head.state_dict().items()},
+                "optimizer": c.optimizer.state_dict()}
+
+    def _load_critic_blob(self, state: dict) -> None:
+        from peft import set_peft_model_state_dict
+
+        from workers.critic import ADAPTER
+
+        c = self.critic
+        set_peft_model_state_dict(c.model, state["adapter"], adapter_name=ADAPTER)
+        c.head.load_state_dict(state["head"])
+        c.optimizer.load_state_dict(state["optimizer"])
+
+    def ready(self) -> bool:
+        return True
