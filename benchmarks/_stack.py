@@ -35,6 +35,7 @@ class Stack:
         import ray
 
         from orchestrator.actors import _LearnerActor, _RolloutActor, resolve_model, rollout_engine
+        from orchestrator.learner_group import LearnerGroup
         from orchestrator.pipeline import OneStepOff
         from orchestrator.sampling import action_ids
         from orchestrator.step import sepa_settings
@@ -50,15 +51,17 @@ class Stack:
                 max_lora_rank=cfg.learner.lora.rank, engine=rollout_engine(cfg))
             for _ in range(cfg.rollout.num_workers)
         ]
-        self.learner = _LearnerActor.options(num_cpus=cpus).remote(
+        self.learner = LearnerGroup([_LearnerActor.options(num_cpus=cpus).remote(
             model_cfg, learner=cfg.learner.model_dump(), credit=cfg.credit.model_dump(), seed=cfg.seed,
-            total_steps=cfg.steps, dtype=cfg.model.dtype, interventions=cfg.interventions.model_dump())
+            total_steps=cfg.steps, dtype=cfg.model.dtype, interventions=cfg.interventions.model_dump())],
+            full=cfg.learner.mode == "full")
         self.model_path = resolve_model(cfg.model)
         self.tokenizer = load_tokenizer(self.model_path)
         self.task = make_task(cfg.task, cfg.seed)
         self.sepa = SepaController(sepa_settings(cfg))
         self.actions = action_ids(cfg, self.task, self.tokenizer)
-        ray.get([w.ready.remote() for w in self.workers] + [self.learner.ready.remote()])
+        self.learner.ready()
+        ray.get([w.ready.remote() for w in self.workers])
         self.version, self.step_idx, self.rows = 0, 0, []
         self.pipe = OneStepOff(cfg, self.workers, self.learner, self.tokenizer, self.task, self.actions)
         self.metrics_file = Path(tempfile.mkdtemp(prefix="bench-step-")) / "metrics.jsonl"

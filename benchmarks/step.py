@@ -86,7 +86,7 @@ def main() -> None:
         d = adapters / f"v{version}"
         if not d.exists():
             d.mkdir()
-            for name, data in ray.get(stack.learner.export_adapter.remote(version)).items():
+            for name, data in ray.get(stack.learner.ranks[0].export_adapter.remote(version)).items():
                 (d / name).write_bytes(data)
             llm.llm_engine.add_lora(LoRARequest(f"v{version}", version, str(d)))
         return LoRARequest(f"v{version}", version, str(d))

@@ -11,10 +11,12 @@ import torch
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.config import ModelConfig, TrialConfig
+from orchestrator.learner_group import LearnerGroup
 from workers.envs.tiny_agent import TINY_AGENT_VERSION, build_tiny_agent
 from workers.families import FAMILIES, family_builder
 from workers.gpu_runtime import check_gpu_runtime
 from workers.learner import Learner
+from workers.learner_dist import Ranks, rendezvous_address
 from workers.models import build_tiny_model
 from workers.reasoner import build_tiny_reasoner
 from workers.rollout import RolloutWorker
@@ -69,9 +71,19 @@ class _RolloutActor(RolloutWorker):
 
 @ray.remote
 class _LearnerActor(Learner):
-    def __init__(self, model_cfg: dict, **kw):
+    """One learner rank. Built in two calls so the group's address (rank 0's node and a free port there) is known
+    before any rank joins: `rendezvous` on rank 0, then `start` on every rank (orchestrator/learner_group.py)."""
+
+    def __init__(self, model_cfg: dict, rank: int = 0, world: int = 1, **kw):
+        self._args = (model_cfg, Ranks(rank, world), kw)
+
+    def rendezvous(self) -> str:
+        return rendezvous_address()
+
+    def start(self, init_method: str | None) -> None:
         check_gpu_runtime()
-        super().__init__(resolve_model(ModelConfig(**model_cfg)), **kw)
+        model_cfg, ranks, kw = self._args
+        super().__init__(resolve_model(ModelConfig(**model_cfg)), ranks=ranks, init_method=init_method, **kw)
 
     def placement(self) -> dict:
         return _where()
@@ -102,14 +114,17 @@ def bundles(cfg: TrialConfig) -> list[dict[str, float]]:
         b(r.learner_cpus, r.learner_gpus)] * r.learner_ranks
 
 
-def placement_record(pg, workers, learner) -> dict:
-    """Where the trial's actors run: their placement group and GPU ids (checked by tests, handy on a cluster)."""
+def placement_record(pg, workers, learner: LearnerGroup) -> dict:
+    """Where the trial's actors run: their placement group and GPU ids (checked by tests, handy on a cluster);
+    `learner` is rank 0, `learner_ranks` every rank."""
     ctx = ray.get_runtime_context()
+    ranks = learner.placements()
     return {
         "placement_group": pg.id.hex() if pg is not None else None,
         "driver": _where(),
         "workers": ray.get([w.placement.remote() for w in workers]),
-        "learner": ray.get(learner.placement.remote()),
+        "learner": ranks[0],
+        "learner_ranks": ranks,
         "node_id": ctx.get_node_id(),
     }
 
@@ -125,20 +140,23 @@ def rollout_engine(cfg: TrialConfig) -> dict:
     return engine
 
 
-def start_actors(cfg: TrialConfig, pg) -> tuple[list, object]:
-    """The trial's rollout workers and learner, each in its bundle of the trial's placement group `pg` (None:
-    no group). Returns at once; `ready` on each says when it has built its model."""
-    k = cfg.rollout.num_workers
+def start_actors(cfg: TrialConfig, pg) -> tuple[list, LearnerGroup]:
+    """The trial's rollout workers and learner group, each actor in its bundle of the trial's placement group `pg`
+    (None: no group). Returns at once; `ready` on each says when it has built its model."""
+    k, r = cfg.rollout.num_workers, cfg.resources
     model_cfg = cfg.model.model_dump()
+    lora = cfg.learner.mode == "lora"  # full mode: no LoRA in the engine, the weights themselves are reloaded
     workers = [
-        _RolloutActor.options(num_cpus=cfg.resources.worker_cpus, num_gpus=cfg.resources.worker_gpus,
-                              **_placement(pg, 1 + i)).remote(
+        _RolloutActor.options(num_cpus=r.worker_cpus, num_gpus=r.worker_gpus, **_placement(pg, 1 + i)).remote(
             model_cfg, dtype=cfg.model.dtype, seed=cfg.seed, max_model_len=cfg.model.max_model_len,
-            max_lora_rank=cfg.learner.lora.rank, engine=rollout_engine(cfg))
+            max_lora_rank=cfg.learner.lora.rank, engine=rollout_engine(cfg), enable_lora=lora)
         for i in range(k)
     ]
-    learner = _LearnerActor.options(num_cpus=cfg.resources.learner_cpus, num_gpus=cfg.resources.learner_gpus,
-                                    **_placement(pg, 1 + k)).remote(
-        model_cfg, learner=cfg.learner.model_dump(), credit=cfg.credit.model_dump(), seed=cfg.seed,
-        total_steps=cfg.steps, dtype=cfg.model.dtype, interventions=cfg.interventions.model_dump())
-    return workers, learner
+    ranks = [
+        _LearnerActor.options(num_cpus=r.learner_cpus, num_gpus=r.learner_gpus, **_placement(pg, 1 + k + i)).remote(
+            model_cfg, rank=i, world=r.learner_ranks, learner=cfg.learner.model_dump(),
+            credit=cfg.credit.model_dump(), seed=cfg.seed, total_steps=cfg.steps, dtype=cfg.model.dtype,
+            interventions=cfg.interventions.model_dump())
+        for i in range(r.learner_ranks)
+    ]
+    return workers, LearnerGroup(ranks, full=not lora)

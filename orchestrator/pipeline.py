@@ -7,7 +7,7 @@ version stale (`rollout/staleness`), which the learner corrects per token with t
 min(pi_old / pi_rollout, C) (`rollout.tis_cap`; pi_old is the learner's recomputed log-prob, pi_rollout vLLM's).
 
 Everything else is the sync step's (orchestrator/step.py: `collect`, `prepare`, `absorb`,
-`push_adapter`): the same seeds, task cursor order (next_batch for t+1 runs after step t's, as in sync), SEPA
+`push_policy`): the same seeds, task cursor order (next_batch for t+1 runs after step t's, as in sync), SEPA
 lambda and observation order, filtering and metrics. The prefetched batch and the version it was sampled with
 are saved in the checkpoint (`PREFETCH_FILE`), so a restored trial trains on exactly the batch the uninterrupted
 one would have (regenerating it would need the previous adapter).
@@ -20,10 +20,8 @@ import json
 import time
 from pathlib import Path
 
-import ray
-
 from orchestrator.config import TrialConfig
-from orchestrator.step import Rollouts, absorb, collect, prepare, push_adapter
+from orchestrator.step import Rollouts, absorb, collect, prepare, push_policy
 from workers.credit import SepaController
 
 PREFETCH_FILE = "prefetch.json"
@@ -76,13 +74,13 @@ class OneStepOff:
         t0 = time.perf_counter()
         future = None
         if batch is not None:
-            future = self.learner.train_step.remote({**batch, "tis_cap": cfg.rollout.tis_cap})
+            future = self.learner.submit_train_step({**batch, "tis_cap": cfg.rollout.tis_cap})
         t1, w1 = time.perf_counter(), time.time()
         if step + 1 < cfg.steps:  # overlaps the learner: sampled with the adapter the workers hold (`version`)
             self.pending = (self._collect(step + 1), version)
         t2, w2 = time.perf_counter(), time.time()
         t_pre = t2 - t1
-        out = ray.get(future) if future is not None else None
+        out = self.learner.result(future) if future is not None else None
         t_end = time.perf_counter()
         absorb(row, out, sepa, correct_rate)
         row["time/train_s"] = t_end - t0  # submit -> result, the next step's generation ran inside it
@@ -93,7 +91,7 @@ class OneStepOff:
 
         t0 = time.perf_counter()
         if batch is not None:
-            version = push_adapter(self.learner, self.workers, version + 1)
+            version = push_policy(self.learner, self.workers, version + 1)
         row["time/sync_s"] = time.perf_counter() - t0
         row["_version"] = version
         return row

@@ -1,7 +1,7 @@
 """One training step's pieces, shared by the sync loop (`one_step`) and one_step_off (orchestrator/pipeline.py):
 collect (prompts -> completions -> rewards, or levels -> episodes -> returns) -> prepare (check the adapter,
 drop uninformative / non-finite groups, build the row and the learner batch) -> train -> absorb (SEPA observes
-the step) -> push_adapter (the new policy to every worker)."""
+the step) -> push_policy (the new policy to every worker)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import math
 import time
 from dataclasses import dataclass, field
 
-import ray
 import torch
 
 from orchestrator.config import TrialConfig
@@ -177,11 +176,9 @@ def absorb(row: dict, out: dict | None, sepa: SepaController, correct_rate: floa
     sepa.observe(correct_rate, exec_values)
 
 
-def push_adapter(learner, workers, version: int) -> int:
-    """Export the learner's adapter as `version` and load it on every worker; returns `version`."""
-    files = ray.get(learner.export_adapter.remote(version))
-    ray.get([w.load_adapter.remote(files, version) for w in workers])
-    return version
+def push_policy(learner, workers, version: int) -> int:
+    """The learner's policy (adapter or full weights) as `version` on every worker; returns `version`."""
+    return learner.push_policy(workers, version)
 
 
 def one_step(cfg: TrialConfig, step: int, workers, learner, tokenizer, task, sepa: SepaController,
@@ -190,13 +187,13 @@ def one_step(cfg: TrialConfig, step: int, workers, learner, tokenizer, task, sep
     roll = collect(cfg, step, workers, tokenizer, task, actions)
     row, batch, correct_rate = prepare(cfg, step, roll, sepa, version, actions)
     t0 = time.perf_counter()
-    out = ray.get(learner.train_step.remote(batch)) if batch is not None else None
+    out = learner.train_step(batch) if batch is not None else None
     absorb(row, out, sepa, correct_rate)
     row["time/train_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     if batch is not None:  # a new policy only when the learner stepped
-        version = push_adapter(learner, workers, version + 1)
+        version = push_policy(learner, workers, version + 1)
     row["time/sync_s"] = time.perf_counter() - t0
     row["_version"] = version
     return row

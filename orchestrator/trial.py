@@ -25,16 +25,19 @@ from orchestrator import storage as store
 from orchestrator.actors import placement_record, resolve_model, start_actors
 from orchestrator.config import TrialConfig
 from orchestrator.evaluation import evaluate
+from orchestrator.learner_group import LearnerGroup
 from orchestrator.pipeline import OneStepOff, load_pending
 from orchestrator.sampling import action_ids
 from orchestrator.step import one_step, sepa_settings
 from orchestrator.tracking import TrialTracker
 from workers.credit import SepaController
 from workers.envs.tokens import turn_format
+from workers.learner_state import BLOB as LEARNER_FILE
+from workers.learner_state import SHARDS
 from workers.models import load_tokenizer
 from workers.tasks import make_task
 
-STATE_FILE, LEARNER_FILE, METRICS_FILE = "trial_state.json", "learner.pt", "metrics.jsonl"
+STATE_FILE, METRICS_FILE = "trial_state.json", "metrics.jsonl"
 EVENTS_FILE, PLACEMENT_FILE = "events.jsonl", "placement.json"
 
 
@@ -54,7 +57,7 @@ class Resume:
     start: int = 0
     version: int = 0  # the adapter version the workers must hold
     state: dict | None = None  # the checkpoint's trial state (task cursor, SEPA controller, ...)
-    learner_blob: bytes | None = None
+    learner_files: dict[str, bytes] = field(default_factory=dict)  # the learner's blob and shards, by name
     rows: list[dict] = field(default_factory=list)  # metrics rows up to the checkpoint's step
     pending: object = None  # one_step_off: the prefetched batch of `start`
 
@@ -73,30 +76,36 @@ def _resume(cfg: TrialConfig, out_dir: str) -> Resume:
     if restored is None:
         return Resume()
     pending = None
-    if cfg.rollout.mode == "one_step_off":
-        with restored.checkpoint.as_directory() as d:
+    files = {LEARNER_FILE: restored.learner}
+    with restored.checkpoint.as_directory() as d:
+        if cfg.rollout.mode == "one_step_off":
             pending = load_pending(d)  # orchestrator/pipeline.py
+        shards = Path(d) / SHARDS
+        files.update({f"{SHARDS}/{p.name}": p.read_bytes() for p in sorted(shards.glob("*")) if p.is_file()})
     state = restored.state
-    return Resume(state["step"] + 1, state["adapter_version"], state, restored.learner, restored.rows, pending)
+    return Resume(state["step"] + 1, state["adapter_version"], state, files, restored.rows, pending)
 
 
-def _restore_actors(resume: Resume, learner, workers, task, sepa: SepaController) -> None:
-    """Put the checkpoint's learner state, task cursor, SEPA controller and adapter back."""
+def _restore_actors(resume: Resume, learner: LearnerGroup, workers, task, sepa: SepaController,
+                    source: str) -> None:
+    """Put the checkpoint's learner state (saved by a group of any size), task cursor, SEPA controller and
+    policy back."""
     if resume.state is None:
         return
-    ray.get(learner.load_state_dict.remote(resume.learner_blob))
+    learner.restore(resume.learner_files, source)
     task.load_state_dict(resume.state["task"])
     sepa.load_state_dict(resume.state["sepa"])
     if resume.version:
-        files = ray.get(learner.export_adapter.remote(resume.version))
-        ray.get([w.load_adapter.remote(files, resume.version) for w in workers])
+        learner.push_policy(workers, resume.version)
 
 
-def _checkpoint(cfg: TrialConfig, step: int, version: int, row: dict, rows: list[dict], learner, task,
-                sepa: SepaController, pipe) -> None:
+def _checkpoint(cfg: TrialConfig, step: int, version: int, row: dict, rows: list[dict], learner: LearnerGroup,
+                task, sepa: SepaController, pipe) -> None:
     """Report `row` with a sealed checkpoint of everything needed to continue after `step`."""
     with tempfile.TemporaryDirectory() as d:
-        (Path(d) / LEARNER_FILE).write_bytes(ray.get(learner.state_dict.remote()))
+        for name, data in learner.checkpoint_files().items():  # the blob, and every rank's shards
+            (Path(d) / name).parent.mkdir(parents=True, exist_ok=True)
+            (Path(d) / name).write_bytes(data)
         (Path(d) / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
         if pipe is not None:
             pipe.save(d)  # the prefetched batch of step + 1
@@ -134,8 +143,9 @@ def run_trial(config: dict) -> None:
           f"end of turn {fmt['end_of_turn']}, stop token ids {fmt['stop_token_ids']}", flush=True)
     task = make_task(cfg.task, cfg.seed)
     sepa = SepaController(sepa_settings(cfg))
-    _restore_actors(resume, learner, workers, task, sepa)
-    ray.get([w.ready.remote() for w in workers] + [learner.ready.remote()])
+    learner.ready()
+    _restore_actors(resume, learner, workers, task, sepa, f"{out_dir} checkpoint of step {resume.start - 1}")
+    ray.get([w.ready.remote() for w in workers])
     store.write_text(store.join(out_dir, PLACEMENT_FILE), json.dumps(placement_record(pg, workers, learner)))
     tracker = TrialTracker(cfg)
     for row in rows:  # steps before the checkpoint that no earlier attempt got written (killed writer)

@@ -1,0 +1,68 @@
+"""The trial driver's handle on its learner: N rank actors (one per learner bundle of the trial's placement group)
+that form one torch.distributed group, called together.
+
+Every call goes to every rank (FSDP's collectives need all of them) and rank 0's answer is the one returned. The
+batch is put in the object store once and every rank reads the same copy. The process group is set up here
+rather than with Ray Train: Train's TorchTrainer places its own worker group in its own placement group and
+runs a training function to completion, while the learner is a long-lived actor the trial calls once per step,
+inside the trial's placement group next to its rollout workers (verl, OpenRLHF and SkyRL do the same).
+"""
+
+from __future__ import annotations
+
+import ray
+
+
+class LearnerGroup:
+    """`ranks`: the learner actors (orchestrator/actors.py:_LearnerActor), rank order; built but not started."""
+
+    def __init__(self, ranks: list, full: bool):
+        self.ranks, self.full = ranks, full
+        init = ray.get(ranks[0].rendezvous.remote()) if len(ranks) > 1 else None
+        self._started = [r.start.remote(init) for r in ranks]  # model loads on every rank at once
+
+    def ready(self) -> bool:
+        ray.get(self._started)
+        return all(ray.get([r.ready.remote() for r in self.ranks]))
+
+    # -- training -------------------------------------------------------------------------------------
+    def submit_train_step(self, batch: dict) -> list:
+        """Start one training step on every rank (returns their futures; `result` waits)."""
+        ref = ray.put(batch)
+        return [r.train_step.remote(ref) for r in self.ranks]
+
+    @staticmethod
+    def result(futures: list) -> dict:
+        return ray.get(futures)[0]
+
+    def train_step(self, batch: dict) -> dict:
+        return self.result(self.submit_train_step(batch))
+
+    # -- the policy on the rollout workers ------------------------------------------------------------
+    def push_policy(self, workers: list, version: int) -> int:
+        """The learner's policy as `version` on every worker: the LoRA adapter, or the full weights checked by
+        checksum on each worker. Returns `version` once every worker holds it."""
+        policy = ray.get([r.export_policy.remote(version) for r in self.ranks])[0]
+        files = ray.put(policy["files"])
+        if policy["kind"] == "adapter":
+            ray.get([w.load_adapter.remote(files, version) for w in workers])
+        else:
+            ray.get([w.load_weights.remote(files, version, policy["checksum"]) for w in workers])
+        return version
+
+    # -- checkpoints ----------------------------------------------------------------------------------
+    def checkpoint_files(self) -> dict[str, bytes]:
+        """Every rank's checkpoint files merged (names are distinct per rank: workers/learner_state.py)."""
+        merged: dict[str, bytes] = {}
+        for part in ray.get([r.checkpoint_files.remote() for r in self.ranks]):
+            merged.update(part)
+        return merged
+
+    def restore(self, files: dict[str, bytes], source: str) -> None:
+        """Load a checkpoint saved by a group of any size."""
+        ref = ray.put(files)
+        ray.get([r.restore.remote(ref, source) for r in self.ranks])
+
+    def placements(self) -> list[dict]:
+        return ray.get([r.placement.remote() for r in self.ranks])
+
