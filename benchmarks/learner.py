@@ -16,6 +16,11 @@ run (e.g. `--shape qwen3-0.6b --layers 2 --vocab 8192`).
 
 Prints tokens/s and peak memory of each, the recompute ratio, and the ratio learner/bare with
 `old_logprobs: rollout` last (target >= 0.9).
+
+`--ranks N` (N > 1) measures the learner group instead: N processes forming a torch.distributed group (gloo on
+CPU, NCCL on GPU: one GPU per rank), the model FSDP2-sharded, each rank training its token-balanced share of the
+batch, against one unsharded rank on the same batch with the same threads per rank; `--mode full|lora`. Prints
+tokens/s of the group, tokens/s per rank and, last, the ratio per-rank / single-rank (1.0 = perfect scaling).
 """
 
 from __future__ import annotations
@@ -66,10 +71,12 @@ def build_shape(name: str, layers: int | None, vocab: int | None, dtype: torch.d
     return model.to(dtype)
 
 
-def make_learner(args, old_logprobs: str):
+def make_learner(args, old_logprobs: str, ranks=None, init: str | None = None):
     """The project's Learner around the tiny model or a `--shape` model (patched in where it loads weights)."""
-    import workers.learner as learner_mod
+    import workers.models as models_mod
     from orchestrator.config import LearnerConfig
+    from workers.learner import Learner
+    from workers.learner_dist import Ranks
     from workers.models import build_tiny_model
 
     tiny = str(build_tiny_model(Path(tempfile.gettempdir()) / "credit-orchestrator-tiny-0", seed=0))
@@ -77,11 +84,12 @@ def make_learner(args, old_logprobs: str):
         def load(_path, dtype=torch.float32, device="cpu"):
             return build_shape(args.shape, args.layers, args.vocab, dtype, device)
 
-        learner_mod.load_model = load
-    cfg = LearnerConfig(old_logprobs=old_logprobs, gradient_checkpointing=args.checkpointing).model_dump()
+        models_mod.load_model = load
+    cfg = LearnerConfig(old_logprobs=old_logprobs, gradient_checkpointing=args.checkpointing,
+                        mode=getattr(args, "mode", "lora")).model_dump()
     cfg["optim"].update(micro_batch_size=args.micro or args.groups * args.group, lr=1e-5)
-    return learner_mod.Learner(tiny, learner=cfg, credit={"advantage_mode": "grpo", "transform_mode": "none"},
-                               seed=0, total_steps=1000, dtype=args.dtype)
+    return Learner(tiny, learner=cfg, credit={"advantage_mode": "grpo", "transform_mode": "none"}, seed=0,
+                   total_steps=1000, dtype=args.dtype, ranks=ranks or Ranks(), init_method=init)
 
 
 def make_batch(args, vocab: int) -> dict:
@@ -164,6 +172,55 @@ class PeakRSS:
         self.mib = (max(self.peak, self._rss()) - self.base) / 2**20
 
 
+def _group_rank(rank: int, world: int, init: str, args, threads: int, out: str) -> None:
+    """One rank of the `--ranks` run: the same batch on every rank, one warm-up, then `reps` timed steps."""
+    from workers.learner_dist import Ranks
+
+    torch.set_num_threads(threads)
+    if torch.cuda.is_available():
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)  # one GPU per rank, as Ray gives each rank actor
+    learner = make_learner(args, "rollout", Ranks(rank, world), init if world > 1 else None)
+    batch = make_batch(args, learner.tokenizer.vocab_size if not args.shape else args.vocab or
+                       SHAPES[args.shape][1]["vocab_size"])
+    learner.train_step(batch)
+    times = []
+    for _ in range(args.reps):
+        _sync(learner.device)
+        t0 = time.perf_counter()
+        learner.train_step(batch)
+        _sync(learner.device)
+        times.append(time.perf_counter() - t0)
+    if rank == 0:
+        tokens = sum(len(p) + len(r) for p, r in zip(batch["prompt_ids"], batch["response_ids"], strict=True))
+        Path(out).write_text(f"{tokens} {statistics.median(times)} {' '.join(f'{t:.3f}' for t in times)}")
+
+
+def main_ranks(args) -> None:
+    """`--ranks N`: the learner group against one unsharded rank (see module docstring)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    threads = max(torch.get_num_threads() // args.ranks, 1)
+    results = {}
+    for world in (1, args.ranks):
+        with socket.socket() as s, tempfile.NamedTemporaryFile(suffix=".txt") as out:
+            s.bind(("127.0.0.1", 0))
+            init = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+            s.close()
+            mp.spawn(_group_rank, args=(world, init, args, threads, out.name), nprocs=world)
+            tokens, med, *runs = Path(out.name).read_text().split()
+        results[world] = (int(tokens), float(med), runs)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(f"model: {args.shape or 'tiny'}, mode {args.mode}, {device}, {threads} threads per rank, "
+          f"batch {args.groups * args.group} seqs")
+    for world, (tokens, med, runs) in results.items():
+        print(f"{world} rank(s): {tokens / med:10,.0f} tokens/s  {tokens / med / world:10,.0f} tokens/s per rank  "
+              f"median {med:.3f} s  runs {runs}")
+    per_rank = {w: t / m / w for w, (t, m, _) in results.items()}
+    print(f"ratio tokens/s per rank, {args.ranks} ranks / 1 rank: {per_rank[args.ranks] / per_rank[1]:.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), help="random-init model of this architecture (no download)")
@@ -177,9 +234,14 @@ def main() -> None:
     ap.add_argument("--micro", type=int, default=0, help="rows per micro-batch on both sides (0 = whole batch)")
     ap.add_argument("--checkpointing", action="store_true", help="gradient checkpointing on both sides")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--ranks", type=int, default=1, help="> 1: the learner group against one rank (see above)")
+    ap.add_argument("--mode", default="lora", choices=["lora", "full"], help="learner.mode (with --ranks)")
     args = ap.parse_args()
     if "BENCH_THREADS" in os.environ:
         torch.set_num_threads(int(os.environ["BENCH_THREADS"]))
+    if args.ranks > 1:
+        main_ranks(args)
+        return
 
     learners = {mode: make_learner(args, mode) for mode in ("rollout", "recompute")}
     rollout = learners["rollout"]
