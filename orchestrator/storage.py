@@ -115,6 +115,7 @@ def trial_dir(campaign_dir: str, trial: str) -> str:
 # (the driver was killed between a checkpoint and the next snapshot) is used all the same. A learner blob that
 # would run code when unpickled is refused outright.
 CHECKPOINT_MANIFEST = "manifest.json"
+SHARDS_DIR = "learner_shards"  # a sharded learner's DCP files (workers/learner_state.py)
 _CKPT_DIR = re.compile(r"^checkpoint_(\d+)$")
 
 
@@ -202,13 +203,20 @@ def _verify(ck: _CheckpointDir, state_file: str, learner_file: str, metrics_file
             listed = json.loads(raw_manifest)["files"]
         except (ValueError, KeyError, TypeError):
             raise CorruptCheckpoint(f"{ck}/{CHECKPOINT_MANIFEST}: unreadable manifest") from None
+        shards = {}
         for name, meta in listed.items():
             data = blobs[name] if name in blobs else ck.read(name)
+            if name.startswith(SHARDS_DIR + "/") and data is not None:
+                shards[name[len(SHARDS_DIR) + 1:]] = data
             if data is None:
                 raise CorruptCheckpoint(f"{ck}/{name}: missing (listed in {CHECKPOINT_MANIFEST})")
             if len(data) != meta.get("bytes") or _sha256(data) != meta.get("sha256"):
                 raise CorruptCheckpoint(f"{ck}/{name}: {len(data)} bytes, checksum does not match the manifest "
                                         f"({meta.get('bytes')} bytes): truncated or damaged")
+        if shards:  # a sharded learner's DCP metadata is a pickle: vetted here, before any actor reads it
+            from workers.sharded_checkpoint import read_metadata
+
+            read_metadata(shards, f"{ck}/{SHARDS_DIR}")
     for name, data in blobs.items():
         if data is None:
             raise CorruptCheckpoint(f"{ck}/{name}: missing")

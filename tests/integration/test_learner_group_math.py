@@ -32,6 +32,8 @@ VARIANTS = [
                      "credit": {"advantage_mode": "gae"}, "interventions": {"kl": {"coef": 0.05}}}),
 ]
 
+CHECKPOINTED = ("lora_gae", "full_gae_kl")
+
 
 def _config(overrides: dict) -> TrialConfig:
     base = {"model": {"name": "tiny"}, "task": {"name": "arithmetic"}}
@@ -69,10 +71,19 @@ def _outcome(learner: Learner) -> dict:
 
 
 def _rank(rank: int, world: int, init: str, model_dir: str, out_file: str) -> None:
+    """Each variant: one step; then (checkpointed variants) the merged checkpoint files and a second step."""
+    import torch.distributed as dist
+
     torch.set_num_threads(1)
     results = {}
     for name, overrides in VARIANTS:
-        results[name] = _outcome(_learner(model_dir, _config(overrides), Ranks(rank, world), init))
+        learner = _learner(model_dir, _config(overrides), Ranks(rank, world), init)
+        results[name] = _outcome(learner)
+        if name in CHECKPOINTED:
+            parts: list = [None] * world
+            dist.all_gather_object(parts, learner.checkpoint_files())
+            results[name]["checkpoint"] = {k: v for part in parts for k, v in part.items()}
+            results[name]["after"] = _outcome(learner)
     if rank == 0:
         torch.save(results, out_file)
 
@@ -107,7 +118,21 @@ def test_the_batch_splits_unevenly(tiny_model_dir):
 @pytest.mark.parametrize("variant", [v[0] for v in VARIANTS])
 def test_two_ranks_equal_one(two_ranks, tiny_model_dir, variant):
     one = _outcome(_learner(tiny_model_dir, _config(dict(VARIANTS)[variant])))
-    two = two_ranks[variant]
+    _assert_same(one, two_ranks[variant], variant)
+
+
+@pytest.mark.parametrize("variant", CHECKPOINTED)
+def test_a_two_rank_checkpoint_resumes_on_one_rank(two_ranks, tiny_model_dir, variant):
+    """The 2 ranks' DCP shards (each rank wrote its own) restore into one unsharded learner: its next step equals
+    the 2-rank group's next step (weights, Adam moments, scheduler and counters all came back)."""
+    files = two_ranks[variant]["checkpoint"]
+    assert sum(1 for k in files if k.endswith(".distcp")) == 2, sorted(files)  # one shard file per rank
+    learner = _learner(tiny_model_dir, _config(dict(VARIANTS)[variant]))
+    learner.restore(files, "two-rank checkpoint")
+    _assert_same(_outcome(learner), two_ranks[variant]["after"], variant)
+
+
+def _assert_same(one: dict, two: dict, variant: str) -> None:
     assert set(one["weights"]) == set(two["weights"]) and set(one["grads"]) == set(two["grads"])
     assert len(one["grads"]) > 0
     for n, g in one["grads"].items():

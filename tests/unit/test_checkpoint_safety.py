@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import shutil
 from pathlib import Path
 
@@ -229,3 +230,21 @@ def test_a_trial_failing_on_its_checkpoint_is_reported_in_one_line_naming_the_fi
     assert failure_line(wrapped.as_instanceof_cause()) == msg
     other = RayTaskError("train", "Traceback ...", ValueError("boom\nsecond line")).as_instanceof_cause()
     assert failure_line(other) == "ValueError: boom"
+
+
+def test_crafted_shard_metadata_is_refused_by_the_driver_before_any_actor_reads_it(tmp_path):
+    """A sharded learner's DCP `.metadata` is a pickle: a sealed checkpoint whose metadata would call os.system
+    is refused when the trial looks for its checkpoint (one line naming the file), not skipped, never run."""
+    marker = tmp_path / "PWNED"
+    trial = tmp_path / "trial"
+    _write_checkpoint(trial, 1, 4)
+    latest = _write_checkpoint(trial, 2, 9, seal=False)
+    (latest / "learner_shards").mkdir()
+    (latest / "learner_shards" / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    (latest / "learner_shards" / "__0_0.distcp").write_bytes(b"\0" * 64)
+    store.seal_checkpoint(latest)
+    with pytest.raises(UnsafeCheckpoint) as e:
+        _restore(trial)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{latest}/learner_shards/.metadata: refused"), msg
+    assert not marker.exists()
