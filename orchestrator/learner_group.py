@@ -14,12 +14,15 @@ import ray
 
 
 class LearnerGroup:
-    """`ranks`: the learner actors (orchestrator/actors.py:_LearnerActor), rank order; built but not started."""
+    """`ranks`: the learner actors (orchestrator/actors.py:_LearnerActor), rank order, built but not started; or
+    `started`: any actors with the Learner's methods whose models are already built (one rank, in tests)."""
 
-    def __init__(self, ranks: list, full: bool):
+    def __init__(self, ranks: list, full: bool, started: bool = False):
         self.ranks, self.full = ranks, full
-        init = ray.get(ranks[0].rendezvous.remote()) if len(ranks) > 1 else None
-        self._started = [r.start.remote(init) for r in ranks]  # model loads on every rank at once
+        self._started = []
+        if not started:
+            init = ray.get(ranks[0].rendezvous.remote()) if len(ranks) > 1 else None
+            self._started = [r.start.remote(init) for r in ranks]  # model loads on every rank at once
 
     def ready(self) -> bool:
         ray.get(self._started)

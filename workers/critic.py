@@ -19,7 +19,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 from torch import Tensor, nn
 
-from workers.learner_dist import Ranks
+from workers.learner_dist import ONE_RANK, Ranks
 from workers.objectives import aggregate
 
 ADAPTER = "critic"
@@ -88,7 +88,7 @@ class _Critic:
 class LoraCritic(_Critic):
     """Value adapter + head + optimizer on the policy's PeftModel (see module docstring)."""
 
-    def __init__(self, peft_model, config: dict, lora_config, device: str, ranks: Ranks = Ranks()):
+    def __init__(self, peft_model, config: dict, lora_config, device: str, ranks: Ranks = ONE_RANK):
         self.model, self.cfg, self.device, self.ranks = peft_model, config, device, ranks
         self.model.add_adapter(ADAPTER, lora_config)
         self._use("default")  # the policy stays the active adapter outside `active()`
@@ -169,7 +169,7 @@ class ValueModel(nn.Module):
 class FullCritic(_Critic):
     """Its own full model + value head, every weight trained (see module docstring)."""
 
-    def __init__(self, model_path: str, config: dict, device: str, dtype: torch.dtype, *, ranks: Ranks = Ranks(),
+    def __init__(self, model_path: str, config: dict, device: str, dtype: torch.dtype, *, ranks: Ranks = ONE_RANK,
                  shard_fn=None, gradient_checkpointing: bool = False):
         from transformers import AutoModel
 

@@ -29,6 +29,7 @@ from workers.critic import ADAPTER as CRITIC_ADAPTER
 from workers.critic import FullCritic, LoraCritic
 from workers.interventions import InterventionsConfig, scoring_pass_needs
 from workers.learner_dist import (
+    ONE_RANK,
     Ranks,
     gather_rows,
     join_group,
@@ -64,7 +65,7 @@ class Learner(LearnerUpdate, LearnerState):
     """Owns model(s) + AdamW + LR schedule. All inputs arrive as plain Python lists (Ray-friendly)."""
 
     def __init__(self, model_path: str, *, learner: dict, credit: dict, seed: int, total_steps: int,
-                 dtype: str = "auto", interventions: dict | None = None, ranks: Ranks = Ranks(),
+                 dtype: str = "auto", interventions: dict | None = None, ranks: Ranks = ONE_RANK,
                  init_method: str | None = None) -> None:
         from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 

@@ -34,6 +34,7 @@ class Ranks:
         return self.rank == 0
 
 
+ONE_RANK = Ranks()  # the default: no group
 def rendezvous_address() -> str:
     """`tcp://<this node's IP>:<a free port>` for the group's store, picked by rank 0 on its own node."""
     import ray

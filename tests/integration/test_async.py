@@ -100,6 +100,7 @@ class _SleepyLearner(Learner):
 
 
 def test_generation_overlaps_training(ray_local, tiny_model_dir, tmp_path):
+    from orchestrator.learner_group import LearnerGroup
     from orchestrator.pipeline import OneStepOff
     from orchestrator.step import sepa_settings
     from workers.credit import SepaController
@@ -117,7 +118,8 @@ def test_generation_overlaps_training(ray_local, tiny_model_dir, tmp_path):
     try:
         ray.get([worker.ready.remote(), learner.ready.remote()])
         task = make_task(cfg.task, cfg.seed)
-        pipe = OneStepOff(cfg, [worker], learner, load_tokenizer(tiny_model_dir), task, None)
+        group = LearnerGroup([learner], full=False, started=True)
+        pipe = OneStepOff(cfg, [worker], group, load_tokenizer(tiny_model_dir), task, None)
         sepa, version, checked = SepaController(sepa_settings(cfg)), 0, 0
         for step in range(cfg.steps):
             row = pipe.step(step, sepa, version)

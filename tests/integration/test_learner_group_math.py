@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from orchestrator.config import TrialConfig
 from tests.integration.test_learner_interventions import COMPLETIONS, PROMPTS, _encode
 from workers.learner import Learner
-from workers.learner_dist import Ranks, split_rows
+from workers.learner_dist import ONE_RANK, Ranks, split_rows
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ def _config(overrides: dict) -> TrialConfig:
     return cfg
 
 
-def _learner(model_dir: str, cfg: TrialConfig, ranks: Ranks = Ranks(), init: str | None = None) -> Learner:
+def _learner(model_dir: str, cfg: TrialConfig, ranks: Ranks = ONE_RANK, init: str | None = None) -> Learner:
     return Learner(model_dir, learner=cfg.learner.model_dump(), credit=cfg.credit.model_dump(), seed=0,
                    total_steps=10, interventions=cfg.interventions.model_dump(), ranks=ranks, init_method=init)
 
