@@ -275,6 +275,9 @@ class TrialConfig(_Strict):
             lrn.optim.lr = FULL_MODE_LR
         if lrn.critic.model is None:
             lrn.critic.model = lrn.mode
+        if lrn.cpu_offload and self.resources.learner_gpus == 0:
+            raise ValueError("learner.cpu_offload moves the learner's GPU state to CPU memory: it needs "
+                             "resources.learner_gpus > 0")
         if lrn.critic.model != lrn.mode:
             raise ValueError(f"learner.critic.model '{lrn.critic.model}' needs learner.mode '{lrn.critic.model}': "
                              "under lora the critic is an adapter on the policy's frozen base, under full its own "

@@ -35,6 +35,7 @@ from workers.learner_dist import (
     join_group,
     min_over_ranks,
     pad_passes,
+    rendezvous_address,
     split_rows,
 )
 from workers.learner_metrics import critic_metrics, probe_metrics, step_metrics, token_samples
@@ -72,8 +73,6 @@ class Learner(LearnerUpdate, LearnerState):
         cuda = torch.cuda.is_available()
         self.device = "cuda" if cuda else "cpu"
         self.ranks = ranks
-        if ranks.grouped:
-            join_group(ranks, init_method, cuda)
         if dtype == "auto":
             dtype = "bfloat16" if cuda else "float32"
         self.dtype = getattr(torch, dtype)  # the compute dtype (and the rollout engine's)
@@ -81,7 +80,10 @@ class Learner(LearnerUpdate, LearnerState):
         self.full = learner.get("mode", "lora") == "full"
         # sharded: FSDP2 over the group; also one rank that offloads, or trains every weight on a GPU (fp32 master
         # weights, bf16 compute: full fine-tuning at lr 1e-6 would lose its updates in bf16 weights)
-        self.sharded = ranks.grouped or bool(learner.get("cpu_offload")) or (self.full and cuda)
+        offload = bool(learner.get("cpu_offload")) and cuda  # offloads GPU state; nothing to offload on a CPU
+        self.sharded = ranks.grouped or offload or (self.full and cuda)
+        if self.sharded:  # FSDP needs a process group, of one rank when this learner has no group
+            join_group(ranks, init_method or rendezvous_address(), cuda)
         weights_dtype = torch.float32 if self.sharded else self.dtype
         self.credit = CreditConfig.model_validate(credit)
         self.iv = InterventionsConfig.model_validate(interventions or {})
@@ -105,7 +107,7 @@ class Learner(LearnerUpdate, LearnerState):
             self.reference = frozen_copy(model_path, weights_dtype, self.device)
 
         def shard_fn(m):
-            return shard(m, ranks.world, cuda=cuda, cpu_offload=bool(learner.get("cpu_offload")),
+            return shard(m, ranks.world, cuda=cuda, cpu_offload=offload,
                          param_dtype=self.dtype)
 
         self.critic = None
