@@ -12,6 +12,7 @@ that counts (others return None / their own shard files).
 
 from __future__ import annotations
 
+import copy
 import random
 import tempfile
 from pathlib import Path
@@ -60,7 +61,9 @@ class LearnerState:
                 adapter = get_peft_model_state_dict(self.model, state_dict=state, adapter_name="default")
                 save_file({k: v.contiguous() for k, v in adapter.items()}, str(Path(d) / "adapter_model.safetensors"),
                           metadata={"format": "pt"})
-                self.model.peft_config["default"].save_pretrained(d)
+                config = copy.deepcopy(self.model.peft_config["default"])
+                config.inference_mode = True  # as PEFT's save_pretrained writes it
+                config.save_pretrained(d)
             return {p.name: p.read_bytes() for p in Path(d).iterdir() if p.is_file()}
 
     # -- checkpoints ------------------------------------------------------------------------------------

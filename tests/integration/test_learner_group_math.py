@@ -79,6 +79,7 @@ def _rank(rank: int, world: int, init: str, model_dir: str, out_file: str) -> No
     for name, overrides in VARIANTS:
         learner = _learner(model_dir, _config(overrides), Ranks(rank, world), init)
         results[name] = _outcome(learner)
+        results[name]["policy"] = learner.export_policy(1)  # collective: gathered from the shards onto rank 0
         if name in CHECKPOINTED:
             parts: list = [None] * world
             dist.all_gather_object(parts, learner.checkpoint_files())
@@ -119,6 +120,37 @@ def test_the_batch_splits_unevenly(tiny_model_dir):
 def test_two_ranks_equal_one(two_ranks, tiny_model_dir, variant):
     one = _outcome(_learner(tiny_model_dir, _config(dict(VARIANTS)[variant])))
     _assert_same(one, two_ranks[variant], variant)
+
+
+@pytest.mark.parametrize("variant", ["lora", "full_gae_kl"])
+def test_the_exported_policy_is_gathered_from_the_shards(two_ranks, tiny_model_dir, variant):
+    """What the rollout workers get from rank 0 of the group (LoRA adapter files, or the full weights with their
+    checksum) equals what one rank exports after the same step; never the critic's adapter."""
+    from safetensors.torch import load
+
+    one = _learner(tiny_model_dir, _config(dict(VARIANTS)[variant]))
+    _outcome(one)
+    a, b = one.export_policy(1), two_ranks[variant]["policy"]
+    assert a["kind"] == b["kind"] == ("adapter" if variant == "lora" else "weights")
+    assert sorted(set(a["files"]) - {"README.md"}) == sorted(b["files"])  # PEFT's model card: only on one rank
+    if variant == "lora":  # the same config (PEFT keeps target_modules as a set: its order varies by process)
+        import json
+
+        ca, cb = (json.loads(x["files"]["adapter_config.json"]) for x in (a, b))
+        ca["target_modules"], cb["target_modules"] = sorted(ca["target_modules"]), sorted(cb["target_modules"])
+        assert ca == cb
+    for name in a["files"]:
+        if name.endswith(".safetensors"):
+            ta, tb = load(a["files"][name]), load(b["files"][name])
+            assert sorted(ta) == sorted(tb) and not any("critic" in k for k in ta)
+            for k in ta:
+                torch.testing.assert_close(tb[k], ta[k], rtol=1e-5, atol=1e-4)
+    if variant != "lora":  # the checksum the workers will compare against is that of the weights sent
+        from workers.weight_sync import weights_checksum
+
+        sent = {k: v for name, data in b["files"].items() if name.endswith(".safetensors")
+                for k, v in load(data).items()}
+        assert b["checksum"] == weights_checksum(sent, torch.float32)
 
 
 @pytest.mark.parametrize("variant", CHECKPOINTED)
