@@ -93,39 +93,7 @@ class Learner(LearnerUpdate, LearnerState):
         torch.manual_seed(seed)  # the same on every rank: FSDP shards identical initial weights
         random.seed(seed)
         self.tokenizer = load_tokenizer(model_path)
-        grad_ckpt = bool(learner.get("gradient_checkpointing"))
-        base = load_causal_lm(model_path, weights_dtype, self.device, grad_ckpt)
-        self._head_only = head_is_linear(base)
-        if self.full:
-            self.model = base
-        else:
-            from peft import get_peft_model
-
-            self.model = get_peft_model(base, lora_config(learner["lora"]))
-        self.reference = None  # full mode: a frozen copy, only when the KL reference is read
-        if self.full and (self.iv.kl.is_active or self.iv.kl.measure):
-            self.reference = frozen_copy(model_path, weights_dtype, self.device)
-
-        def shard_fn(m):
-            return shard(m, ranks.world, cuda=cuda, cpu_offload=offload,
-                         param_dtype=self.dtype)
-
-        self.critic = None
-        if self.credit.uses_critic:
-            c = learner["critic"]
-            if c.get("model", "lora" if not self.full else "full") == "full":
-                self.critic = FullCritic(model_path, c, self.device, weights_dtype, ranks=ranks,
-                                         shard_fn=shard_fn if self.sharded else None, gradient_checkpointing=grad_ckpt)
-            else:
-                self.critic = LoraCritic(self.model, c, lora_config(c.get("lora") or learner["lora"]), self.device,
-                                         ranks)
-        if self.sharded:
-            for m in (self.model, self.reference):
-                if m is not None:
-                    shard_fn(m)
-        if isinstance(self.critic, LoraCritic):
-            self.critic.sharded = self.sharded
-            self.critic.make_optimizer()
+        self._build_models(model_path, learner, weights_dtype, cuda, offload)
         opt = learner["optim"]
         self.params = [p for n, p in self.model.named_parameters()  # the policy's: never the critic adapter's
                        if p.requires_grad and f".{CRITIC_ADAPTER}." not in n]
@@ -141,6 +109,41 @@ class Learner(LearnerUpdate, LearnerState):
         self.skip_scoring = learner.get("old_logprobs", "recompute") == "rollout"
         if self.skip_scoring and (needs := scoring_pass_needs(self.credit, self.iv)):
             raise ValueError(f"old_logprobs 'rollout' skips the scoring pass that {needs} needs")
+
+    def _build_models(self, model_path: str, learner: dict, weights_dtype: torch.dtype, cuda: bool,
+                      offload: bool) -> None:
+        """Policy (+ the LoRA critic's adapter on it), the frozen reference (full mode, when KL reads it) and the
+        full critic, each sharded as soon as it is built, so at most one unsharded model is in memory at a time."""
+        ranks, grad_ckpt = self.ranks, bool(learner.get("gradient_checkpointing"))
+
+        def shard_fn(m):
+            return shard(m, ranks.world, cuda=cuda, cpu_offload=offload, param_dtype=self.dtype) \
+                if self.sharded else m
+
+        base = load_causal_lm(model_path, weights_dtype, self.device, grad_ckpt)
+        self._head_only = head_is_linear(base)
+        if self.full:
+            self.model = base
+        else:
+            from peft import get_peft_model
+
+            self.model = get_peft_model(base, lora_config(learner["lora"]))
+        critic = learner["critic"] if self.credit.uses_critic else None
+        critic_kind = (critic or {}).get("model") or ("full" if self.full else "lora")
+        self.critic = None
+        if critic is not None and critic_kind == "lora":  # its adapter joins the policy's model
+            self.critic = LoraCritic(self.model, critic, lora_config(critic.get("lora") or learner["lora"]),
+                                     self.device, ranks)
+        shard_fn(self.model)
+        self.reference = None  # full mode: a frozen copy, only when the KL reference is read
+        if self.full and (self.iv.kl.is_active or self.iv.kl.measure):
+            self.reference = shard_fn(frozen_copy(model_path, self.dtype, self.device))  # frozen: no fp32 master
+        if critic is not None and critic_kind == "full":
+            self.critic = FullCritic(model_path, critic, self.device, weights_dtype, ranks=ranks,
+                                     shard_fn=shard_fn if self.sharded else None, gradient_checkpointing=grad_ckpt)
+        if isinstance(self.critic, LoraCritic):
+            self.critic.sharded = self.sharded
+            self.critic.make_optimizer()
 
     def _passes(self, b: Batch, rows: Tensor) -> list:
         """This rank's micro-batches of `rows` as (micro-batch, real) pairs, padded so every rank runs as many
