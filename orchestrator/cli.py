@@ -29,6 +29,12 @@ def _trial(args: argparse.Namespace) -> int:
     from orchestrator.model_limits import check_model_limits
 
     check_model_limits(cfg.model, args.config or "<default trial>")
+    from orchestrator.actors import resolve_model_quietly
+    from orchestrator.learner_memory import check_learner_memory
+
+    memory = check_learner_memory(cfg, resolve_model_quietly(cfg.model), args.config or "<default trial>", cfg.name)
+    if memory is not None:
+        print(memory, flush=True)
     check_episodes(args.config or "<default trial>", [(cfg.name, cfg)])
     result = run_single_trial(cfg, Path(args.storage).resolve())
     return 0 if result else 1
@@ -54,10 +60,14 @@ def _run(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from orchestrator.campaign import load_campaign
+    from orchestrator.learner_memory import check_campaign_learners
     from orchestrator.plan import make_plan, render
 
-    print(render(make_plan(load_campaign(args.file), pilot=args.pilot, effect=args.effect, gpus=args.gpus,
+    campaign = load_campaign(args.file)
+    print(render(make_plan(campaign, pilot=args.pilot, effect=args.effect, gpus=args.gpus,
                            cpus=args.cpus, device=args.device, measure=args.measure, metric=args.metric)))
+    for line in check_campaign_learners(campaign):  # refuses (exit 2) a learner that cannot fit its GPUs
+        print(line)
     return 0
 
 

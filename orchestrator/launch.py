@@ -166,13 +166,18 @@ def check_cluster(campaign: Campaign) -> None:
 
 
 def check_campaign_models(campaign: Campaign) -> None:
-    """Each distinct model setting of the campaign against the model's own config (orchestrator/model_limits)."""
+    """Each distinct model setting of the campaign against the model's own config (orchestrator/model_limits),
+    and each learner setup against its GPUs' memory (orchestrator/learner_memory; its estimates are printed)."""
+    from orchestrator.learner_memory import check_campaign_learners
+
     seen = set()
     for t in campaign.trials:
         key = t.trial.model.model_dump_json()
         if key not in seen:
             seen.add(key)
             check_model_limits(t.trial.model, campaign.source, where=f"trial {t.name}: model")
+    for line in check_campaign_learners(campaign):
+        print(line, flush=True)
 
 
 def _stable(config: dict) -> dict:
