@@ -66,7 +66,8 @@ def _plan(args: argparse.Namespace) -> int:
     campaign = load_campaign(args.file)
     print(render(make_plan(campaign, pilot=args.pilot, effect=args.effect, gpus=args.gpus,
                            cpus=args.cpus, device=args.device, measure=args.measure, metric=args.metric)))
-    for line in check_campaign_learners(campaign):  # refuses (exit 2) a learner that cannot fit its GPUs
+    # refuses (exit 2) a learner that cannot fit its GPUs; planning reads configs already on this machine only
+    for line in check_campaign_learners(campaign, local_only=True):
         print(line)
     return 0
 

@@ -46,13 +46,14 @@ class ModelCounts:
     vocab: int
 
 
-def model_counts(model_path: str, cfg: TrialConfig) -> ModelCounts | None:
-    """Exact counts from the model's config, or None when the config cannot be read here."""
+def model_counts(model_path: str, cfg: TrialConfig, local_only: bool = False) -> ModelCounts | None:
+    """Exact counts from the model's config, or None when the config cannot be read here (`local_only`: from a
+    local path or the local hub cache only, never the network)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        config = AutoConfig.from_pretrained(model_path)
+        config = AutoConfig.from_pretrained(model_path, local_files_only=local_only)
     except (OSError, ValueError):
         return None
     with torch.device("meta"):
@@ -125,12 +126,13 @@ def gpu_memory_gib(cfg: TrialConfig) -> float | None:
     return GPU_MEMORY_GIB.get(r.accelerator_type or "")
 
 
-def check_learner_memory(cfg: TrialConfig, model_path: str, source: str, name: str) -> str | None:
+def check_learner_memory(cfg: TrialConfig, model_path: str, source: str, name: str,
+                         local_only: bool = False) -> str | None:
     """UserError (one line) when the trial's learner cannot fit its GPUs; the estimate as a line otherwise (None
     when there is no learner GPU or the model's config cannot be read here)."""
     if cfg.resources.learner_gpus <= 0:
         return None
-    counts = model_counts(model_path, cfg)
+    counts = model_counts(model_path, cfg, local_only)
     if counts is None:
         return None
     need = learner_memory(cfg, counts)
@@ -149,7 +151,7 @@ def check_learner_memory(cfg: TrialConfig, model_path: str, source: str, name: s
                     "learner.cpu_offload, or a smaller learner.optim.max_tokens_per_micro_batch")
 
 
-def check_campaign_learners(campaign) -> list[str]:
+def check_campaign_learners(campaign, local_only: bool = False) -> list[str]:
     """`check_learner_memory` for each distinct learner setup of the campaign (model, learner, resources, the
     critic and KL); returns their estimate lines (UserError for the first that cannot fit)."""
     from orchestrator.actors import resolve_model_quietly
@@ -162,7 +164,7 @@ def check_campaign_learners(campaign) -> list[str]:
         if key in seen or c.resources.learner_gpus <= 0:
             continue
         seen.add(key)
-        line = check_learner_memory(c, resolve_model_quietly(c.model), campaign.source, t.name)
+        line = check_learner_memory(c, resolve_model_quietly(c.model), campaign.source, t.name, local_only)
         if line is not None:
             lines.append(line)
     return lines

@@ -37,10 +37,11 @@ def test_plan_of_the_lean_campaign():
     assert "cluster: 16 GPUs, 128 CPUs (--gpus/--cpus): 8 trial(s) at once" in out  # 2 GPUs a trial
 
 
-def test_plan_of_the_sokoban_sweep():
-    out = _plan_cli("campaigns/ragen/sokoban_entropy.yaml", "--gpus", "8")
-    assert out.startswith("plan for campaign sokoban_entropy: 18 trials")
-    assert "ppo_gae_s2_coeff0.1" in out and "4 trial(s) at once" in out
+@pytest.mark.parametrize("variant, at_once", [("", 2), ("_lora", 4)])  # 3 GPUs a trial in full, 2 with LoRA
+def test_plan_of_the_sokoban_sweep(variant, at_once):
+    out = _plan_cli(f"campaigns/ragen/sokoban_entropy{variant}.yaml", "--gpus", "8")
+    assert out.startswith(f"plan for campaign sokoban_entropy{variant}: 18 trials")
+    assert "ppo_gae_s2_coeff0.1" in out and f"{at_once} trial(s) at once" in out
     # 18 trials x 400 steps x 128 episodes x 5 turns x 256 tokens at most
     assert "7,200 steps, 921,600 generations, <= 1,179,648,000 generated tokens" in out
 
