@@ -89,6 +89,8 @@ def sum_over_ranks(values: dict[str, float], ranks: Ranks) -> dict[str, float]:
 
     keys = sorted(values)
     t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    if dist.get_backend() == "nccl":  # NCCL reduces device tensors only
+        t = t.cuda()
     dist.all_reduce(t)
     return dict(zip(keys, t.tolist(), strict=True))
 
