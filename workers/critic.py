@@ -44,6 +44,7 @@ class _Critic:
 
     cfg: dict
     device: str
+    params: list[nn.Parameter]
     optimizer: torch.optim.Optimizer
     ranks: Ranks
 
@@ -81,8 +82,6 @@ class _Critic:
         from workers.learner_models import clip_grad_norm
 
         return clip_grad_norm(self.params, self.cfg["grad_clip"])
-
-    params: list[nn.Parameter]
 
 
 class LoraCritic(_Critic):
