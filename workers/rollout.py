@@ -251,13 +251,7 @@ class RolloutWorker:
         int_id, self._next_id = self._next_id, self._next_id + 1
         path = self._root / f"v{version}_id{int_id}"
         try:
-            if not files:
-                raise ValueError("no adapter files given")
-            path.mkdir(parents=True)
-            for name, data in files.items():
-                if Path(name).name != name or name in ("", ".", ".."):
-                    raise ValueError(f"adapter file name must be a plain file name, got {name!r}")
-                (path / name).write_bytes(data)
+            _write_files(path, files, "adapter")
             req = LoRARequest(f"policy_v{version}_id{int_id}", int_id, str(path))
             self._dirs[int_id] = path
             if not self._llm.llm_engine.add_lora(req):
@@ -287,13 +281,7 @@ class RolloutWorker:
         self._loads += 1
         path = self._root / f"weights_v{version}_{self._loads}"
         try:
-            if not files:
-                raise ValueError("no weight files given")
-            path.mkdir(parents=True)
-            for name, data in files.items():
-                if Path(name).name != name or name in ("", ".", ".."):
-                    raise ValueError(f"weight file name must be a plain file name, got {name!r}")
-                (path / name).write_bytes(data)
+            _write_files(path, files, "weight")
             got = self._llm.collective_rpc("sync_load_weights", args=(str(path),))
             if not self._llm.reset_prefix_cache():  # False while requests run; generate is synchronous
                 raise RuntimeError("vLLM did not reset its prefix cache after the weight load")
@@ -355,6 +343,17 @@ class RolloutWorker:
         root = getattr(self, "_root", None)
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _write_files(path: Path, files: dict[str, bytes], kind: str) -> None:
+    """`files` (plain file name -> bytes, as they came from the learner) into a new directory `path`."""
+    if not files:
+        raise ValueError(f"no {kind} files given")
+    path.mkdir(parents=True)
+    for name, data in files.items():
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise ValueError(f"{kind} file name must be a plain file name, got {name!r}")
+        (path / name).write_bytes(data)
 
 
 RolloutActor = ray.remote(RolloutWorker)

@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.config import TrialConfig
 from orchestrator.launch import run_single_trial
-from tests.integration.test_trial import rows, stable
+from tests.integration.test_trial import dies_once_after, rows, stable
 
 pytestmark = pytest.mark.integration
 
@@ -30,28 +30,6 @@ BASE = dict(steps=3, seed=5, checkpoint={"every": 1}, model={"name": "tiny"}, ta
                                            "driver_cpus": 0.25})
 
 
-def _dies_after_step_1(config):
-    """run_trial that dies once right after reporting step 1 (whose checkpoint it has just written)."""
-    from ray import tune
-
-    from orchestrator.trial import run_trial
-
-    marker = Path(config["output_dir"]) / "failed_once"
-    real_report = tune.report
-
-    def report(metrics, checkpoint=None):
-        real_report(metrics, checkpoint=checkpoint)
-        if metrics["step"] == 1 and not marker.exists():
-            marker.touch()
-            raise RuntimeError("injected preemption")
-
-    tune.report = report
-    try:
-        run_trial(config)
-    finally:
-        tune.report = real_report
-
-
 @pytest.fixture(scope="module")
 def runs(ray_local, tmp_path_factory) -> dict:
     from ray import tune
@@ -61,10 +39,11 @@ def runs(ray_local, tmp_path_factory) -> dict:
     storage = tmp_path_factory.mktemp("full")
     plain = TrialConfig(name="plain", output_dir=str(storage / "plain"), **BASE)
     assert run_single_trial(plain, storage) is not None
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    for module in (sys.modules[__name__], sys.modules[dies_once_after.__module__]):
+        cloudpickle.register_pickle_by_value(module)
     killed = TrialConfig(name="killed", output_dir=str(storage / "killed"), **BASE)
     result = tune.Tuner(
-        tune.with_resources(_dies_after_step_1, tune.PlacementGroupFactory(bundles(killed), strategy="PACK")),
+        tune.with_resources(dies_once_after(1), tune.PlacementGroupFactory(bundles(killed), strategy="PACK")),
         param_space=killed.model_dump(),
         run_config=tune.RunConfig(name="killed", storage_path=str(storage),
                                   failure_config=tune.FailureConfig(max_failures=1)),

@@ -55,26 +55,33 @@ def test_first_step_logprob_gap_and_adapter_versions(default_run):
     assert versions == expected and versions[-1] > 30
 
 
-def _flaky(config):
-    """run_trial that dies once right after the report of step 4 (checkpoint at step 3)."""
-    from ray import tune
+def dies_once_after(step: int):
+    """A run_trial that dies once, right after reporting `step` (and the checkpoint reported with it, if any)."""
 
-    from orchestrator.trial import run_trial
+    def trainable(config):
+        from ray import tune
 
-    marker = Path(config["output_dir"]) / "failed_once"
-    real_report = tune.report
+        from orchestrator.trial import run_trial
 
-    def report(metrics, checkpoint=None):
-        real_report(metrics, checkpoint=checkpoint)
-        if metrics["step"] == 4 and not marker.exists():
-            marker.touch()
-            raise RuntimeError("injected preemption")
+        marker = Path(config["output_dir"]) / "failed_once"
+        real_report = tune.report
 
-    tune.report = report
-    try:
-        run_trial(config)
-    finally:
-        tune.report = real_report
+        def report(metrics, checkpoint=None):
+            real_report(metrics, checkpoint=checkpoint)
+            if metrics["step"] == step and not marker.exists():
+                marker.touch()
+                raise RuntimeError("injected preemption")
+
+        tune.report = report
+        try:
+            run_trial(config)
+        finally:
+            tune.report = real_report
+
+    return trainable
+
+
+_flaky = dies_once_after(4)  # checkpoint at step 3: the retry resumes from it
 
 
 def run_preempted(cfg: TrialConfig, storage: Path, *by_value):
