@@ -132,8 +132,9 @@ class LossConfig(_Strict):
 
 
 class CriticConfig(_Strict):
-    """The value model of `credit.advantage_mode: gae`: its own LoRA adapter on the policy's base weights plus a
-    scalar head (workers/critic.py), trained with its own optimizer on the same mini-batches as the policy."""
+    """The value model of `credit.advantage_mode: gae` (workers/critic.py): a LoRA adapter on the policy's base
+    weights plus a scalar head, or (`model: full`) its own full model plus a head; trained with its own optimizer
+    on the same mini-batches as the policy."""
 
     lr: float = Field(1e-5, gt=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
@@ -146,8 +147,9 @@ class CriticConfig(_Strict):
     lora: LoraSettings | None = Field(None, description="the critic adapter's settings; None = the policy's")
     model: Literal["full", "lora"] | None = Field(None, description=(
         "full: the critic is its own full model (the policy's initial weights) with a value head, every weight "
-        "trained (RAGEN's shape); lora: a LoRA adapter + value head on the policy's frozen base weights (lora mode "
-        "only). None: the same as learner.mode"))
+        "trained (RAGEN's shape; full mode only); lora: a LoRA adapter + value head on the policy's base weights, "
+        "no second model (under full mode the base is the trained policy: the critic reads the current policy's "
+        "hidden states and its loss never moves them). None: the same as learner.mode"))
 
 
 class LearnerConfig(_Strict):
@@ -278,10 +280,9 @@ class TrialConfig(_Strict):
         if lrn.cpu_offload and self.resources.learner_gpus == 0:
             raise ValueError("learner.cpu_offload moves the learner's GPU state to CPU memory: it needs "
                              "resources.learner_gpus > 0")
-        if lrn.critic.model != lrn.mode:
-            raise ValueError(f"learner.critic.model '{lrn.critic.model}' needs learner.mode '{lrn.critic.model}': "
-                             "under lora the critic is an adapter on the policy's frozen base, under full its own "
-                             "full model")
+        if lrn.critic.model == "full" and lrn.mode == "lora":
+            raise ValueError("learner.critic.model 'full' needs learner.mode 'full': under lora only the adapter "
+                             "trains, and the critic is an adapter on the policy's frozen base (critic.model 'lora')")
         return self
 
     @model_validator(mode="after")

@@ -4,8 +4,8 @@ trial that cannot fit (one line, exit 2) instead of letting it die of CUDA OOM i
 Parameter counts are exact: the model class is built from its config on the meta device and its parameters (and
 the LoRA targets' shapes) counted. Per GPU, with N = resources.learner_ranks, as the learner holds them
 (workers/learner_models.py):
-- trained weights (full mode: every weight; the policy, and a full critic) sharded over N: fp32 master weights,
-  fp32 gradients, AdamW's two fp32 moments: 16 bytes per parameter / N;
+- trained weights (full mode: every weight of the policy, and of a full critic; a LoRA critic's adapter) sharded
+  over N: fp32 master weights, fp32 gradients, AdamW's two fp32 moments: 16 bytes per parameter / N;
 - frozen weights: the LoRA base (bf16 on one rank, fp32 when sharded: FSDP2 keeps one dtype per unit), the frozen
   KL reference under full mode when KL is on or measured (bf16), / N;
 - the unsharded parameters FSDP gathers at a time: the largest decoder layer plus the root's (embeddings, head,
@@ -40,6 +40,7 @@ class ModelCounts:
     largest_layer: int
     root: int  # parameters outside the decoder layers: embeddings, head, final norm
     lora: int  # LoRA parameters at the policy's rank and targets
+    lora_dims: tuple[tuple[str, int], ...]  # per LoRA-able Linear name: in + out features summed over the model
     hidden: int
     intermediate: int
     layers: int
@@ -63,15 +64,24 @@ def model_counts(model_path: str, cfg: TrialConfig, local_only: bool = False) ->
     in_layers = sum(p.numel() for layer in layers for p in layer.parameters())
     head = model.get_output_embeddings()
     tied = head is not None and head.weight is model.get_input_embeddings().weight
-    lora = cfg.learner.lora
-    adapters = sum(lora.rank * (m.in_features + m.out_features) for name, m in model.named_modules()
-                   if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in lora.target_modules)
+    dims: dict[str, int] = {}
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear):
+            key = name.rsplit(".", 1)[-1]
+            dims[key] = dims.get(key, 0) + m.in_features + m.out_features
+    lora_dims = tuple(sorted(dims.items()))
     text = getattr(config, "text_config", None) or config
     return ModelCounts(params=total, decoder=total - (0 if tied or head is None else head.weight.numel()),
                        largest_layer=max((sum(p.numel() for p in m.parameters()) for m in layers), default=0),
-                       root=total - in_layers, lora=adapters, hidden=text.hidden_size,
+                       root=total - in_layers, lora=lora_params(lora_dims, cfg.learner.lora),
+                       lora_dims=lora_dims, hidden=text.hidden_size,
                        intermediate=getattr(text, "intermediate_size", 4 * text.hidden_size),
                        layers=len(layers), vocab=text.vocab_size)
+
+
+def lora_params(dims: tuple[tuple[str, int], ...], lora) -> int:
+    """LoRA parameters of one adapter: rank x (in + out) of every targeted Linear."""
+    return sum(lora.rank * d for name, d in dims if name in lora.target_modules)
 
 
 @dataclass(frozen=True)
@@ -102,8 +112,10 @@ def learner_memory(cfg: TrialConfig, counts: ModelCounts, ranks: int | None = No
     full, sharded = lrn.mode == "full", n > 1 or lrn.cpu_offload or lrn.mode == "full"
     trained = counts.params if full else counts.lora
     frozen_bytes = 0.0 if full else counts.params * (4 if sharded else 2)
-    if cfg.credit.uses_critic:
-        trained += counts.decoder + counts.hidden + 1 if full else counts.lora + counts.hidden + 1
+    if cfg.credit.uses_critic:  # its own trunk (critic.model full), or an adapter on the policy's base
+        critic = lrn.critic
+        trained += counts.hidden + 1 + (counts.decoder if critic.model == "full"
+                                        else lora_params(counts.lora_dims, critic.lora or lrn.lora))
     if full and (iv.kl.is_active or iv.kl.measure):
         frozen_bytes += 2 * counts.params
     offload = 0.0 if lrn.cpu_offload else 1.0

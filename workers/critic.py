@@ -1,10 +1,12 @@
 """The critic for PPO + GAE, in two shapes (`learner.critic.model`):
 
-- `LoraCritic` (lora mode): a value head beside the policy on the SAME base weights. It owns its own LoRA adapter
-  ("critic", added to the policy's PeftModel: PEFT holds several adapters and switches between them) plus a scalar
-  head, its own AdamW, learning rate and gradient clip. No second copy of the base model exists. The KL reference
-  pass (`disable_adapter()`) disables both adapters, and the policy adapter exported to vLLM never contains the
-  critic's.
+- `LoraCritic`: a value head beside the policy on the SAME base weights. It owns its own LoRA adapter ("critic")
+  plus a scalar head, its own AdamW, learning rate and gradient clip. No second copy of the base model exists.
+  Under lora mode the adapter joins the policy's PeftModel (PEFT holds several adapters and switches between
+  them); the KL reference pass (`disable_adapter()`) disables both, and the policy adapter exported to vLLM never
+  contains the critic's. Under full mode (`on_full_policy`) the base weights ARE the policy, trained every step:
+  the critic reads the current policy's hidden states through its adapter, the adapter is switched off for every
+  policy pass, and the base is frozen while the critic learns (its value loss never moves the policy).
 - `FullCritic` (full mode, RAGEN's shape): its own full model (the policy's initial decoder) plus a value head,
   every weight trained; sharded over the learner group like the policy.
 
@@ -88,27 +90,57 @@ class LoraCritic(_Critic):
     """Value adapter + head + optimizer on the policy's PeftModel (see module docstring)."""
 
     def __init__(self, peft_model, config: dict, lora_config, device: str, ranks: Ranks = ONE_RANK):
+        """`peft_model`: the lora-mode policy (its adapter "default"), or `on_full_policy`'s wrapper of a full-mode
+        policy, which already holds this critic's adapter (`lora_config` is then unused)."""
         self.model, self.cfg, self.device, self.ranks = peft_model, config, device, ranks
-        self.model.add_adapter(ADAPTER, lora_config)
-        self._use("default")  # the policy stays the active adapter outside `active()`
+        self.full_policy = "default" not in peft_model.peft_config  # the base itself is the trained policy
+        if not self.full_policy:
+            self.model.add_adapter(ADAPTER, lora_config)
+        self._use(None)  # the policy's view outside `active()`
         hidden = self.model.get_base_model().config.hidden_size
         self.head = nn.Linear(hidden, 1).to(device=device, dtype=torch.float32)
         self.module = nn.ModuleDict({"lm": self.model, "head": self.head})  # what the critic's checkpoint holds
         self.sharded = False  # set by the learner once the PeftModel is FSDP-sharded
 
-    def _use(self, adapter: str) -> None:
-        """Make `adapter` the one forwards run through. PEFT's `set_adapter` also freezes the other adapters;
-        both stay trainable here (FSDP2 builds each unsharded parameter's requires_grad once, so toggling it
-        between passes is not safe): which adapter learns is decided by which one the forward used and which
-        optimizer steps, and an adapter the forward skipped gets no gradient."""
-        self.model.set_adapter(adapter)
+    @staticmethod
+    def on_full_policy(policy: nn.Module, lora_config):
+        """Wrap a full-mode policy (a transformers model, every weight trained) in a PeftModel holding only the
+        critic's adapter, with the base weights left trainable: PEFT freezes them when it wraps."""
+        from peft import get_peft_model
+
+        model = get_peft_model(policy, lora_config, adapter_name=ADAPTER)
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return model
+
+    def owns(self, name: str) -> bool:
+        """Whether a parameter / state-dict key of the PeftModel belongs to the critic (its adapter)."""
+        return f".{ADAPTER}." in name
+
+    def policy_weights(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Full mode: the PeftModel's state dict as the transformers model's (the names vLLM loads), without the
+        critic's adapter: `base_model.model.` dropped, each wrapped Linear's `.base_layer.` unwrapped."""
+        prefix = "base_model.model."
+        return {k.removeprefix(prefix).replace(".base_layer.", "."): v for k, v in state.items() if not self.owns(k)}
+
+    def _use(self, adapter: str | None) -> None:
+        """Route forwards through the critic's adapter (`adapter` = "critic") or the policy's view (None): the
+        adapter "default" (lora mode), or the bare base weights with the critic's adapter off (full mode).
+        PEFT's `set_adapter` / `enable_adapters` also set requires_grad; the adapters stay trainable here (an
+        adapter the forward skipped gets no gradient, and which one learns is decided by which optimizer steps).
+        Under full mode the base weights are frozen while the critic is in use: its backward then computes no
+        gradient for the policy's weights (FSDP2 re-reads requires_grad each time it gathers a parameter)."""
+        if self.full_policy:
+            tuner = self.model.base_model
+            tuner.enable_adapter_layers() if adapter == ADAPTER else tuner.disable_adapter_layers()
+        else:
+            self.model.set_adapter(adapter or "default")
         for name, p in self.model.named_parameters():
-            if "lora_" in name:
-                p.requires_grad_(True)
+            p.requires_grad_("lora_" in name or (self.full_policy and adapter is None))
 
     def make_optimizer(self) -> None:
         """After sharding: the adapter's (possibly sharded) parameters plus the head's."""
-        params = [p for n, p in self.model.named_parameters() if f".{ADAPTER}." in n]
+        params = [p for n, p in self.model.named_parameters() if self.owns(n)]
         self.params = params + list(self.head.parameters())
         self.optimizer = torch.optim.AdamW(self.params, lr=self.cfg["lr"], betas=tuple(self.cfg["betas"]),
                                            weight_decay=self.cfg["weight_decay"])
@@ -120,7 +152,7 @@ class LoraCritic(_Critic):
         try:
             yield
         finally:
-            self._use("default")
+            self._use(None)
 
     def values(self, seqs: Tensor, attn: Tensor, start: Tensor, length: int) -> Tensor:
         """`[b, length]` float32 values of the response window (call inside `active()`)."""

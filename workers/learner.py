@@ -122,18 +122,19 @@ class Learner(LearnerUpdate, LearnerState):
 
         base = load_causal_lm(model_path, weights_dtype, self.device, grad_ckpt)
         self._head_only = head_is_linear(base)
-        if self.full:
-            self.model = base
+        critic = learner["critic"] if self.credit.uses_critic else None
+        critic_kind = (critic or {}).get("model") or ("full" if self.full else "lora")
+        critic_lora = lora_config((critic or {}).get("lora") or learner["lora"])
+        if self.full:  # the policy is the model itself; a LoRA critic wraps it in a PeftModel of its adapter
+            lora_critic = critic is not None and critic_kind == "lora"
+            self.model = LoraCritic.on_full_policy(base, critic_lora) if lora_critic else base
         else:
             from peft import get_peft_model
 
             self.model = get_peft_model(base, lora_config(learner["lora"]))
-        critic = learner["critic"] if self.credit.uses_critic else None
-        critic_kind = (critic or {}).get("model") or ("full" if self.full else "lora")
         self.critic = None
         if critic is not None and critic_kind == "lora":  # its adapter joins the policy's model
-            self.critic = LoraCritic(self.model, critic, lora_config(critic.get("lora") or learner["lora"]),
-                                     self.device, ranks)
+            self.critic = LoraCritic(self.model, critic, critic_lora, self.device, ranks)
         shard_fn(self.model)
         self.reference = None  # full mode: a frozen copy, only when the KL reference is read
         if self.full and (self.iv.kl.is_active or self.iv.kl.measure):

@@ -40,6 +40,8 @@ class LearnerState:
         state = full_state(self.model, sharded=self.sharded)
         if not self.ranks.leader:
             return None
+        if self.critic is not None and getattr(self.critic, "full_policy", False):
+            state = self.critic.policy_weights(state)
         return {"kind": "weights", "files": pack_weights(state, self.dtype),
                 "checksum": weights_checksum(state, self.dtype)}
 
@@ -101,10 +103,15 @@ class LearnerState:
         self._load_counters(state)
 
     def _parts(self) -> dict:
-        """The trained modules and their optimizers, by name, for the shards."""
+        """The trained modules and their optimizers, by name, for the shards. A LoRA critic on a full-mode policy
+        shares the policy's PeftModel: the critic part holds only its adapter and head, the policy part the rest."""
+        c = self.critic
+        if c is not None and getattr(c, "full_policy", False):
+            return {"policy": (self.model, self.optimizer, lambda k: not c.owns(k)),
+                    "critic": (c.module, c.optimizer, lambda k: c.owns(k) or k.startswith("head."))}
         parts = {"policy": (self.model, self.optimizer)}
-        if self.critic is not None:
-            parts["critic"] = (self.critic.module, self.critic.optimizer)
+        if c is not None:
+            parts["critic"] = (c.module, c.optimizer)
         return parts
 
     def _load_counters(self, state: dict) -> None:

@@ -37,7 +37,7 @@ import re
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -69,7 +69,10 @@ from workers.checkpoint import (
     load_blob,
 )
 
-Part = tuple[nn.Module, torch.optim.Optimizer | None]
+# (module, optimizer | None) or (module, optimizer | None, keep): `keep(fqn)` names the module's tensors this part
+# holds, when another part holds the rest (a LoRA critic's adapter on a fully trained policy: the base is the
+# policy part's)
+Part = tuple[nn.Module, torch.optim.Optimizer | None] | tuple[nn.Module, torch.optim.Optimizer | None, Callable]
 
 METADATA_FILE = ".metadata"
 PARAM_GROUPS_FILE = "param_groups.pt"
@@ -127,11 +130,12 @@ def _state(parts: dict[str, Part], trainable_only: bool) -> tuple[dict[str, dict
     has tensors for DCP to load into."""
     options = StateDictOptions(ignore_frozen_params=trainable_only)
     state, groups = {}, {}
-    for name, (model, optim) in parts.items():
+    for name, (model, optim, *keep) in parts.items():
         if optim is None:
-            state[name] = {"model": get_model_state_dict(model, options=options)}
+            state[name] = {"model": _kept(get_model_state_dict(model, options=options), keep)}
             continue
         msd, osd = get_state_dict(model, optim, options=options)
+        msd = _kept(msd, keep)
         for fqn, per_param in osd["state"].items():
             for key, value in per_param.items():
                 if not isinstance(value, torch.Tensor):
@@ -140,6 +144,10 @@ def _state(parts: dict[str, Part], trainable_only: bool) -> tuple[dict[str, dict
         state[name] = {"model": msd, "optim": osd["state"]}
         groups[name] = osd["param_groups"]
     return state, groups
+
+
+def _kept(msd: dict, keep: list) -> dict:
+    return {k: v for k, v in msd.items() if keep[0](k)} if keep else msd
 
 
 def _flat(state: dict[str, dict]) -> dict[str, torch.Tensor]:
@@ -314,15 +322,15 @@ def load_shards(files: dict[str, bytes], parts: dict[str, Part], *, trainable_on
     tensors may already be in the parts: after `CorruptCheckpoint`, load another checkpoint or rebuild them.
     An optimizer without state stays so after an error (its state is initialised to be loaded into)."""
     md = read_metadata(files, source)
-    fresh = [optim for _, optim in parts.values() if optim is not None and not optim.state]
+    fresh = [optim for _, optim, *_ in parts.values() if optim is not None and not optim.state]
     try:
         state, saved_groups = _read_into(files, md, parts, trainable_only, source)
     except CheckpointError:
         for optim in fresh:
             optim.state.clear()  # undo get_state_dict's zero-gradient step: a fresh start must stay at step 0
         raise
-    options = StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
-    for name, (model, optim) in parts.items():
+    for name, (model, optim, *keep) in parts.items():
+        options = StateDictOptions(ignore_frozen_params=trainable_only, strict=not (trainable_only or keep))
         if optim is None:
             set_model_state_dict(model, state[name]["model"], options=options)
         else:

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.integration
 
 REWARDS = [[1.0, 0.0, 0.0, 0.5], [1.0, 0.0, 0.25, 1.0]]
 # (name, trial config overrides): LoRA with GRPO; LoRA with a GAE critic (its own adapter on the shared base);
-# full fine-tuning with a full critic and KL to the frozen reference copy
+# full fine-tuning with a full critic and KL to the frozen reference copy; full fine-tuning with a LoRA critic on
+# the trained weights
 VARIANTS = [
     ("lora", {"learner": {"optim": {"lr": 1e-2}}}),
     ("lora_gae", {"learner": {"optim": {"lr": 1e-2, "mini_batch_size": 5, "ppo_epochs": 2},
@@ -30,9 +31,15 @@ VARIANTS = [
     ("full_gae_kl", {"learner": {"mode": "full", "optim": {"lr": 1e-3, "mini_batch_size": 5},
                                  "critic": {"lr": 1e-3}},
                      "credit": {"advantage_mode": "gae"}, "interventions": {"kl": {"coef": 0.05}}}),
+    ("full_lora_critic", {"learner": {"mode": "full", "optim": {"lr": 1e-3, "mini_batch_size": 5},
+                                      "critic": {"model": "lora", "lr": 1e-3}},
+                          "credit": {"advantage_mode": "gae"}}),
 ]
 
-CHECKPOINTED = ("lora_gae", "full_gae_kl")
+# fractions of tokens past a clip edge: after an Adam step the ranks' weights differ by up to ~1% of lr (see
+# _assert_same), so a token whose value or ratio lands that close to the edge may count on one side only
+EDGE_COUNTS = ("critic/vf_clip_frac", "train/clip_frac")
+CHECKPOINTED = ("lora_gae", "full_gae_kl", "full_lora_critic")
 
 
 def _config(overrides: dict) -> TrialConfig:
@@ -122,7 +129,7 @@ def test_two_ranks_equal_one(two_ranks, tiny_model_dir, variant):
     _assert_same(one, two_ranks[variant], variant)
 
 
-@pytest.mark.parametrize("variant", ["lora", "full_gae_kl"])
+@pytest.mark.parametrize("variant", ["lora", "full_gae_kl", "full_lora_critic"])
 def test_the_exported_policy_is_gathered_from_the_shards(two_ranks, tiny_model_dir, variant):
     """What the rollout workers get from rank 0 of the group (LoRA adapter files, or the full weights with their
     checksum) equals what one rank exports after the same step; never the critic's adapter."""
@@ -177,6 +184,9 @@ def _assert_same(one: dict, two: dict, variant: str) -> None:
                                    msg=lambda m, n=n: f"weight {n}: {m}")
     assert any(float(g.abs().sum()) > 0 for n, g in one["grads"].items() if n.startswith("policy.")), \
         "the step trained no policy weight: equal weights would prove nothing"
+    tokens = one["metrics"]["train/tokens"]
     for key, value in one["metrics"].items():
-        if isinstance(value, float):
+        if key in EDGE_COUNTS:  # a value within the ranks' float noise of the clip edge flips one token
+            assert abs(two["metrics"][key] - value) <= 1.0 / tokens + 1e-9, key
+        elif isinstance(value, float):
             assert two["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6, nan_ok=True), key

@@ -17,10 +17,11 @@ from workers.learner import Learner
 pytestmark = pytest.mark.integration
 
 
-def _learner(model_dir, *, mini=None, epochs=1, critic_lr=1e-3, warmup=0, lr=1e-2, **credit) -> Learner:
-    cfg = LearnerConfig().model_dump()
+def _learner(model_dir, *, mini=None, epochs=1, critic_lr=1e-3, warmup=0, lr=1e-2, mode="lora",
+             **credit) -> Learner:
+    cfg = LearnerConfig(mode=mode).model_dump()
     cfg["optim"].update(lr=lr, mini_batch_size=mini, ppo_epochs=epochs, micro_batch_size=3)
-    cfg["critic"].update(lr=critic_lr, warmup_steps=warmup)
+    cfg["critic"].update(lr=critic_lr, warmup_steps=warmup, model="lora")
     return Learner(model_dir, learner=cfg, credit=CreditConfig(advantage_mode="gae", **credit).model_dump(),
                    seed=0, total_steps=20)
 
@@ -109,3 +110,75 @@ def test_multi_turn_gae_batch_trains_only_sampled_tokens(tiny_model_dir):
     assert torch.allclose(adv[0, second] + v[0, second], torch.full((len(turn),), -0.1), atol=1e-5)
     m = learner.train_step(batch)["metrics"]
     assert math.isfinite(m["loss/value"]) and m["train/tokens"] == 2 * 2 * len(turn)
+
+
+def test_a_lora_critic_on_a_full_policy(tiny_model_dir):
+    """learner.mode full with critic.model lora: the critic's adapter rides on the weights the policy trains.
+    A critic-only step moves the critic (adapter and head) and no policy weight, and leaves no gradient on the
+    policy's weights (they are frozen while the critic learns); the policy's log-probs never pass through the
+    critic's adapter (they equal a plain transformers model's holding the same weights); a full step trains the
+    policy, and what vLLM gets is the transformers model's state dict, without the critic's adapter."""
+    from workers.batch import collate
+    from workers.models import load_model
+
+    learner = _learner(tiny_model_dir, mode="full", lr=1e-3, warmup=2)  # step 0 trains the critic only
+    critic, model = learner.critic, learner.model
+    policy = {n: p.detach().clone() for n, p in model.named_parameters() if not critic.owns(n)}
+    adapter = {n: p.detach().clone() for n, p in model.named_parameters() if critic.owns(n)}
+    assert policy and adapter and all(p.requires_grad for p in model.parameters())
+    m = learner.train_step(_batch(learner, 0))["metrics"]
+    assert m["train/optimizer_steps"] == 0 and m["critic/optimizer_steps"] == 1
+    named = dict(model.named_parameters())
+    assert all(torch.equal(named[n], w) for n, w in policy.items())
+    assert all(named[n].grad is None for n in policy), "the value loss reached the policy's weights"
+    assert any(not torch.equal(named[n], w) for n, w in adapter.items() if "lora_B" in n)  # now non-zero
+
+    def plain_logprobs(state: dict) -> torch.Tensor:
+        """The response log-probs under a transformers model (no PEFT) holding `state`."""
+        hf = load_model(tiny_model_dir)
+        hf.load_state_dict(state)
+        b = collate(_batch(learner), learner.tokenizer.pad_token_id)
+        learner_model, learner.model = learner.model, hf
+        try:
+            with torch.no_grad():
+                return learner._logprobs(b.seqs, b.attn, b.start, b.t, 1.0, False)[0]
+        finally:
+            learner.model = learner_model
+
+    b = collate(_batch(learner), learner.tokenizer.pad_token_id)
+    with torch.no_grad():
+        lp = learner._logprobs(b.seqs, b.attn, b.start, b.t, 1.0, False)[0]
+    exported = learner.export_policy(1)
+    from safetensors.torch import load
+
+    sent = {k: v for name, data in exported["files"].items() if name.endswith(".safetensors")
+            for k, v in load(data).items()}
+    assert sorted(sent) == sorted(load_model(tiny_model_dir).state_dict())  # vLLM's names; no adapter
+    torch.testing.assert_close(lp, plain_logprobs(sent), rtol=0, atol=1e-5)
+
+    with critic.active(), torch.no_grad():  # the critic's own view: the adapter is on there
+        v = critic.values(b.seqs, b.attn, b.start, b.t)
+    m = learner.train_step(_batch(learner, 1))["metrics"]
+    assert m["train/optimizer_steps"] == 1 and m["critic/optimizer_steps"] == 1
+    named = dict(model.named_parameters())
+    assert any(not torch.equal(named[n], w) for n, w in policy.items())  # the full policy trained
+    with critic.active(), torch.no_grad():
+        assert not torch.allclose(critic.values(b.seqs, b.attn, b.start, b.t), v)
+
+
+def test_a_full_policy_with_a_lora_critic_resumes_exactly(tiny_model_dir):
+    """The checkpoint (DCP shards: the policy part without the critic's adapter, the critic part only its adapter
+    and head) restores into a fresh learner whose next step equals the uninterrupted one."""
+    a = _learner(tiny_model_dir, mode="full", lr=1e-3)
+    for s in range(2):
+        a.train_step(_batch(a, s))
+    files = a.checkpoint_files()
+    keys = set(__import__("workers.sharded_checkpoint", fromlist=["read_metadata"]).read_metadata(
+        {k.split("/", 1)[1]: v for k, v in files.items() if "/" in k}, "ckpt").state_dict_metadata)
+    critic_model = {k for k in keys if k.startswith("critic.model.")}
+    assert critic_model and all(".critic." in k or k.startswith("critic.model.head.") for k in critic_model)
+    assert not any(".critic." in k for k in keys if k.startswith("policy."))  # the base is saved once
+    b = _learner(tiny_model_dir, mode="full", lr=1e-3)
+    b.restore(files)
+    ma, mb = a.train_step(_batch(a, 2))["metrics"], b.train_step(_batch(b, 2))["metrics"]
+    assert ma == mb

@@ -94,6 +94,10 @@ def test_what_shrinks_the_estimate(qwen3b):
     assert offload.grads == offload.optimizer == 0 and offload.total < base.total / 4
     lora = learner_memory(_cfg(qwen3b, learner={"mode": "lora"}), counts)
     assert lora.optimizer == pytest.approx(8 * (2 * counts.lora + 2049))  # adapters only (policy + critic)
+    lora_critic = learner_memory(_cfg(qwen3b, learner={"critic": {"model": "lora"}}), counts)
+    assert lora_critic.optimizer == pytest.approx(8 * (counts.params + counts.lora + 2049))  # no second model
+    wide = learner_memory(_cfg(qwen3b, learner={"critic": {"model": "lora", "lora": {"rank": 64}}}), counts)
+    assert wide.optimizer - lora_critic.optimizer == pytest.approx(8 * counts.lora * (64 / 8 - 1))
     kl = learner_memory(_cfg(qwen3b, interventions={"kl": {"coef": 0.01}}), counts)
     assert kl.weights - base.weights == pytest.approx(2 * counts.params)  # the frozen bf16 reference
 
