@@ -69,7 +69,9 @@ def grade_answer(gold: str, pred: str) -> bool:
 def _grader_main(conn: Any, parent_pid: int) -> None:
     """Child loop: receive pickled (fn, gold, pred), reply ("ok", bool) or ("error", message); exit on EOF."""
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled" warnings: we enforce it
-    import math_verify  # noqa: F401  (pay the import before reporting ready)
+    # pay math-verify's imports and its parsers' lazy set-up before reporting ready: the first answer graded in a
+    # fresh child would otherwise spend part of its time limit on them (seconds on a loaded machine)
+    grade_answer("1", "1")
 
     def orphan_watch() -> None:  # a parent killed hard cannot kill us; exit once it is gone
         while os.getppid() == parent_pid:
