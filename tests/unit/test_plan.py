@@ -46,6 +46,29 @@ def test_plan_of_the_sokoban_sweep(variant, at_once):
     assert "7,200 steps, 921,600 generations, <= 1,179,648,000 generated tokens" in out
 
 
+@pytest.mark.parametrize("learner, credit, kl, score, train", [
+    ({}, "grpo", {}, 2, 4),  # LoRA: no weight gradients for the frozen base
+    ({"mode": "full"}, "grpo", {"measure": True}, 4, 6),  # + the frozen reference's forward
+    ({"mode": "full", "gradient_checkpointing": True}, "gae", {"coef": 0.01}, 6, 16),  # full critic, recomputes
+    ({"mode": "full", "critic": {"model": "lora"}}, "gae", {}, 4, 10),  # the LoRA critic's base is frozen
+])
+def test_learner_flops_count_the_passes(learner, credit, kl, score, train):
+    """The step time's learner part from its passes (FLOPs per token in units of P, counted by hand from what
+    workers/learner.py runs): scoring = policy + reference + critic forwards; training = per trained model 6P
+    (weights train) or 4P (frozen base), plus 2P per model under gradient checkpointing."""
+    from orchestrator.config import TrialConfig
+    from orchestrator.cost_model import EFFICIENCY, PEAK, learner_flops, step_seconds, step_tokens
+
+    cfg = TrialConfig.model_validate({"model": {"name": "Qwen/Qwen2.5-3B"}, "task": {"name": "arithmetic"},
+                                      "learner": learner, "credit": {"advantage_mode": credit},
+                                      "interventions": {"kl": kl}, "resources": {"learner_ranks": 2}})
+    assert learner_flops(cfg) == (score, train)
+    tok, parts = step_tokens(cfg), step_seconds(cfg, "H100")
+    devices = 2 * max(cfg.resources.learner_gpus, 1.0)
+    assert parts["train"] == pytest.approx(tok.trained * train * 3e9 / (PEAK["H100"] * EFFICIENCY["train"] * devices))
+    assert parts["score"] == pytest.approx(tok.scored * score * 3e9 / (PEAK["H100"] * EFFICIENCY["score"] * devices))
+
+
 def test_makespan_is_longest_first_list_scheduling():
     assert makespan([3, 3, 2, 2, 2], 2) == 7  # {3, 2, 2} and {3, 2}
     assert makespan([1.0] * 6, 3) == 2
@@ -125,7 +148,7 @@ def test_run_prints_the_paragraph_before_launching(monkeypatch):
 
     monkeypatch.setattr("ray.cluster_resources", lambda: {"GPU": 8.0, "CPU": 64.0})
     text = plan_mod.run_paragraph(load_campaign(ROOT / "campaigns/sepa_lean.yaml"))
-    assert text.startswith("plan: 20 trials, 800 steps, about 69.7 GPU-hours (step times from cost model); "
+    assert text.startswith("plan: 20 trials, 800 steps, about 62.6 GPU-hours (step times from cost model); "
                            "4 trial(s) at once on 8 GPUs, 64 CPUs, makespan about"), text
     launch = (ROOT / "orchestrator/launch.py").read_text()
     assert launch.index("print(run_paragraph(campaign)") < launch.index("tuner.fit()")
