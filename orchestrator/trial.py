@@ -103,9 +103,7 @@ def _checkpoint(cfg: TrialConfig, step: int, version: int, row: dict, rows: list
                 task, sepa: SepaController, pipe) -> None:
     """Report `row` with a sealed checkpoint of everything needed to continue after `step`."""
     with tempfile.TemporaryDirectory() as d:
-        for name, data in learner.checkpoint_files().items():  # the blob, and every rank's shards
-            (Path(d) / name).parent.mkdir(parents=True, exist_ok=True)
-            (Path(d) / name).write_bytes(data)
+        learner.write_checkpoint(d)  # the blob, and every rank's shards
         (Path(d) / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
         if pipe is not None:
             pipe.save(d)  # the prefetched batch of step + 1
