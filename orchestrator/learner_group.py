@@ -74,10 +74,48 @@ class LearnerGroup:
         return names
 
     def restore(self, files: dict[str, bytes], source: str) -> None:
-        """Load a checkpoint saved by a group of any size."""
-        ref = ray.put(files)
-        ray.get([r.restore.remote(ref, source) for r in self.ranks])
+        """Load a checkpoint saved by a group of any size; each rank fetches only the pieces it reads."""
+        pieces = ObjectStoreFiles(files)
+        ray.get([r.restore.remote(pieces, source) for r in self.ranks])
 
     def placements(self) -> list[dict]:
         return ray.get([r.placement.remote() for r in self.ranks])
 
+
+
+PIECE_BYTES = 64 * 2**20
+
+
+class ObjectStoreFiles:
+    """A checkpoint's files in the object store in pieces of `piece` bytes, read by byte range
+    (workers/sharded_checkpoint.py:CheckpointFiles): a learner rank fetches only the pieces holding the chunks its
+    part of the model needs, so N ranks restoring a sharded checkpoint each pull about 1/N of it, not all of it."""
+
+    def __init__(self, files: dict[str, bytes], piece: int = PIECE_BYTES):
+        self.piece = piece
+        self.sizes = {name: len(data) for name, data in files.items()}
+        self.pieces = {name: [ray.put(data[i:i + piece]) for i in range(0, max(len(data), 1), piece)]
+                       for name, data in files.items()}
+        self._last: tuple[str, int, bytes] | None = None  # consecutive chunks mostly share a piece
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_last": None}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.sizes
+
+    def size(self, name: str) -> int:
+        return self.sizes[name]
+
+    def read(self, name: str, start: int = 0, end: int | None = None) -> bytes:
+        end = self.sizes[name] if end is None else min(end, self.sizes[name])
+        if end <= start:
+            return b""
+        first, last = start // self.piece, (end - 1) // self.piece
+        data = b"".join(self._get(name, k) for k in range(first, last + 1))
+        return data[start - first * self.piece:end - first * self.piece]
+
+    def _get(self, name: str, k: int) -> bytes:
+        if self._last is None or self._last[:2] != (name, k):
+            self._last = (name, k, ray.get(self.pieces[name][k]))
+        return self._last[2]

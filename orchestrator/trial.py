@@ -93,6 +93,7 @@ def _restore_actors(resume: Resume, learner: LearnerGroup, workers, task, sepa: 
     if resume.state is None:
         return
     learner.restore(resume.learner_files, source)
+    resume.learner_files = {}  # not held by the driver for the rest of the trial (tens of GB in full mode)
     task.load_state_dict(resume.state["task"])
     sepa.load_state_dict(resume.state["sepa"])
     if resume.version:

@@ -86,20 +86,22 @@ class LearnerState:
             files[BLOB] = dump_blob({**self._counters(), "format": "sharded", "ranks": self.ranks.world})
         return files
 
-    def restore(self, files: dict[str, bytes], source: str = "checkpoint") -> None:
-        """Load `checkpoint_files()` merged over the ranks of whichever group saved them (any number of ranks).
-        Collective on a sharded learner."""
-        state = load_blob(files[BLOB], f"{source}/{BLOB}")
-        shards = {k.split("/", 1)[1]: v for k, v in files.items() if k.startswith(f"{SHARDS}/")}
+    def restore(self, files, source: str = "checkpoint") -> None:
+        """Load `checkpoint_files()` merged over the ranks of whichever group saved them (any number of ranks):
+        {name: bytes}, or a `CheckpointFiles` that fetches byte ranges on demand (a rank then reads only its
+        share of the shards). Collective on a sharded learner."""
+        from workers.sharded_checkpoint import Under, as_files, load_shards
+
+        files = as_files(files)
+        state = load_blob(files.read(BLOB), f"{source}/{BLOB}")
         if state.get("format") != "sharded":
             if self.sharded or self.full:
                 raise CorruptCheckpoint(f"{source}/{BLOB}: saved by a one-rank LoRA learner; resume it with "
                                         "resources.learner_ranks 1 and learner.mode lora")
-            self.load_state_dict(files[BLOB], f"{source}/{BLOB}")
+            self.load_state_dict(files.read(BLOB), f"{source}/{BLOB}")
             return
-        from workers.sharded_checkpoint import load_shards
-
-        load_shards(shards, self._parts(), trainable_only=not self.full, source=f"{source}/{SHARDS}")
+        load_shards(Under(files, f"{SHARDS}/"), self._parts(), trainable_only=not self.full,
+                    source=f"{source}/{SHARDS}")
         self._load_counters(state)
 
     def _parts(self) -> dict:

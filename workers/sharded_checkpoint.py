@@ -37,7 +37,8 @@ import re
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn, Protocol
 
 import torch
 import torch.distributed as dist
@@ -177,16 +178,64 @@ def save_shards(parts: dict[str, Part], *, trainable_only: bool) -> dict[str, by
     return files
 
 
-def read_metadata(files: dict[str, bytes], source: str) -> Metadata:
-    """The checkpoint's `.metadata`, unpickled with the allow list and checked against `files`: only tensor
-    entries, every chunk in a plain-named file of `files` and within its size. Raises `UnsafeCheckpoint` or
+class CheckpointFiles(Protocol):
+    """Where a restore reads a checkpoint's files from: a dict {name: bytes} (`as_files` wraps it), or a source
+    that fetches byte ranges on demand (the trial driver's object-store pieces: orchestrator/learner_group.py)."""
+
+    def __contains__(self, name: object) -> bool: ...
+
+    def size(self, name: str) -> int: ...
+
+    def read(self, name: str, start: int = 0, end: int | None = None) -> bytes: ...
+
+
+class _InMemory:
+    def __init__(self, files: Mapping[str, bytes]) -> None:
+        self.files = files
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.files
+
+    def size(self, name: str) -> int:
+        return len(self.files[name])
+
+    def read(self, name: str, start: int = 0, end: int | None = None) -> bytes:
+        data = self.files[name]
+        return data if start == 0 and end is None else data[start:end]
+
+
+class Under:
+    """The files of `files` under `prefix`, by their names there."""
+
+    def __init__(self, files: CheckpointFiles, prefix: str) -> None:
+        self.files, self.prefix = files, prefix
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.prefix + name in self.files
+
+    def size(self, name: str) -> int:
+        return self.files.size(self.prefix + name)
+
+    def read(self, name: str, start: int = 0, end: int | None = None) -> bytes:
+        return self.files.read(self.prefix + name, start, end)
+
+
+def as_files(files: Mapping[str, bytes] | CheckpointFiles) -> CheckpointFiles:
+    return files if hasattr(files, "read") and hasattr(files, "size") else _InMemory(files)
+
+
+def read_metadata(files: Mapping[str, bytes] | CheckpointFiles, source: str, *, check_files: bool = True
+                  ) -> Metadata:
+    """The checkpoint's `.metadata`, unpickled with the allow list and checked: only tensor entries, every chunk
+    in a plain-named file; and (`check_files`) every such file in `files` and each chunk within its size (a
+    restoring rank checks only the files it reads: `_check_files`). Raises `UnsafeCheckpoint` or
     `CorruptCheckpoint` (one line, `source/.metadata` or the shard named)."""
     where = f"{source}/{METADATA_FILE}"
+    files = as_files(files)
     if METADATA_FILE not in files:
-        raise CorruptCheckpoint(f"{source}: not a sharded checkpoint (no {METADATA_FILE} among "
-                                f"{_one_line(', '.join(sorted(files)) or 'no files', 80)})")
+        raise CorruptCheckpoint(f"{source}: not a sharded checkpoint (no {METADATA_FILE})")
     try:
-        md = _MetadataUnpickler(io.BytesIO(files[METADATA_FILE])).load()
+        md = _MetadataUnpickler(io.BytesIO(files.read(METADATA_FILE))).load()
     except pickle.UnpicklingError as exc:
         if str(exc).startswith("GLOBAL "):
             raise UnsafeCheckpoint(f"{where}: refused: it would load {str(exc)[7:]}, which is not DCP metadata; it "
@@ -216,15 +265,41 @@ def read_metadata(files: dict[str, bytes], source: str) -> Metadata:
         if info.transform_descriptors:
             raise CorruptCheckpoint(f"{where}: {index.fqn} uses stream transforms {info.transform_descriptors}, "
                                     "which these checkpoints never write")
-        if name not in files:
-            raise CorruptCheckpoint(f"{source}/{name}: missing shard (the metadata needs it for {index.fqn})")
         offset, length = info.offset, info.length
         if not (isinstance(offset, int) and isinstance(length, int) and offset >= 0 and length > 0):
             raise CorruptCheckpoint(f"{where}: {index.fqn}: bad offset/length {offset!r}/{length!r}")
-        if offset + length > len(files[name]):
-            raise CorruptCheckpoint(f"{source}/{name}: truncated ({len(files[name])} bytes; {index.fqn} needs "
-                                    f"bytes {offset}..{offset + length})")
+    if check_files:
+        _check_files(files, md, {info.relative_path for info in md.storage_data.values()}, source)
     return md
+
+
+def _check_files(files: CheckpointFiles, md: Metadata, names: set[str], source: str) -> None:
+    """Each of the shard files `names` is in `files` and holds every chunk the metadata puts in it."""
+    sizes = {name: files.size(name) for name in names if name in files}
+    for index, info in md.storage_data.items():
+        name = info.relative_path
+        if name not in names:
+            continue
+        if name not in sizes:
+            raise CorruptCheckpoint(f"{source}/{name}: missing shard (the metadata needs it for {index.fqn})")
+        if info.offset + info.length > sizes[name]:
+            raise CorruptCheckpoint(f"{source}/{name}: truncated ({sizes[name]} bytes; {index.fqn} needs "
+                                    f"bytes {info.offset}..{info.offset + info.length})")
+
+
+def chunks_to_read(md: Metadata, flat: dict[str, torch.Tensor]) -> dict[str, list[tuple[int, int]]]:
+    """{shard file: [(offset, length), ...] sorted} of the saved chunks that overlap this rank's part of some
+    tensor of `flat` (DCP's own load plan). A group restoring with the sharding it saved with reads about its own
+    share of the checkpoint plus the replicated scalars (optimizer steps), which DCP saved once, in any rank's
+    file."""
+    from torch.distributed.checkpoint.default_planner import create_default_local_load_plan
+
+    plan = create_default_local_load_plan(flat, md, strict=False)
+    chunks: dict[str, set[tuple[int, int]]] = {}
+    for item in plan.items:
+        info = md.storage_data[item.storage_index]
+        chunks.setdefault(info.relative_path, set()).add((info.offset, info.length))
+    return {name: sorted(c) for name, c in chunks.items()}
 
 
 class _VettedReader(FileSystemReader):
@@ -267,33 +342,37 @@ def _classify(err: BaseException, where: str) -> CheckpointError:
                              f"{_one_line(lines[-1] if lines else '')})")
 
 
-def _raise_from(exc: CheckpointException, files: dict[str, bytes], md: Metadata, source: str) -> NoReturn:
+def _raise_from(exc: CheckpointException, files: CheckpointFiles, chunks: dict[str, list[tuple[int, int]]],
+                source: str) -> NoReturn:
     """Raise one line for a failed `dcp.load`. DCP reports every rank's exception but not the file, so on this
-    (rare) path each chunk is re-read weights-only, as DCP reads it, to name the first bad shard."""
-    for info in sorted(md.storage_data.values(), key=lambda i: (i.relative_path, i.offset)):
+    (rare) path each chunk this rank read is re-read weights-only, as DCP reads it, to name the first bad shard."""
+    for name, offset, length in sorted((n, o, ln) for n, c in chunks.items() for o, ln in c):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                torch.load(io.BytesIO(files[info.relative_path][info.offset: info.offset + info.length]),
-                           weights_only=True, map_location="cpu")
+                torch.load(io.BytesIO(files.read(name, offset, offset + length)), weights_only=True,
+                           map_location="cpu")
         except Exception as err:  # any failure here is the diagnosis
-            raise _classify(err, f"{source}/{info.relative_path}") from None
+            raise _classify(err, f"{source}/{name}") from None
     failures = [pair[0] if isinstance(pair, tuple) else pair for pair in exc.failures.values()]
     raise _classify(failures[0] if failures else exc, source) from None
 
 
-def _read_into(files: dict[str, bytes], md: Metadata, parts: dict[str, Part], trainable_only: bool,
+def _read_into(files: CheckpointFiles, md: Metadata, parts: dict[str, Part], trainable_only: bool,
                source: str) -> tuple[dict[str, dict], dict[str, list]]:
     """The checkpoint read into this rank's state dicts of `parts` (in place: they share the parameters'
-    storage); returns them and the saved param groups."""
+    storage); returns them and the saved param groups. Only the shard files this rank's part needs are read."""
     state, groups = _state(parts, trainable_only)
-    _check_keys(md, _flat(state), source)
+    flat = _flat(state)
+    _check_keys(md, flat, source)
+    chunks = chunks_to_read(md, flat)
+    _check_files(files, md, set(chunks), source)
     saved_groups: dict[str, list] = {}
     if groups:
         if PARAM_GROUPS_FILE not in files:
             raise CorruptCheckpoint(f"{source}: missing {PARAM_GROUPS_FILE} (the optimizers' hyperparameters)")
         where = f"{source}/{PARAM_GROUPS_FILE}"
-        saved_groups = load_blob(files[PARAM_GROUPS_FILE], where).get("param_groups", {})
+        saved_groups = load_blob(files.read(PARAM_GROUPS_FILE), where).get("param_groups", {})
         for name, mine in groups.items():
             theirs = saved_groups.get(name) if isinstance(saved_groups, dict) else None
             if not isinstance(theirs, list) or [g.get("params") for g in theirs if isinstance(g, dict)] != \
@@ -301,27 +380,34 @@ def _read_into(files: dict[str, bytes], md: Metadata, parts: dict[str, Part], tr
                 raise CorruptCheckpoint(f"{where}: {name}'s parameter groups do not match the optimizer's")
 
     with tempfile.TemporaryDirectory(prefix="dcp-load-") as tmp:
-        for name in {info.relative_path for info in md.storage_data.values()}:
-            (Path(tmp) / name).write_bytes(files[name])  # only the vetted, plain-named shards
+        for name, wanted in chunks.items():  # the vetted, plain-named shards: only the chunks this rank reads
+            with open(Path(tmp) / name, "wb") as f:  # a sparse file: DCP seeks to each chunk it reads
+                for offset, length in wanted:
+                    f.seek(offset)
+                    f.write(files.read(name, offset, offset + length))
+                f.truncate(files.size(name))
         try:
             with _single_process_quiet():
                 dcp.load(state, storage_reader=_VettedReader(tmp, md), no_dist=_no_dist())
         except CheckpointException as exc:  # DCP gathers every rank's failure, so all ranks raise alike
-            _raise_from(exc, files, md, source)
+            _raise_from(exc, files, chunks, source)
     return state, saved_groups
 
 
-def load_shards(files: dict[str, bytes], parts: dict[str, Part], *, trainable_only: bool, source: str) -> None:
+def load_shards(files: Mapping[str, bytes] | CheckpointFiles, parts: dict[str, Part], *, trainable_only: bool,
+                source: str) -> None:
     """Restore `save_shards`' checkpoint into `parts` (same names; any sharding: FSDP2 over M ranks or a plain
-    module). Collective on every rank of the default group, a plain call without one; every rank passes all files
-    {name: bytes} of the merged checkpoint. `trainable_only` as when saved; `source` names the checkpoint in
+    module). Collective on every rank of the default group, a plain call without one; every rank passes the
+    merged checkpoint's files, {name: bytes} or a `CheckpointFiles` that fetches byte ranges on demand: only
+    `.metadata`, `param_groups.pt` and the chunks this rank's part overlaps are read. `trainable_only` as when saved; `source` names the checkpoint in
     errors, which are `UnsafeCheckpoint` / `CorruptCheckpoint` (one line).
 
     A refused metadata, a missing or truncated shard, or a key or shape the parts need and the checkpoint lacks
     is found before any parameter changes. Bytes damaged inside a shard are found while DCP reads, when earlier
     tensors may already be in the parts: after `CorruptCheckpoint`, load another checkpoint or rebuild them.
     An optimizer without state stays so after an error (its state is initialised to be loaded into)."""
-    md = read_metadata(files, source)
+    files = as_files(files)
+    md = read_metadata(files, source, check_files=False)
     fresh = [optim for _, optim, *_ in parts.values() if optim is not None and not optim.state]
     try:
         state, saved_groups = _read_into(files, md, parts, trainable_only, source)

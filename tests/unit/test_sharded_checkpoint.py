@@ -127,6 +127,24 @@ def _merge(rank_dirs: list[Path], out: Path) -> dict[str, bytes]:
     return {f.name: f.read_bytes() for f in out.iterdir()}
 
 
+class _Reads:
+    """A checkpoint's files that counts the bytes read from each (a group's rank fetches what it reads)."""
+
+    def __init__(self, files: dict[str, bytes]):
+        self.files, self.bytes_read = files, dict.fromkeys(files, 0)
+
+    def __contains__(self, name):
+        return name in self.files
+
+    def size(self, name):
+        return len(self.files[name])
+
+    def read(self, name, start=0, end=None):
+        data = self.files[name][start:end]
+        self.bytes_read[name] += len(data)
+        return data
+
+
 # -- the 2-rank run -----------------------------------------------------------------------------------------
 def _rank_main(rank: int, tmp: str, model_dir: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
@@ -160,12 +178,13 @@ def _rank_main(rank: int, tmp: str, model_dir: str) -> None:
     gathered: list = [None, None]
     dist.all_gather_object(gathered, files)
     checks["disjoint"] = not set(gathered[0]) & set(gathered[1])
-    merged = {**gathered[0], **gathered[1]}
+    merged = _Reads({**gathered[0], **gathered[1]})
     policy2, optim2, head2 = fresh_full()
     load_shards(merged, {"policy": (policy2, optim2), "value_head": (head2, None)}, trainable_only=False,
                 source="ckpt-2")
     got = _parts_snapshot(policy2, optim2, head2)
     checks["two_from_two"] = _mismatches(got, ref)
+    checks["read_two_from_two"] = {name: (n, len(merged.files[name])) for name, n in merged.bytes_read.items()}
 
     # 1 -> 2: the single process's checkpoint restored on 2 ranks
     single = {f.name: f.read_bytes() for f in (tmp_path / "single").iterdir()}
@@ -182,6 +201,9 @@ def _rank_main(rank: int, tmp: str, model_dir: str) -> None:
     _train(lora, lora_optim, seed=10 + rank, steps=2)
     lora_ref = _snapshot(lora, lora_optim, trainable_only=True)
     _write(save_shards({"policy": (lora, lora_optim)}, trainable_only=True), tmp_path / "lora" / f"rank{rank}")
+    reads: list = [None, None]
+    dist.all_gather_object(reads, checks["read_two_from_two"])
+    checks["read_two_from_two"], checks["read_two_from_two_rank1"] = reads
     if rank == 0:
         torch.save(lora_ref, tmp_path / "lora_ref.pt")
         (tmp_path / "checks.json").write_text(json.dumps(checks))
@@ -235,6 +257,21 @@ def test_two_rank_checkpoint_restores_on_one_plain_process_exactly(run):
 
 def test_restores_on_two_ranks_from_two_and_from_one(run):
     assert run["checks"]["two_from_two"] == []
+
+
+def test_a_group_restoring_as_it_saved_reads_its_own_share(run):
+    """Each rank of a 2-rank group restoring the 2-rank checkpoint reads the metadata, the optimizers' groups, the
+    whole shard file its own rank wrote and, of the other rank's, only the replicated scalars DCP saved there once
+    (AdamW's step counts): a few hundred bytes, where the file is half the checkpoint (at 3B in full mode,
+    ~37 GB)."""
+    md = read_metadata(run["full"], "ckpt")
+    for rank, reads in enumerate((run["checks"]["read_two_from_two"], run["checks"]["read_two_from_two_rank1"])):
+        own, other = reads[f"__{rank}_0.distcp"], reads[f"__{1 - rank}_0.distcp"]
+        assert own[0] > max(0.99 * own[1], 100_000), reads  # its own file (bar a few small records)
+        steps = sum(info.length for index, info in md.storage_data.items()
+                    if info.relative_path == f"__{1 - rank}_0.distcp" and index.fqn.endswith(".step"))
+        assert other[0] == steps < 0.05 * other[1], reads  # the step counts only (~1 KB a record)
+        assert reads[METADATA_FILE][0] == reads[METADATA_FILE][1]
     assert run["checks"]["two_from_one"] == []
 
 
