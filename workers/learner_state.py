@@ -94,14 +94,41 @@ class LearnerState:
 
         files = as_files(files)
         state = load_blob(files.read(BLOB), f"{source}/{BLOB}")
-        if state.get("format") != "sharded":
-            if self.sharded or self.full:
-                raise CorruptCheckpoint(f"{source}/{BLOB}: saved by a one-rank LoRA learner; resume it with "
-                                        "resources.learner_ranks 1 and learner.mode lora")
-            self.load_state_dict(files.read(BLOB), f"{source}/{BLOB}")
+        if state.get("format") != "sharded":  # a one-rank LoRA learner's blob
+            if self.full:
+                raise CorruptCheckpoint(f"{source}/{BLOB}: saved by a LoRA learner (adapters only); resume it with "
+                                        "learner.mode lora")
+            if self.sharded:
+                self._blob_into_shards(state, f"{source}/{BLOB}")
+            else:
+                self._load_blob_state(state)
             return
         load_shards(Under(files, f"{SHARDS}/"), self._parts(), trainable_only=not self.full,
                     source=f"{source}/{SHARDS}")
+        self._load_counters(state)
+
+    def _blob_into_shards(self, state: dict, where: str) -> None:
+        """A one-rank LoRA learner's blob restored on a sharded learner (N ranks, or one rank that offloads).
+        The blob holds whole tensors, the adapters keyed as PEFT saves them (adapter name dropped) and the Adam
+        state by parameter index; each is matched to this learner's parameter names (the index order is the
+        optimizer's, built the same way on any number of ranks) and handed to torch's full-state-dict loader,
+        which cuts every rank's shard. Collective: `get_state_dict` gathers the (small) trained tensors."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+        whole = StateDictOptions(full_state_dict=True, ignore_frozen_params=True)
+        if self.critic is not None and "critic" not in state:
+            raise CorruptCheckpoint(f"{where}: holds no critic (saved without one); resume it with the "
+                                    "credit.advantage_mode it was saved with")
+        for name, (model, optim, *_) in self._parts().items():
+            msd, osd = get_state_dict(model, optim, options=whole)
+            values = {k: _blob_tensor(k, state, where) for k in msd}
+            for k, v in values.items():
+                if tuple(v.shape) != tuple(msd[k].shape):
+                    raise CorruptCheckpoint(f"{where}: {k} has shape {list(v.shape)}, the model "
+                                            f"{list(msd[k].shape)} (saved with other LoRA settings?)")
+            saved = state["optimizer"] if name == "policy" else state["critic"]["optimizer"]
+            named = _named_optimizer(saved, osd, f"{where} ({name} optimizer)")
+            set_state_dict(model, optim, model_state_dict=values, optim_state_dict=named, options=whole)
         self._load_counters(state)
 
     def _parts(self) -> dict:
@@ -135,9 +162,11 @@ class LearnerState:
     def load_state_dict(self, blob: bytes, source: str = "learner state") -> None:
         """Restore `state_dict()`'s blob. Loaded with `torch.load(weights_only=True)` (workers.checkpoint): a
         blob that would run code is refused with `UnsafeCheckpoint` naming `source`."""
+        self._load_blob_state(load_blob(blob, source))
+
+    def _load_blob_state(self, state: dict) -> None:
         from peft import set_peft_model_state_dict
 
-        state = load_blob(blob, source)
         set_peft_model_state_dict(self.model, state["adapter"])
         self.optimizer.load_state_dict(state["optimizer"])
         self._load_counters(state)
@@ -167,3 +196,39 @@ class LearnerState:
 
     def ready(self) -> bool:
         return True
+
+
+def _blob_tensor(key: str, state: dict, where: str) -> torch.Tensor:
+    """The blob's tensor for a parameter name of the sharded learner's parts: the critic's head, or a LoRA
+    weight of the policy's adapter ("default") or the critic's, under PEFT's saved name (".{adapter}" dropped)."""
+    from workers.critic import ADAPTER
+
+    key = key.removeprefix("lm.")  # the LoRA critic's part sees the policy's PeftModel under "lm."
+    if key.startswith("head."):
+        source = state["critic"]["head"]
+        saved = key.removeprefix("head.")
+    else:
+        adapter = ADAPTER if f".{ADAPTER}." in key else "default"
+        source = state["adapter"] if adapter == "default" else state["critic"]["adapter"]
+        saved = key.replace(f".{adapter}", "")
+    if saved not in source:
+        raise CorruptCheckpoint(f"{where}: no {saved} (saved from another model or other LoRA settings)")
+    return source[saved]
+
+
+def _named_optimizer(saved: dict, mine: dict, where: str) -> dict:
+    """`saved` (torch's optimizer state dict, keyed by parameter index) keyed by this learner's parameter names,
+    taken group by group and position by position from `mine` (the same optimizer's full state dict by name)."""
+    groups, per_param = [], {}
+    if len(saved["param_groups"]) != len(mine["param_groups"]):
+        raise CorruptCheckpoint(f"{where}: {len(saved['param_groups'])} parameter groups, the optimizer "
+                                f"{len(mine['param_groups'])}")
+    for theirs, ours in zip(saved["param_groups"], mine["param_groups"], strict=True):
+        if len(theirs["params"]) != len(ours["params"]):
+            raise CorruptCheckpoint(f"{where}: {len(theirs['params'])} parameters, the optimizer "
+                                    f"{len(ours['params'])} (saved with other LoRA settings?)")
+        for index, fqn in zip(theirs["params"], ours["params"], strict=True):
+            if index in saved["state"]:
+                per_param[fqn] = saved["state"][index]
+        groups.append({**theirs, "params": list(ours["params"])})
+    return {"state": per_param, "param_groups": groups}

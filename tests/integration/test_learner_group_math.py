@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 
 from orchestrator.config import TrialConfig
 from tests.integration.test_learner_interventions import COMPLETIONS, PROMPTS, _encode
+from workers.checkpoint import CorruptCheckpoint, dump_blob, load_blob
 from workers.learner import Learner
 from workers.learner_dist import ONE_RANK, Ranks, split_rows
 
@@ -40,6 +41,7 @@ VARIANTS = [
 # _assert_same), so a token whose value or ratio lands that close to the edge may count on one side only
 EDGE_COUNTS = ("critic/vf_clip_frac", "train/clip_frac")
 CHECKPOINTED = ("lora_gae", "full_gae_kl", "full_lora_critic")
+FROM_ONE_RANK = "lora_gae"  # the variant whose one-rank (single-blob) checkpoint the group restores
 
 
 def _config(overrides: dict) -> TrialConfig:
@@ -77,8 +79,9 @@ def _outcome(learner: Learner) -> dict:
             "grads": {n: _full(p.grad) for n, p in named if p.grad is not None}}
 
 
-def _rank(rank: int, world: int, init: str, model_dir: str, out_file: str) -> None:
-    """Each variant: one step; then (checkpointed variants) the merged checkpoint files and a second step."""
+def _rank(rank: int, world: int, init: str, model_dir: str, out_file: str, one_rank_file: str) -> None:
+    """Each variant: one step; then (checkpointed variants) the merged checkpoint files and a second step. Last,
+    a fresh group restores a one-rank LoRA learner's checkpoint (its single blob) and takes the next step."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -92,6 +95,15 @@ def _rank(rank: int, world: int, init: str, model_dir: str, out_file: str) -> No
             dist.all_gather_object(parts, learner.checkpoint_files())
             results[name]["checkpoint"] = {k: v for part in parts for k, v in part.items()}
             results[name]["after"] = _outcome(learner)
+    learner = _learner(model_dir, _config(dict(VARIANTS)[FROM_ONE_RANK]), Ranks(rank, world), init)
+    learner.restore(torch.load(one_rank_file)["checkpoint"], "one-rank checkpoint")
+    results["from_one_rank"] = _outcome(learner)
+    state = load_blob(torch.load(one_rank_file)["checkpoint"]["learner.pt"], "one-rank checkpoint")
+    del state["critic"]  # as a GRPO learner saves it: this GAE learner must refuse it, on every rank alike
+    try:
+        learner.restore({"learner.pt": dump_blob(state)}, "grpo checkpoint")
+    except CorruptCheckpoint as exc:
+        results["no_critic"] = str(exc)
     if rank == 0:
         torch.save(results, out_file)
 
@@ -103,9 +115,21 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tiny_model_dir, tmp_path_factory) -> dict:
+def one_rank(tiny_model_dir, tmp_path_factory) -> tuple[str, dict]:
+    """An unsharded LoRA + GAE learner's checkpoint after one step (the single-blob format) and its next step."""
+    learner = _learner(tiny_model_dir, _config(dict(VARIANTS)[FROM_ONE_RANK]))
+    _outcome(learner)
+    files = learner.checkpoint_files()
+    assert sorted(files) == ["learner.pt"]
+    path = tmp_path_factory.mktemp("one") / "one_rank.pt"
+    torch.save({"checkpoint": files}, path)
+    return str(path), _outcome(learner)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tiny_model_dir, tmp_path_factory, one_rank) -> dict:
     out = tmp_path_factory.mktemp("group") / "two_ranks.pt"
-    mp.spawn(_rank, args=(2, f"tcp://127.0.0.1:{_free_port()}", tiny_model_dir, str(out)), nprocs=2)
+    mp.spawn(_rank, args=(2, f"tcp://127.0.0.1:{_free_port()}", tiny_model_dir, str(out), one_rank[0]), nprocs=2)
     return torch.load(out, weights_only=False)
 
 
@@ -169,6 +193,20 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank(two_ranks, tiny_model_dir, va
     learner = _learner(tiny_model_dir, _config(dict(VARIANTS)[variant]))
     learner.restore(files, "two-rank checkpoint")
     _assert_same(_outcome(learner), two_ranks[variant]["after"], variant)
+
+
+def test_a_one_rank_checkpoint_resumes_on_two_ranks(two_ranks, one_rank):
+    """A one-rank LoRA learner's checkpoint (adapters, critic head and both Adam states in one blob, keyed as PEFT
+    and torch save them) restored on a 2-rank group: the group's next step equals the one rank's next step."""
+    _assert_same(one_rank[1], two_ranks["from_one_rank"], FROM_ONE_RANK)
+    assert two_ranks["no_critic"] == ("grpo checkpoint/learner.pt: holds no critic (saved without one); resume it "
+                                      "with the credit.advantage_mode it was saved with")
+
+
+def test_a_lora_checkpoint_does_not_resume_in_full_mode(one_rank, tiny_model_dir):
+    learner = _learner(tiny_model_dir, _config(dict(VARIANTS)["full_gae_kl"]))
+    with pytest.raises(CorruptCheckpoint, match=r"^lora run/learner.pt: saved by a LoRA learner .*learner.mode lora$"):
+        learner.restore(torch.load(one_rank[0])["checkpoint"], "lora run")
 
 
 def _assert_same(one: dict, two: dict, variant: str) -> None:
