@@ -48,8 +48,8 @@ demo: setup
 	$(BIN)/python -m workers.reasoner
 	$(BIN)/python -m orchestrator run campaigns/demo.yaml
 	$(BIN)/python -m orchestrator report campaigns/demo.yaml
-	@echo "results: results/demo (trials/<name>/metrics.jsonl, report/report.md + PNGs)"
-	@echo "W&B offline runs: results/demo/wandb; upload with: $(BIN)/wandb sync results/demo/wandb/offline-run-*, then: $(BIN)/python -m orchestrator dashboard campaigns/demo.yaml"
+	@echo "results: $${ORCHESTRATOR_STORAGE:-results}/demo (trials/<name>/metrics.jsonl, report/report.md + PNGs)"
+	@echo "W&B offline runs: $${ORCHESTRATOR_STORAGE:-results}/demo/wandb; upload with: $(BIN)/wandb sync $${ORCHESTRATOR_STORAGE:-results}/demo/wandb/offline-run-*, then: $(BIN)/python -m orchestrator dashboard campaigns/demo.yaml"
 
 lint: setup
 	$(BIN)/ruff check orchestrator workers tests benchmarks
