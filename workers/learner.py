@@ -241,7 +241,7 @@ class Learner(LearnerUpdate, LearnerState):
         shape = (b.n_groups, b.group, b.t)
         credit = compute_advantages(
             b.rewards, scored.signals.reshape(shape), b.mask.reshape(shape),
-            self.credit, planning=planning.reshape(shape) if self.credit.needs_planning else None,
+            self.credit, planning=planning.reshape(shape) if self._detects_planning() else None,
             sepa_lambda=float(batch.get("sepa_lambda", 0.0)), step=int(batch.get("step", 0)),
             token_advantages=gae_adv.reshape(shape) if gae_adv is not None else None,
         )
@@ -336,13 +336,20 @@ class Learner(LearnerUpdate, LearnerState):
         tok_rewards = token_rewards(b.mask, positions, rewards, g.reward_placement)
         return gae(tok_rewards, values * b.mask, b.mask, g.gamma, g.lam, whiten=g.whiten)
 
+    def _detects_planning(self) -> bool:
+        """Whether this learner finds planning tokens: a credit stage reads them, the surprisal/entropy
+        decomposition splits by them, or an entropy floor targets a token class. When found they also reach the
+        credit stack's batch statistics (`credit/planning_token_frac`, `credit/exec_*` / `plan_*`), so a condition
+        whose stages ignore them (GRPO, MaxRL) reports the same split as one that uses them."""
+        floors = self.iv.entropy_floor
+        return (self.credit.needs_planning or _decomposes(self.credit)
+                or (floors.is_active and bool({"planning", "execution"} & set(floors.specs()))))
+
     def _planning(self, b: Batch) -> Tensor:
         """`[B, T]` planning mask over the sampled text only: each contiguous run of loss-masked ids (one turn)
         is matched on its own, so observation text never counts and grams never span turns. All False when
         nothing reads it."""
-        floors = self.iv.entropy_floor
-        if not (self.credit.needs_planning or _decomposes(self.credit)
-                or (floors.is_active and {"planning", "execution"} & set(floors.specs()))):
+        if not self._detects_planning():
             return torch.zeros_like(b.mask)
         runs = [(i, s, e) for i, row in enumerate(b.mask_rows) for s, e in sampled_runs(row)]
         pieces = [token_pieces(self.tokenizer, b.response_rows[i][s:e]) for i, s, e in runs]

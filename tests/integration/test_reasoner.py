@@ -30,11 +30,9 @@ def test_reasoner_hits_its_targets(reasoner_dir):
     assert info["final_loss"] < 0.5
 
 
-def test_learner_logs_the_decomposition_from_its_scoring_pass(reasoner_dir):
-    """One learner step on reasoner samples with `log_decomposition`: the `credit/decomp_*` parts add up, the
-    entropy is the scoring pass's full-vocabulary entropy, and the uncertainty samples carry it beside surprisal."""
-    import math
-
+def _chain_step(reasoner_dir: str, transform_mode: str) -> dict:
+    """One GRPO learner step (`log_decomposition` on) on 3 chain problems x 4 reasoner-style solutions with
+    planning phrases, rollout log-probs the policy's own (on-policy)."""
     import numpy as np
     import torch
 
@@ -43,7 +41,7 @@ def test_learner_logs_the_decomposition_from_its_scoring_pass(reasoner_dir):
     from workers.learner import Learner
     from workers.tasks.chain import TraceStyle, parse_chain, solution_trace
 
-    credit = CreditConfig(advantage_mode="grpo", transform_mode="gtpo_sepa", log_decomposition=True,
+    credit = CreditConfig(advantage_mode="grpo", transform_mode=transform_mode, log_decomposition=True,
                           sepa={"steps": 1}).model_dump()
     learner = Learner(reasoner_dir, learner=LearnerConfig().model_dump(), credit=credit, seed=0, total_steps=4)
     tok = learner.tokenizer
@@ -59,14 +57,22 @@ def test_learner_logs_the_decomposition_from_its_scoring_pass(reasoner_dir):
             group.append(float(task.score([prob], [text]).rewards[0]))
         group[0] = 1.0 - group[1] if len(set(group)) == 1 else group[0]  # keep every group informative
         rewards.append(group)
-    with torch.no_grad():  # rollout log-probs = the current policy's (on-policy)
+    with torch.no_grad():
         lps = []
         for p, c in zip(prompts, comps, strict=True):
             logits = learner.model(input_ids=torch.tensor([p + c])).logits[0, len(p) - 1:-1]
             lps.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(c)[:, None]).squeeze(-1).tolist())
-    out = learner.train_step({"prompt_ids": prompts, "response_ids": comps, "rollout_logprobs": lps,
-                              "rewards": rewards, "temperature": 1.0, "sepa_lambda": 0.5, "step": 0,
-                              "want_uncertainty": True})
+    return learner.train_step({"prompt_ids": prompts, "response_ids": comps, "rollout_logprobs": lps,
+                               "rewards": rewards, "temperature": 1.0, "sepa_lambda": 0.5, "step": 0,
+                               "want_uncertainty": True})
+
+
+def test_learner_logs_the_decomposition_from_its_scoring_pass(reasoner_dir):
+    """One learner step on reasoner samples with `log_decomposition`: the `credit/decomp_*` parts add up, the
+    entropy is the scoring pass's full-vocabulary entropy, and the uncertainty samples carry it beside surprisal."""
+    import math
+
+    out = _chain_step(reasoner_dir, "gtpo_sepa")
     m = out["metrics"]
     for cls in ("exec", "plan"):
         k = f"credit/decomp_{cls}_"
@@ -82,3 +88,14 @@ def test_learner_logs_the_decomposition_from_its_scoring_pass(reasoner_dir):
     u = out["uncertainty"]
     assert len(u["exec_entropy"]) == len(u["exec_before"]) and len(u["plan_entropy"]) == len(u["plan_before"])
     assert u["plan_before"]  # the reasoner's solutions carry planning tokens
+
+
+def test_a_condition_that_ignores_planning_still_reports_it(reasoner_dir):
+    """GRPO without token stages reads no planning mask, but with the decomposition on the learner finds the
+    planning tokens anyway: the credit stack's planning fraction and per-class moments report them (not 0 and
+    every token as execution), the same split `credit/decomp_*` uses."""
+    m = _chain_step(reasoner_dir, "none")["metrics"]
+    plan, tokens = m["credit/decomp_plan_n"], m["train/tokens"]
+    assert plan > 0
+    assert m["credit/planning_token_frac"] == pytest.approx(plan / tokens)
+    assert m["credit/exec_surprisal_var"] == pytest.approx(m["credit/decomp_exec_surprisal_var"], rel=1e-5)
