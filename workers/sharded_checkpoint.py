@@ -36,8 +36,8 @@ import pickletools
 import re
 import tempfile
 import warnings
-from pathlib import Path
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 import torch
