@@ -20,6 +20,9 @@ vLLM facts this relies on (vllm 0.32, checked on the CPU build):
   head: the extension re-packs it (`_repack_tied_heads`), or the logits would keep the old embedding.
 - Pipeline parallelism is not supported (a stage lacks layers, so the name check fails loudly).
 - Tensors cannot cross `collective_rpc` on the CPU build; paths and strings can.
+- vLLM 0.33 (the `gpu` extra), read from its source, not run: `Worker.reload_weights` forwards to the model
+  runner, and both GPU runners (V1 `gpu_model_runner` and V2 `gpu/model_runner`, `VLLM_USE_V2_MODEL_RUNNER`)
+  take the same `weights_iterator=` and call the same in-place loader as the CPU build's.
 """
 
 from __future__ import annotations
