@@ -88,7 +88,7 @@ PIECE_BYTES = 64 * 2**20
 
 class ObjectStoreFiles:
     """A checkpoint's files in the object store in pieces of `piece` bytes, read by byte range
-    (workers/sharded_checkpoint.py:CheckpointFiles): a learner rank fetches only the pieces holding the chunks its
+    (workers/shard_files.py:CheckpointFiles): a learner rank fetches only the pieces holding the chunks its
     part of the model needs, so N ranks restoring a sharded checkpoint each pull about 1/N of it, not all of it."""
 
     def __init__(self, files: dict[str, bytes], piece: int = PIECE_BYTES):

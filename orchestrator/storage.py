@@ -214,7 +214,7 @@ def _verify(ck: _CheckpointDir, state_file: str, learner_file: str, metrics_file
                 raise CorruptCheckpoint(f"{ck}/{name}: {len(data)} bytes, checksum does not match the manifest "
                                         f"({meta.get('bytes')} bytes): truncated or damaged")
         if shards:  # a sharded learner's DCP metadata is a pickle: vetted here, before any actor reads it
-            from workers.sharded_checkpoint import read_metadata
+            from workers.shard_files import read_metadata
 
             read_metadata(shards, f"{ck}/{SHARDS_DIR}")
     for name, data in blobs.items():

@@ -90,7 +90,8 @@ class LearnerState:
         """Load `checkpoint_files()` merged over the ranks of whichever group saved them (any number of ranks):
         {name: bytes}, or a `CheckpointFiles` that fetches byte ranges on demand (a rank then reads only its
         share of the shards). Collective on a sharded learner."""
-        from workers.sharded_checkpoint import Under, as_files, load_shards
+        from workers.shard_files import Under, as_files
+        from workers.sharded_checkpoint import load_shards
 
         files = as_files(files)
         state = load_blob(files.read(BLOB), f"{source}/{BLOB}")

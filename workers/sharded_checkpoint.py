@@ -16,15 +16,11 @@ group). The metadata keeps each tensor's global shape and the chunks each rank h
 for the slices its own sharding needs (the whole tensor when un-sharded), so the model and optimizer must have the
 same parameter names and shapes, not the same sharding.
 
-Safety (the same promise as `workers.checkpoint.load_blob`: loading cannot run code). DCP itself reads `.metadata`
-with plain `pickle.load` and non-tensor items with `torch.load(weights_only=False)`; here:
-- `.metadata` is unpickled by `_MetadataUnpickler`, which resolves only DCP's metadata classes, `torch.Size`, torch
-  dtypes and layouts, and `pathlib` paths; DCP is handed that object and never unpickles the file itself.
-- A metadata entry for a pickled Python object (`BytesStorageMetadata`), a shard name that is not a plain file
-  name, or a stream transform is refused, so DCP's `weights_only=False` path is never reached.
-- Tensors are read by DCP with `torch.load(weights_only=True)`; `param_groups.pt` with `load_blob`.
-A refused file raises `UnsafeCheckpoint`; missing, truncated or damaged files raise `CorruptCheckpoint`; both are one
-line starting with `source` and naming the file.
+Safety (the same promise as `workers.checkpoint.load_blob`: loading cannot run code): `.metadata` is unpickled
+through an allow list and checked before DCP sees it (`workers.shard_files.read_metadata`); tensors are read by DCP
+with `torch.load(weights_only=True)`; `param_groups.pt` with `load_blob`. A refused file raises `UnsafeCheckpoint`;
+missing, truncated or damaged files raise `CorruptCheckpoint`; both are one line starting with `source` and naming
+the file.
 """
 
 from __future__ import annotations
@@ -38,20 +34,17 @@ import tempfile
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter, _StorageInfo
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import (
-    BytesStorageMetadata,
     Metadata,
-    MetadataIndex,
     StorageMeta,
-    TensorStorageMetadata,
 )
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -69,42 +62,15 @@ from workers.checkpoint import (
     dump_blob,
     load_blob,
 )
+from workers.shard_files import METADATA_FILE, CheckpointFiles, as_files, check_shard_files, read_metadata
 
 # (module, optimizer | None) or (module, optimizer | None, keep): `keep(fqn)` names the module's tensors this part
 # holds, when another part holds the rest (a LoRA critic's adapter on a fully trained policy: the base is the
 # policy part's)
 Part = tuple[nn.Module, torch.optim.Optimizer | None] | tuple[nn.Module, torch.optim.Optimizer | None, Callable]
 
-METADATA_FILE = ".metadata"
 PARAM_GROUPS_FILE = "param_groups.pt"
-
-_SHARD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a plain file name: no separators, no "..", no dotfile
-
-# (module, name) pairs `.metadata` may name. Each is a class or a function whose call with any arguments only builds
-# a value (a dataclass, an Enum member, a torch.Size, a layout looked up by name, a path object).
-_DCP_CLASSES = ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
-                "ChunkStorageMetadata", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING")
-_ALLOWED = {
-    *(("torch.distributed.checkpoint.metadata", n) for n in _DCP_CLASSES),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),
-    # StorageMeta.checkpoint_id is the writer's directory, a Path (module `pathlib._local` from Python 3.13)
-    *((mod, n) for mod in ("pathlib", "pathlib._local") for n in ("PosixPath", "PurePosixPath")),
-}
 _PICKLE_OPCODES = {op.code.encode("latin-1")[0] for op in pickletools.opcodes}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """`pickle.Unpickler` that resolves only `_ALLOWED` and torch dtypes; any other global is refused before it is
-    imported or called."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _ALLOWED:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"GLOBAL {module}.{name}")
 
 
 def _rank() -> int:
@@ -176,115 +142,6 @@ def save_shards(parts: dict[str, Part], *, trainable_only: bool) -> dict[str, by
     if _rank() == 0 and groups:
         files[PARAM_GROUPS_FILE] = dump_blob({"param_groups": groups})
     return files
-
-
-class CheckpointFiles(Protocol):
-    """Where a restore reads a checkpoint's files from: a dict {name: bytes} (`as_files` wraps it), or a source
-    that fetches byte ranges on demand (the trial driver's object-store pieces: orchestrator/learner_group.py)."""
-
-    def __contains__(self, name: object) -> bool: ...
-
-    def size(self, name: str) -> int: ...
-
-    def read(self, name: str, start: int = 0, end: int | None = None) -> bytes: ...
-
-
-class _InMemory:
-    def __init__(self, files: Mapping[str, bytes]) -> None:
-        self.files = files
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.files
-
-    def size(self, name: str) -> int:
-        return len(self.files[name])
-
-    def read(self, name: str, start: int = 0, end: int | None = None) -> bytes:
-        data = self.files[name]
-        return data if start == 0 and end is None else data[start:end]
-
-
-class Under:
-    """The files of `files` under `prefix`, by their names there."""
-
-    def __init__(self, files: CheckpointFiles, prefix: str) -> None:
-        self.files, self.prefix = files, prefix
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and self.prefix + name in self.files
-
-    def size(self, name: str) -> int:
-        return self.files.size(self.prefix + name)
-
-    def read(self, name: str, start: int = 0, end: int | None = None) -> bytes:
-        return self.files.read(self.prefix + name, start, end)
-
-
-def as_files(files: Mapping[str, bytes] | CheckpointFiles) -> CheckpointFiles:
-    return files if hasattr(files, "read") and hasattr(files, "size") else _InMemory(files)
-
-
-def read_metadata(files: Mapping[str, bytes] | CheckpointFiles, source: str, *, check_files: bool = True
-                  ) -> Metadata:
-    """The checkpoint's `.metadata`, unpickled with the allow list and checked: only tensor entries, every chunk
-    in a plain-named file; and (`check_files`) every such file in `files` and each chunk within its size (a
-    restoring rank checks only the files it reads: `_check_files`). Raises `UnsafeCheckpoint` or
-    `CorruptCheckpoint` (one line, `source/.metadata` or the shard named)."""
-    where = f"{source}/{METADATA_FILE}"
-    files = as_files(files)
-    if METADATA_FILE not in files:
-        raise CorruptCheckpoint(f"{source}: not a sharded checkpoint (no {METADATA_FILE})")
-    try:
-        md = _MetadataUnpickler(io.BytesIO(files.read(METADATA_FILE))).load()
-    except pickle.UnpicklingError as exc:
-        if str(exc).startswith("GLOBAL "):
-            raise UnsafeCheckpoint(f"{where}: refused: it would load {str(exc)[7:]}, which is not DCP metadata; it "
-                                   "may have been crafted to run code. Delete it or replace it with a trusted copy"
-                                   ) from None
-        raise CorruptCheckpoint(f"{where}: unreadable metadata ({_one_line(str(exc))})") from None
-    except (EOFError, ValueError, TypeError, AttributeError, KeyError, IndexError, RuntimeError) as exc:
-        raise CorruptCheckpoint(f"{where}: unreadable metadata ({type(exc).__name__}: {_one_line(str(exc))})"
-                                ) from None
-    if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict) \
-            or not isinstance(md.storage_data, dict):
-        raise CorruptCheckpoint(f"{where}: unreadable metadata (not DCP's Metadata)")
-    for key, entry in md.state_dict_metadata.items():
-        if isinstance(entry, BytesStorageMetadata):
-            raise UnsafeCheckpoint(f"{where}: refused: {key} is a pickled Python object (sharded checkpoints hold "
-                                   "tensors only; DCP would unpickle it with weights_only=False). Delete it or "
-                                   "replace it with a trusted copy")
-        if not isinstance(entry, TensorStorageMetadata):
-            raise CorruptCheckpoint(f"{where}: unreadable metadata ({key}: {type(entry).__name__})")
-    for index, info in md.storage_data.items():
-        if not isinstance(index, MetadataIndex) or not isinstance(info, _StorageInfo):
-            raise CorruptCheckpoint(f"{where}: unreadable metadata (storage entry {type(info).__name__})")
-        name = info.relative_path
-        if not isinstance(name, str) or not _SHARD_NAME.fullmatch(name) or ".." in name:
-            raise UnsafeCheckpoint(f"{where}: refused: {index.fqn} points at {name!r}, not a "
-                                   "file of the checkpoint directory")
-        if info.transform_descriptors:
-            raise CorruptCheckpoint(f"{where}: {index.fqn} uses stream transforms {info.transform_descriptors}, "
-                                    "which these checkpoints never write")
-        offset, length = info.offset, info.length
-        if not (isinstance(offset, int) and isinstance(length, int) and offset >= 0 and length > 0):
-            raise CorruptCheckpoint(f"{where}: {index.fqn}: bad offset/length {offset!r}/{length!r}")
-    if check_files:
-        _check_files(files, md, {info.relative_path for info in md.storage_data.values()}, source)
-    return md
-
-
-def _check_files(files: CheckpointFiles, md: Metadata, names: set[str], source: str) -> None:
-    """Each of the shard files `names` is in `files` and holds every chunk the metadata puts in it."""
-    sizes = {name: files.size(name) for name in names if name in files}
-    for index, info in md.storage_data.items():
-        name = info.relative_path
-        if name not in names:
-            continue
-        if name not in sizes:
-            raise CorruptCheckpoint(f"{source}/{name}: missing shard (the metadata needs it for {index.fqn})")
-        if info.offset + info.length > sizes[name]:
-            raise CorruptCheckpoint(f"{source}/{name}: truncated ({sizes[name]} bytes; {index.fqn} needs "
-                                    f"bytes {info.offset}..{info.offset + info.length})")
 
 
 def chunks_to_read(md: Metadata, flat: dict[str, torch.Tensor]) -> dict[str, list[tuple[int, int]]]:
@@ -366,7 +223,7 @@ def _read_into(files: CheckpointFiles, md: Metadata, parts: dict[str, Part], tra
     flat = _flat(state)
     _check_keys(md, flat, source)
     chunks = chunks_to_read(md, flat)
-    _check_files(files, md, set(chunks), source)
+    check_shard_files(files, md, set(chunks), source)
     saved_groups: dict[str, list] = {}
     if groups:
         if PARAM_GROUPS_FILE not in files:

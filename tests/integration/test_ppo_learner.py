@@ -173,7 +173,7 @@ def test_a_full_policy_with_a_lora_critic_resumes_exactly(tiny_model_dir):
     for s in range(2):
         a.train_step(_batch(a, s))
     files = a.checkpoint_files()
-    keys = set(__import__("workers.sharded_checkpoint", fromlist=["read_metadata"]).read_metadata(
+    keys = set(__import__("workers.shard_files", fromlist=["read_metadata"]).read_metadata(
         {k.split("/", 1)[1]: v for k, v in files.items() if "/" in k}, "ckpt").state_dict_metadata)
     critic_model = {k for k in keys if k.startswith("critic.model.")}
     assert critic_model and all(".critic." in k or k.startswith("critic.model.head.") for k in critic_model)

@@ -25,13 +25,8 @@ from torch.distributed.tensor import DTensor
 
 from workers.checkpoint import CorruptCheckpoint, UnsafeCheckpoint
 from workers.models import TINY_VOCAB, build_tiny_model
-from workers.sharded_checkpoint import (
-    METADATA_FILE,
-    PARAM_GROUPS_FILE,
-    load_shards,
-    read_metadata,
-    save_shards,
-)
+from workers.shard_files import METADATA_FILE, read_metadata
+from workers.sharded_checkpoint import PARAM_GROUPS_FILE, load_shards, save_shards
 
 VOCAB = len(TINY_VOCAB)  # training ids are drawn below it
 SAVED_LR, FRESH_LR = 0.0123, 0.5  # the saved optimizer's lr (as a scheduler leaves it) and a fresh one's
