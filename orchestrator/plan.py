@@ -146,7 +146,7 @@ def _measure_of(campaign: Campaign, measure: str | None) -> str:
 def power_lines(campaign: Campaign, runs: list[dict], effect: float, measure: str, metric: str | None) -> list[str]:
     """Seeds per condition to detect `effect` at 80% power, from the pilot's paired sd of each comparison."""
     from orchestrator.adaptive import measure_value
-    from orchestrator.report.stats import seeds_for_power
+    from orchestrator.report.power import seeds_for_power
 
     conds = list(campaign.config.conditions)
     adaptive = campaign.config.adaptive

@@ -1,7 +1,7 @@
-"""Statistics for campaign reports: normalized AUC, confidence intervals, paired comparisons, Holm correction
-and paired t-test power. The computations are the libraries' (`scipy.integrate.trapezoid`,
-`scipy.stats.ttest_rel` / `ttest_1samp(...).confidence_interval()`, `scipy.stats.bootstrap`,
-`statsmodels.stats.power.TTestPower`); Holm is written out (see `holm`).
+"""Statistics for campaign reports: normalized AUC, confidence intervals, paired comparisons and Holm correction
+(the paired t-test's power and sample size: orchestrator/report/power.py). The computations are the libraries'
+(`scipy.integrate.trapezoid`, `scipy.stats.ttest_rel` / `ttest_1samp(...).confidence_interval()`,
+`scipy.stats.bootstrap`); Holm is written out (see `holm`).
 
 Conventions used throughout:
 - Non-finite samples (NaN, inf) are dropped before any computation; a paired sample is dropped when either of
@@ -35,7 +35,6 @@ from typing import Literal
 import numpy as np
 from scipy import stats as sps
 from scipy.integrate import trapezoid
-from statsmodels.stats.power import TTestPower
 
 Statistic = Literal["mean", "median"] | Callable[..., np.ndarray]
 
@@ -320,88 +319,3 @@ def holm(pvalues: Sequence[float] | np.ndarray) -> np.ndarray:
     out = np.empty_like(p)
     np.put_along_axis(out, order, adjusted, axis=-1)
     return np.where(finite, out, math.nan)
-
-
-# --- power of a paired (one-sample on differences) two-sided t-test -------------------------------------------
-
-_POWER = TTestPower()
-
-
-def paired_t_power(n: float, effect_size: float, alpha: float = 0.05) -> float:
-    """Power of the two-sided one-sample t-test on `n` paired differences at standardized effect
-    `effect_size` = |mean difference| / sd of differences (Cohen's d_z): `statsmodels` `TTestPower().power`
-    (noncentral t, both tails). `n` may be fractional (> 1)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pw = float(_POWER.power(effect_size=abs(effect_size), nobs=n, alpha=alpha, alternative="two-sided"))
-        if not math.isfinite(pw):  # statsmodels gives NaN where the far tail underflows (large d, few pairs)
-            df, nc = n - 1.0, abs(effect_size) * math.sqrt(n)
-            tc = float(sps.t.isf(alpha / 2.0, df))
-            far = float(sps.nct.cdf(-tc, df, nc))
-            pw = float(sps.nct.sf(tc, df, nc)) + (far if math.isfinite(far) else 0.0)
-    return min(1.0, pw) if math.isfinite(pw) else 1.0
-
-
-def _check_power_args(alpha: float, power: float) -> None:
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
-    if not 0.0 < power < 1.0:
-        raise ValueError(f"power must lie in (0, 1), got {power}")
-
-
-def seeds_for_power(effect: float, sd_diff: float, alpha: float = 0.05, power: float = 0.8,
-                    *, max_seeds: int = 10_000_000) -> int | float:
-    """Seeds per arm (= number of pairs) for a paired two-sided t-test to reach `power` at level `alpha`:
-    the smallest integer n >= 2 with `paired_t_power(n, |effect| / sd_diff, alpha) >= power`, i.e.
-    `statsmodels` `TTestPower().solve_power(...)` rounded up (checked on the integers around it).
-    Returns `math.inf` when `effect == 0` or more than `max_seeds` would be needed, NaN for non-finite input
-    or a negative sd, and 2 (the minimum for the test) when `sd_diff == 0` and `effect != 0`.
-    """
-    _check_power_args(alpha, power)
-    if not (math.isfinite(effect) and math.isfinite(sd_diff)) or sd_diff < 0.0:
-        return math.nan
-    if effect == 0.0:
-        return math.inf
-    if sd_diff == 0.0:
-        return 2
-    d = abs(effect) / sd_diff
-    if paired_t_power(2, d, alpha) >= power:
-        return 2
-    if paired_t_power(max_seeds, d, alpha) < power:
-        return math.inf
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            n0 = float(_POWER.solve_power(effect_size=d, alpha=alpha, power=power, alternative="two-sided"))
-    except (ValueError, ArithmeticError):
-        n0 = math.nan
-    if not math.isfinite(n0):  # solver failed: start from the normal approximation
-        n0 = ((sps.norm.isf(alpha / 2.0) + sps.norm.ppf(power)) / d) ** 2
-    n = max(2, math.ceil(n0 - 1e-9))
-    while paired_t_power(n, d, alpha) < power:
-        n += 1
-    while n > 2 and paired_t_power(n - 1, d, alpha) >= power:
-        n -= 1
-    return n if n <= max_seeds else math.inf
-
-
-def minimum_detectable_effect(n: int, sd_diff: float, alpha: float = 0.05, power: float = 0.8) -> float:
-    """Smallest |mean paired difference| (in the metric's units) that `n` pairs detect with probability
-    `power` in a two-sided paired t-test at level `alpha`: `d * sd_diff` with `d` from `statsmodels`
-    `TTestPower().solve_power(nobs=n, ...)`. NaN when `n < 2` or `sd_diff` is non-finite or negative; 0 when
-    `sd_diff == 0`."""
-    _check_power_args(alpha, power)
-    if n < 2 or not math.isfinite(sd_diff) or sd_diff < 0.0:
-        return math.nan
-    if sd_diff == 0.0:
-        return 0.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        d = float(_POWER.solve_power(effect_size=None, nobs=n, alpha=alpha, power=power, alternative="two-sided"))
-    return d * sd_diff if math.isfinite(d) else math.inf
-
-
-def generations_per_arm(seeds: float, steps: float, problems_per_step: float, rollouts_per_problem: float) -> float:
-    """Generations one arm consumes: seeds x steps x problems per step x rollouts per problem (inf and NaN
-    propagate, so an unreachable seed count gives an unreachable budget)."""
-    return float(seeds) * float(steps) * float(problems_per_step) * float(rollouts_per_problem)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from orchestrator.report import stats
+from orchestrator.report import power, stats
 from orchestrator.report.comparisons import Spec, mark_families
 from orchestrator.report.load import _Group, _load_tokens, _Run
 
@@ -193,18 +193,18 @@ def _power_row(spec: Spec, cmp: stats.PairedComparison, name: str, steps_used: i
     ok = cmp.n >= MIN_PAIRS and math.isfinite(cmp.sd_diff) and not cmp.zero_variance
     eff = float(effect) if effect is not None else math.nan
     dz = eff / cmp.sd_diff if ok and cmp.sd_diff > 0 else math.nan
-    n_arm = stats.seeds_for_power(eff, cmp.sd_diff, alpha, POWER_TARGET) if ok and effect is not None else math.nan
+    n_arm = power.seeds_for_power(eff, cmp.sd_diff, alpha, POWER_TARGET) if ok and effect is not None else math.nan
     n_arm = max(n_arm, MIN_PAIRS) if math.isfinite(n_arm) else n_arm  # the report claims nothing below
     note = cmp.note or ("" if effect is not None else
                                          "no effect of interest (report.effect_of_interest or --effect)")
     return {"kind": spec.kind, "group": spec.label, "baseline": spec.base_label, "measure": name,
             "n_pairs": cmp.n, "effect_of_interest": eff, "sd_diff": cmp.sd_diff, "effect_size_dz": dz,
             "alpha": alpha, "power_target": POWER_TARGET,
-            "power_now": stats.paired_t_power(cmp.n, dz, alpha) if math.isfinite(dz) else math.nan,
+            "power_now": power.paired_t_power(cmp.n, dz, alpha) if math.isfinite(dz) else math.nan,
             "seeds_per_arm": n_arm, "steps": steps_used, "generations_per_step": gps,
-            "generations_per_arm": stats.generations_per_arm(n_arm, steps_used, gps, 1.0),
-            "current_generations_per_arm": stats.generations_per_arm(cmp.n, steps_used, gps, 1.0),
-            "mde_at_current_seeds": stats.minimum_detectable_effect(cmp.n, cmp.sd_diff, alpha, POWER_TARGET)
+            "generations_per_arm": power.generations_per_arm(n_arm, steps_used, gps, 1.0),
+            "current_generations_per_arm": power.generations_per_arm(cmp.n, steps_used, gps, 1.0),
+            "mde_at_current_seeds": power.minimum_detectable_effect(cmp.n, cmp.sd_diff, alpha, POWER_TARGET)
             if ok else math.nan, "note": note}
 
 

@@ -21,7 +21,7 @@ from orchestrator import cli
 from orchestrator.campaign import load_campaign
 from orchestrator.errors import UserError
 from orchestrator.report import build_report
-from orchestrator.report.stats import seeds_for_power
+from orchestrator.report.power import seeds_for_power
 
 LEAN = {"C1": ("grpo", "none"), "C3": ("grpo", "gtpo_hicra"), "C4": ("grpo", "gtpo_sepa"),
         "C5": ("maxrl", "none"), "C8": ("maxrl", "gtpo_sepa")}

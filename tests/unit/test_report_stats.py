@@ -13,21 +13,23 @@ from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 
+from orchestrator.report.power import (
+    generations_per_arm,
+    minimum_detectable_effect,
+    paired_t_power,
+    seeds_for_power,
+)
 from orchestrator.report.stats import (
     MIN_PAIRS,
     MIN_SEEDS,
     bootstrap_ci,
     delta_bounds,
-    generations_per_arm,
     group_ci,
     holm,
     metric_bounds,
-    minimum_detectable_effect,
     normalized_auc,
     paired_bootstrap_ci,
     paired_comparison,
-    paired_t_power,
-    seeds_for_power,
     t_interval,
 )
 
