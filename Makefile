@@ -45,7 +45,7 @@ trial: setup
 # report. The model is built first (about 2 CPU-minutes, once: cached by its settings) so trials find it ready.
 # Re-running resumes: finished trials are kept, interrupted ones continue from their checkpoints.
 demo: setup
-	$(BIN)/python -m workers.reasoner
+	$(BIN)/python -m workers.models.reasoner
 	$(BIN)/python -m orchestrator run campaigns/demo.yaml
 	$(BIN)/python -m orchestrator report campaigns/demo.yaml
 	@echo "results: $${ORCHESTRATOR_STORAGE:-results}/demo (trials/<name>/metrics.jsonl, report/report.md + PNGs)"

@@ -1,8 +1,8 @@
 """A trial's actors and loop body outside Tune, for the step-level benchmarks (step.py, async.py).
 
-`Stack` builds exactly what `orchestrator.trial.run_trial` builds (rollout worker actors, the learner actor,
+`Stack` builds exactly what `orchestrator.trial.loop.run_trial` builds (rollout worker actors, the learner actor,
 tokenizer, task, SEPA controller, action ids) on a local Ray without a placement group, and runs the loop body
-of either mode (`orchestrator.step.one_step` or `OneStepOff.step`) plus the metrics write run_trial does after every step.
+of either mode (`orchestrator.trial.step.one_step` or `OneStepOff.step`) plus the metrics write run_trial does after every step.
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ class Stack:
     def __init__(self, cfg, cpus: int = 2):
         import ray
 
-        from orchestrator.actors import _LearnerActor, _RolloutActor, resolve_model, rollout_engine
-        from orchestrator.learner_group import LearnerGroup
-        from orchestrator.pipeline import OneStepOff
-        from orchestrator.sampling import action_ids
-        from orchestrator.step import sepa_settings
+        from orchestrator.trial.actors import _LearnerActor, _RolloutActor, resolve_model, rollout_engine
+        from orchestrator.trial.learner_group import LearnerGroup
+        from orchestrator.trial.one_step_off import OneStepOff
+        from orchestrator.trial.sampling import action_ids
+        from orchestrator.trial.step import sepa_settings
         from workers.credit import SepaController
-        from workers.models import load_tokenizer
+        from workers.models.loading import load_tokenizer
         from workers.tasks import make_task
 
         self.cfg = cfg
@@ -69,7 +69,7 @@ class Stack:
     def step(self, mode: str) -> tuple[float, dict]:
         """One loop iteration of `mode` as run_trial runs it (no eval, no Tune report); (wall s, row)."""
         from orchestrator import storage as store
-        from orchestrator.step import one_step
+        from orchestrator.trial.step import one_step
 
         t0 = time.perf_counter()
         if mode == "one_step_off":

@@ -36,8 +36,8 @@ def _start(actor_cls, model_dir: str, in_process: bool, prompts: list[list[int]]
 def main() -> None:
     import ray
 
-    from workers.models import build_tiny_model, load_tokenizer
-    from workers.rollout import RolloutActor
+    from workers.models.loading import build_tiny_model, load_tokenizer
+    from workers.rollout.worker import RolloutActor
 
     model_dir = str(build_tiny_model(Path(tempfile.gettempdir()) / "credit-orchestrator-tiny-0", seed=0))
     tok = load_tokenizer(model_dir)

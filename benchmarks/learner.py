@@ -73,11 +73,11 @@ def build_shape(name: str, layers: int | None, vocab: int | None, dtype: torch.d
 
 def make_learner(args, old_logprobs: str, ranks=None, init: str | None = None):
     """The project's Learner around the tiny model or a `--shape` model (patched in where it loads weights)."""
-    import workers.models as models_mod
-    from orchestrator.config import LearnerConfig
-    from workers.learner import Learner
-    from workers.learner_dist import Ranks
-    from workers.models import build_tiny_model
+    import workers.models.loading as models_mod
+    from orchestrator.config.trial import LearnerConfig
+    from workers.learner.learner import Learner
+    from workers.learner.ranks import Ranks
+    from workers.models.loading import build_tiny_model
 
     tiny = str(build_tiny_model(Path(tempfile.gettempdir()) / "credit-orchestrator-tiny-0", seed=0))
     if args.shape:
@@ -116,7 +116,7 @@ class BareStep:
         self.opt = torch.optim.AdamW(self.params, lr=1e-5)
 
     def tensors(self, batch: dict, pad_id: int, device: str) -> tuple:
-        from workers.batch import collate
+        from workers.learner.batch import collate
 
         b = collate(batch, pad_id)
         flat = torch.tensor([r for g in batch["rewards"] for r in g])
@@ -174,7 +174,7 @@ class PeakRSS:
 
 def _group_rank(rank: int, world: int, init: str, args, threads: int, out: str) -> None:
     """One rank of the `--ranks` run: the same batch on every rank, one warm-up, then `reps` timed steps."""
-    from workers.learner_dist import Ranks
+    from workers.learner.ranks import Ranks
 
     torch.set_num_threads(threads)
     if torch.cuda.is_available():

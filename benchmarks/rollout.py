@@ -40,7 +40,7 @@ def main(model_dir: str, prompts: list[list[int]]) -> None:
     import ray
     from vllm import LLM, SamplingParams
 
-    from workers.rollout import RolloutActor
+    from workers.rollout.worker import RolloutActor
 
     actor = RolloutActor.options(num_cpus=2).remote(model_dir, **_engine_kwargs())
     ray.get(actor.ready.remote())
@@ -49,7 +49,7 @@ def main(model_dir: str, prompts: list[list[int]]) -> None:
     # after each generate and would slow the worker call after it), no adapter loaded on either side
     import torch
 
-    from workers.rollout import engine_in_process, engine_settings, use_engine_processes
+    from workers.rollout.worker import engine_in_process, engine_settings, use_engine_processes
 
     cuda = torch.cuda.is_available()
     in_process = engine_in_process(None, cuda=cuda, own_process=True)
@@ -100,7 +100,7 @@ if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import ray
 
-    from workers.models import build_tiny_model, load_tokenizer
+    from workers.models.loading import build_tiny_model, load_tokenizer
 
     with tempfile.TemporaryDirectory() as d:
         model_dir = str(build_tiny_model(Path(d) / "tiny", seed=0))

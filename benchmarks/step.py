@@ -43,11 +43,11 @@ def main() -> None:
     from vllm.lora.request import LoRARequest
 
     from benchmarks.learner import BareStep
-    from orchestrator.config import TrialConfig
-    from orchestrator.sampling import step_seed
+    from orchestrator.config.trial import TrialConfig
+    from orchestrator.trial.sampling import step_seed
     from workers.envs.tokens import first_prompt_ids, stop_token_ids
-    from workers.models import load_model
-    from workers.rollout import engine_in_process, engine_settings, use_engine_processes
+    from workers.models.loading import load_model
+    from workers.rollout.worker import engine_in_process, engine_settings, use_engine_processes
     from workers.tasks import make_task
 
     cfg = TrialConfig(

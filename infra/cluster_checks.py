@@ -2,7 +2,7 @@
 
 Each function returns problems as lines ("<key path>: what is wrong; what to do"), [] when none:
 - image_findings: the GPU image's CUDA (its `FROM nvidia/cuda:X.Y...`) is the CUDA torch's wheels are built for,
-  and its `ai.credit-orchestrator.min-nvidia-driver` label is the driver that CUDA needs (workers/gpu_runtime.py);
+  and its `ai.credit-orchestrator.min-nvidia-driver` label is the driver that CUDA needs (workers/models/gpu_runtime.py);
 - launch_findings (a prepared launcher config): GCP boot disks name a disk type other than pd-standard (G2 and A3
   machines refuse pd-standard, the default); on AWS a `resolve:ssm:` AMI comes with an explicit head instance
   profile (Ray's default head role has no ssm:GetParameters, so the autoscaler cannot launch those workers);
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from workers.gpu_runtime import min_driver
+from workers.models.gpu_runtime import min_driver
 
 # torch release -> the CUDA its default wheels on the package index are built for (when no cuXYZ index is named)
 TORCH_DEFAULT_CUDA = {"2.14": "13.0"}

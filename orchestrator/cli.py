@@ -8,12 +8,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from orchestrator.config_files import load_yaml
-from orchestrator.errors import UserError, validate
+from orchestrator.config.errors import UserError, validate
+from orchestrator.config.files import load_yaml
 
 
 def _trial(args: argparse.Namespace) -> int:
-    from orchestrator.config import TrialConfig
+    from orchestrator.config.trial import TrialConfig
 
     data = load_yaml(args.config) if args.config else {}
     if args.steps is not None:
@@ -25,12 +25,12 @@ def _trial(args: argparse.Namespace) -> int:
         resolve_plugins(cfg.credit)
     except CreditError as exc:
         raise UserError(f"{args.config or '<default trial>'}: credit: {exc}") from None
-    from orchestrator.launch import check_episodes, run_single_trial
-    from orchestrator.model_limits import check_model_limits
+    from orchestrator.preflight.model_limits import check_model_limits
+    from orchestrator.tune.launch import check_episodes, run_single_trial
 
     check_model_limits(cfg.model, args.config or "<default trial>")
-    from orchestrator.actors import resolve_model_quietly
-    from orchestrator.learner_memory import check_learner_memory
+    from orchestrator.preflight.learner_memory import check_learner_memory
+    from orchestrator.trial.actors import resolve_model_quietly
 
     memory = check_learner_memory(cfg, resolve_model_quietly(cfg.model), args.config or "<default trial>", cfg.name)
     if memory is not None:
@@ -41,7 +41,7 @@ def _trial(args: argparse.Namespace) -> int:
 
 
 def _expand(args: argparse.Namespace) -> int:
-    from orchestrator.campaign import load_campaign, trial_table
+    from orchestrator.campaign.expand import load_campaign, trial_table
 
     campaign = load_campaign(args.file)
     print(f"campaign {campaign.config.name}: {len(campaign.trials)} trials -> {campaign.directory}")
@@ -50,18 +50,18 @@ def _expand(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from orchestrator.campaign import load_campaign
-    from orchestrator.job_env import wandb_mode
-    from orchestrator.launch import run_campaign
+    from orchestrator.campaign.expand import load_campaign
+    from orchestrator.jobs.env import wandb_mode
+    from orchestrator.tune.launch import run_campaign
 
     wandb_mode(args.wandb_mode)  # checked and exported; run_campaign applies it
     return 1 if run_campaign(load_campaign(args.file)) else 0
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from orchestrator.campaign import load_campaign
-    from orchestrator.learner_memory import check_campaign_learners
-    from orchestrator.plan import make_plan, render
+    from orchestrator.campaign.expand import load_campaign
+    from orchestrator.preflight.learner_memory import check_campaign_learners
+    from orchestrator.preflight.plan import make_plan, render
 
     campaign = load_campaign(args.file)
     print(render(make_plan(campaign, pilot=args.pilot, effect=args.effect, gpus=args.gpus,
@@ -73,17 +73,17 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from orchestrator.campaign import load_campaign
-    from orchestrator.status import render
+    from orchestrator.campaign.expand import load_campaign
+    from orchestrator.jobs.status import render
 
     print(render(load_campaign(args.file)))
     return 0
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from orchestrator.campaign import load_campaign
-    from orchestrator.job_env import wandb_mode
-    from orchestrator.jobs import submit
+    from orchestrator.campaign.expand import load_campaign
+    from orchestrator.jobs.env import wandb_mode
+    from orchestrator.jobs.submit import submit
 
     wandb_mode(args.wandb_mode)  # checked here, forwarded to the job as WANDB_MODE
     submit(load_campaign(args.file), args.address)
@@ -112,7 +112,7 @@ def _effect(text: str) -> float:
 
 def _report(args: argparse.Namespace) -> int:
     from orchestrator import storage as store
-    from orchestrator.campaign import load_campaign
+    from orchestrator.campaign.expand import load_campaign
     from orchestrator.report import build_report
 
     if args.dry_run and not args.publish:
@@ -159,8 +159,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _dashboard(args: argparse.Namespace) -> int:
-    from orchestrator.campaign import load_campaign
-    from orchestrator.dashboard import dashboard
+    from orchestrator.campaign.expand import load_campaign
+    from orchestrator.tracking.dashboard import dashboard
 
     print(dashboard(load_campaign(args.file), args.entity, args.project, dry_run=args.dry_run))
     return 0
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--project", help="W&B project (default: the campaign's wandb.project)")
     d.set_defaults(fn=_dashboard)
     t = sub.add_parser("trial", help="run one trial (default: the tiny local default)")
-    t.add_argument("config", nargs="?", help="trial config YAML (keys of orchestrator.config.TrialConfig)")
+    t.add_argument("config", nargs="?", help="trial config YAML (keys of orchestrator.config.trial.TrialConfig)")
     t.add_argument("--steps", type=int, help="override the number of steps")
     t.add_argument("--storage", default=os.environ.get("ORCHESTRATOR_STORAGE", "results"),
                    help="where trial results and checkpoints go (default: ./results)")

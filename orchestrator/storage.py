@@ -115,7 +115,7 @@ def trial_dir(campaign_dir: str, trial: str) -> str:
 # (the driver was killed between a checkpoint and the next snapshot) is used all the same. A learner blob that
 # would run code when unpickled is refused outright.
 CHECKPOINT_MANIFEST = "manifest.json"
-SHARDS_DIR = "learner_shards"  # a sharded learner's DCP files (workers/learner_state.py)
+SHARDS_DIR = "learner_shards"  # a sharded learner's DCP files (workers/learner/state.py)
 _CKPT_DIR = re.compile(r"^checkpoint_(\d+)$")
 
 
@@ -186,7 +186,7 @@ class RestoredCheckpoint:
 
 def _verify(ck: _CheckpointDir, state_file: str, learner_file: str, metrics_file: str):
     """(state, learner blob, rows) of one checkpoint, or raise CheckpointError naming the bad file."""
-    from workers.checkpoint import CorruptCheckpoint, load_blob
+    from workers.checkpoint.blob import CorruptCheckpoint, load_blob
 
     blobs = {n: ck.read(n) for n in (state_file, learner_file, metrics_file)}
     # The learner blob is checked for code first, whatever the manifest says: a crafted file is refused, not
@@ -214,7 +214,7 @@ def _verify(ck: _CheckpointDir, state_file: str, learner_file: str, metrics_file
                 raise CorruptCheckpoint(f"{ck}/{name}: {len(data)} bytes, checksum does not match the manifest "
                                         f"({meta.get('bytes')} bytes): truncated or damaged")
         if shards:  # a sharded learner's DCP metadata is a pickle: vetted here, before any actor reads it
-            from workers.shard_files import read_metadata
+            from workers.checkpoint.shard_files import read_metadata
 
             read_metadata(shards, f"{ck}/{SHARDS_DIR}")
     for name, data in blobs.items():
@@ -245,10 +245,10 @@ def restore_checkpoint(fs, trial_path: str, *, recorded: bool, events: str | Non
     `recorded`: Tune handed the trial a checkpoint (`tune.get_checkpoint()`). Then one of them must be usable:
     raises `CorruptCheckpoint` naming the newest checkpoint's bad file when none is, never restarting from step 0
     silently. Without it, damaged directories (a first checkpoint torn by a killed driver) are skipped and the
-    trial starts from step 0. Raises `workers.checkpoint.UnsafeCheckpoint` for a learner blob that would run code
+    trial starts from step 0. Raises `workers.checkpoint.blob.UnsafeCheckpoint` for a learner blob that would run code
     (never skipped).
     """
-    from workers.checkpoint import CorruptCheckpoint, UnsafeCheckpoint
+    from workers.checkpoint.blob import CorruptCheckpoint, UnsafeCheckpoint
 
     candidates = _checkpoint_dirs(fs, trial_path, state_file)
     skipped: list[tuple[str, str]] = []

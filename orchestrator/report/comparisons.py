@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from orchestrator.report import stats
 from orchestrator.report.load import _Group
+from orchestrator.stats import paired as stats
 
 FACTORS = (("advantage", "advantage_mode"), ("transform", "transform_mode"))  # keys of the credit config
 

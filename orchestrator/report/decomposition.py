@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from orchestrator.report import stats
 from orchestrator.report.load import _Group, _Run
+from orchestrator.stats import paired as stats
 
 PREFIX = "credit/decomp_"
 MIN_TOKENS = 30  # fewer tokens of a class give no share (planning tokens can be rare)

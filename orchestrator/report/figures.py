@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from orchestrator.report.stats import MIN_SEEDS, clip_interval, metric_bounds, t_interval
+from orchestrator.stats.paired import MIN_SEEDS, clip_interval, metric_bounds, t_interval
 
 Curve = tuple[Sequence[float] | np.ndarray, Sequence[float] | np.ndarray]  # (steps, values) of one run
 

@@ -135,7 +135,7 @@ class _Run:
 
     def planned_steps(self, key: str) -> np.ndarray | None:
         """The steps the trial's config logs `key` at: `eval/*` at 0, every, 2*every, ... and the last step (as
-        `orchestrator.trial` evaluates), any other key at every step; None when the config does not say."""
+        `orchestrator.trial.loop` evaluates), any other key at every step; None when the config does not say."""
         steps = self.config.get("steps")
         if not isinstance(steps, int) or steps < 1:
             return None

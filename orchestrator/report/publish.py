@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from orchestrator import storage as store
-from orchestrator.campaign import Campaign
+from orchestrator.campaign.expand import Campaign
 from orchestrator.report.build import Report
 
 
@@ -56,7 +56,7 @@ def build_wandb_report(campaign: Campaign, report_dir: Path, report_run: str, en
     import wandb_workspaces.reports.v2 as wr
     from wandb_workspaces import expr
 
-    from orchestrator.dashboard import build_workspace
+    from orchestrator.tracking.dashboard import build_workspace
 
     view = build_workspace(campaign, entity, project)
     markdown = (report_dir / "report.md").read_text()
@@ -121,7 +121,7 @@ def publish(campaign: Campaign, report: Report, *, dry_run: bool = False, run_on
     The figures are logged once, to a report run in the campaign's mode (disabled counts as offline). Online,
     the W&B Report is saved and its URL returned; offline, it is written next to the report for a later
     `wandb sync` + `orchestrator dashboard`, which saves it."""
-    from orchestrator.dashboard import wandb_login, where_to_save
+    from orchestrator.tracking.dashboard import wandb_login, where_to_save
 
     online = campaign.config.wandb.mode == "online" and not dry_run
     if dry_run:

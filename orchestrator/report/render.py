@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from orchestrator.report import stats
 from orchestrator.report.load import TrialIssue, _Group
 from orchestrator.report.tables import ALPHA, CSV_FILES, MIN_PAIRS, MIN_SEEDS, POWER_TARGET, _window_label
+from orchestrator.stats import paired as stats
 
 
 def _slug(text: str) -> str:

@@ -27,9 +27,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from orchestrator.report import stats
 from orchestrator.report.comparisons import family_marks
 from orchestrator.report.load import _fmt_value, _Group
+from orchestrator.stats import paired as stats
 
 COLUMNS = ["panel", "x", "x_value", "series", "n_seeds", "step", "final_mean", "final_ci_low", "final_ci_high",
            "auc_mean", "auc_ci_low", "auc_ci_high"]

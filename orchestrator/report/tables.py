@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from orchestrator.report import power, stats
 from orchestrator.report.comparisons import Spec, mark_families
 from orchestrator.report.load import _Group, _load_tokens, _Run
+from orchestrator.stats import paired as stats
+from orchestrator.stats import power
 
 TRAIN_METRIC, EVAL_METRIC, ENV_METRIC = "train/correct_rate", "eval/pass@1", "eval/success"
 LAMBDA_KEY = "credit/sepa_lambda"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.config import TrialConfig
-from orchestrator.launch import run_single_trial
+from orchestrator.config.trial import TrialConfig
+from orchestrator.tune.launch import run_single_trial
 
 ROOT = Path(__file__).resolve().parents[2]
 VOLATILE = ("time/", "rollout/tokens_per_s")
@@ -33,8 +33,8 @@ def stable(row: dict) -> dict:
 @pytest.fixture(scope="session")
 def agent_model_dir() -> str:
     """The cached tiny-agent model (the same directory trials resolve `tiny-agent` to)."""
-    from orchestrator.actors import resolve_model
-    from orchestrator.config import ModelConfig
+    from orchestrator.config.trial import ModelConfig
+    from orchestrator.trial.actors import resolve_model
 
     return resolve_model(ModelConfig(name="tiny-agent"))
 
@@ -42,13 +42,13 @@ def agent_model_dir() -> str:
 def test_multi_turn_batch_is_token_exact_and_matches_the_learner(ray_local, agent_model_dir, monkeypatch):
     import ray
 
-    import orchestrator.episodes as episodes
-    from workers.batch import collate
+    import orchestrator.trial.episodes as episodes
     from workers.envs import EnvTask
     from workers.envs.tokens import first_prompt_ids, observation_ids
-    from workers.learner import Learner
-    from workers.models import load_tokenizer
-    from workers.rollout import RolloutActor
+    from workers.learner.batch import collate
+    from workers.learner.learner import Learner
+    from workers.models.loading import load_tokenizer
+    from workers.rollout.worker import RolloutActor
 
     cfg = TrialConfig(model=AGENT, task={"name": "sokoban"}, rollout={"max_tokens": 16, "max_turns": 4})
     assert cfg.task.protocol == "ragen"  # system message + <think> prefill
@@ -166,8 +166,8 @@ def test_sokoban_ppo_gae_trial_resumes_equivalently(ray_local, agent_model_dir, 
 
 
 def test_campaign_over_an_agentic_task(ray_local, agent_model_dir, tmp_path):
-    from orchestrator.campaign import load_campaign
-    from orchestrator.launch import run_campaign
+    from orchestrator.campaign.expand import load_campaign
+    from orchestrator.tune.launch import run_campaign
 
     path = tmp_path / "fl.yaml"
     path.write_text(yaml.safe_dump({

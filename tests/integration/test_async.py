@@ -19,10 +19,10 @@ import cloudpickle
 import pytest
 import ray
 
-from orchestrator.config import TrialConfig
-from orchestrator.launch import run_single_trial
+from orchestrator.config.trial import TrialConfig
+from orchestrator.tune.launch import run_single_trial
 from tests.integration import test_trial
-from workers.learner import Learner
+from workers.learner.learner import Learner
 
 pytestmark = pytest.mark.integration
 
@@ -100,12 +100,12 @@ class _SleepyLearner(Learner):
 
 
 def test_generation_overlaps_training(ray_local, tiny_model_dir, tmp_path):
-    from orchestrator.learner_group import LearnerGroup
-    from orchestrator.pipeline import OneStepOff
-    from orchestrator.step import sepa_settings
+    from orchestrator.trial.learner_group import LearnerGroup
+    from orchestrator.trial.one_step_off import OneStepOff
+    from orchestrator.trial.step import sepa_settings
     from workers.credit import SepaController
-    from workers.models import load_tokenizer
-    from workers.rollout import RolloutActor
+    from workers.models.loading import load_tokenizer
+    from workers.rollout.worker import RolloutActor
     from workers.tasks import make_task
 
     cfg = _cfg("overlap", tmp_path, "one_step_off", steps=3)

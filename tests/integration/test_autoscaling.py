@@ -28,8 +28,8 @@ import psutil
 import pytest
 import yaml
 
-from orchestrator.campaign import load_campaign
-from orchestrator.status import render
+from orchestrator.campaign.expand import load_campaign
+from orchestrator.jobs.status import render
 from tests.integration.test_job_roundtrip import _free_ports, _jsonl, _stop_tree
 
 ROOT = Path(__file__).resolve().parents[2]

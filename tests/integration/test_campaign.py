@@ -13,9 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.campaign import load_campaign
-from orchestrator.launch import run_campaign
-from orchestrator.wandb_offline import read_run
+from orchestrator.campaign.expand import load_campaign
+from orchestrator.tracking.offline import read_run
+from orchestrator.tune.launch import run_campaign
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"model": {"name": "tiny"}, "task": {"name": "arithmetic"},

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.campaign import load_campaign
-from orchestrator.dashboard import VIEW_FILE, build_workspace, panel_keys
-from orchestrator.launch import run_campaign
-from orchestrator.metric_names import family, logged_metrics
-from orchestrator.wandb_offline import read_run
+from orchestrator.campaign.expand import load_campaign
+from orchestrator.tracking.dashboard import VIEW_FILE, build_workspace, panel_keys
+from orchestrator.tracking.names import family, logged_metrics
+from orchestrator.tracking.offline import read_run
+from orchestrator.tune.launch import run_campaign
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3

@@ -25,8 +25,8 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from orchestrator.config import TrialConfig
-from orchestrator.launch import run_single_trial
+from orchestrator.config.trial import TrialConfig
+from orchestrator.tune.launch import run_single_trial
 
 pytestmark = pytest.mark.integration
 
@@ -124,8 +124,8 @@ def test_sigkilled_actors_and_a_damaged_checkpoint_resume_to_the_same_trajectory
 def _poisoned(config):
     """run_trial whose task returns a NaN reward in one group each step and raises for some completions,
     and whose sampler hands back a NaN log-prob in another group."""
-    import orchestrator.step as step_mod
-    import orchestrator.trial as trial_mod
+    import orchestrator.trial.loop as trial_mod
+    import orchestrator.trial.step as step_mod
     from workers.tasks.base import ScoreResult
 
     real_make_task, real_sample = trial_mod.make_task, step_mod.sample
@@ -171,7 +171,7 @@ def _poisoned(config):
 def test_nonfinite_groups_and_failing_rewards_are_dropped_and_counted(ray_local, tmp_path):
     from ray import tune
 
-    from orchestrator.actors import bundles
+    from orchestrator.trial.actors import bundles
 
     cfg = TrialConfig(name="poisoned", output_dir=str(tmp_path / "out"), **{**BASE, "steps": 3})
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -207,8 +207,8 @@ env = {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
 nodes = [cluster.add_node(num_cpus=3) for _ in range(2)]
 ray.init(address=cluster.address, runtime_env={"env_vars": env}, log_to_driver=False)
 
-from orchestrator.config import TrialConfig
-from orchestrator.launch import run_single_trial
+from orchestrator.config.trial import TrialConfig
+from orchestrator.tune.launch import run_single_trial
 
 cfg = TrialConfig.model_validate({**json.loads(sys.argv[2]), "name": "moved", "output_dir": str(tmp / "out")})
 out = Path(cfg.output_dir)

@@ -16,8 +16,8 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from orchestrator.config import TrialConfig
-from orchestrator.launch import run_single_trial
+from orchestrator.config.trial import TrialConfig
+from orchestrator.tune.launch import run_single_trial
 from tests.integration.test_trial import dies_once_after, rows, stable
 
 pytestmark = pytest.mark.integration
@@ -34,7 +34,7 @@ BASE = dict(steps=3, seed=5, checkpoint={"every": 1}, model={"name": "tiny"}, ta
 def runs(ray_local, tmp_path_factory) -> dict:
     from ray import tune
 
-    from orchestrator.actors import bundles
+    from orchestrator.trial.actors import bundles
 
     storage = tmp_path_factory.mktemp("full")
     plain = TrialConfig(name="plain", output_dir=str(storage / "plain"), **BASE)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.campaign import load_campaign
-from orchestrator.launch import run_campaign
+from orchestrator.campaign.expand import load_campaign
+from orchestrator.tune.launch import run_campaign
 
 STEPS = 8
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from orchestrator.config import TrialConfig
+from orchestrator.config.trial import TrialConfig
 from tests.integration.test_learner_interventions import COMPLETIONS, PROMPTS, _encode
-from workers.checkpoint import CorruptCheckpoint, dump_blob, load_blob
-from workers.learner import Learner
-from workers.learner_dist import ONE_RANK, Ranks, split_rows
+from workers.checkpoint.blob import CorruptCheckpoint, dump_blob, load_blob
+from workers.learner.learner import Learner
+from workers.learner.ranks import ONE_RANK, Ranks, split_rows
 
 pytestmark = pytest.mark.integration
 
@@ -135,8 +135,8 @@ def two_ranks(tiny_model_dir, tmp_path_factory, one_rank) -> dict:
 
 def test_the_batch_splits_unevenly(tiny_model_dir):
     """The premise: the two ranks get different token counts and different numbers of micro-batches."""
-    from workers.batch import collate
-    from workers.models import load_tokenizer
+    from workers.learner.batch import collate
+    from workers.models.loading import load_tokenizer
 
     b = collate(_batch(load_tokenizer(tiny_model_dir)), 0)
     lengths = b.attn.sum(-1)
@@ -177,7 +177,7 @@ def test_the_exported_policy_is_gathered_from_the_shards(two_ranks, tiny_model_d
             for k in ta:
                 torch.testing.assert_close(tb[k], ta[k], rtol=1e-5, atol=1e-4)
     if variant != "lora":  # the checksum the workers will compare against is that of the weights sent
-        from workers.weight_sync import weights_checksum
+        from workers.sync.full_weights import weights_checksum
 
         sent = {k: v for name, data in b["files"].items() if name.endswith(".safetensors")
                 for k, v in load(data).items()}

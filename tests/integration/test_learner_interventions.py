@@ -17,11 +17,11 @@ import math
 import pytest
 import torch
 
-from orchestrator.config import LearnerConfig
+from orchestrator.config.trial import LearnerConfig
 from workers.credit import CreditConfig
-from workers.learner import Learner
-from workers.models import load_tokenizer
-from workers.objectives import entropy_from_logits
+from workers.learner.learner import Learner
+from workers.models.loading import load_tokenizer
+from workers.objectives.losses import entropy_from_logits
 
 pytestmark = pytest.mark.integration
 

@@ -16,11 +16,11 @@ import math
 import pytest
 import torch
 
-from orchestrator.config import LearnerConfig
-from workers.batch import collate
+from orchestrator.config.trial import LearnerConfig
 from workers.credit import CreditConfig
-from workers.learner import Learner
-from workers.models import load_tokenizer
+from workers.learner.batch import collate
+from workers.learner.learner import Learner
+from workers.models.loading import load_tokenizer
 
 pytestmark = pytest.mark.integration
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.campaign import load_campaign
-from orchestrator.launch import run_campaign
-from orchestrator.status import render
+from orchestrator.campaign.expand import load_campaign
+from orchestrator.jobs.status import render
+from orchestrator.tune.launch import run_campaign
 
 SMALL = {"model": {"name": "tiny"}, "task": {"name": "arithmetic"}, "eval": {"every": 0},
          "rollout": {"prompts_per_step": 2, "n": 2, "max_tokens": 2}, "checkpoint": {"every": 2, "keep": 2}}

@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from orchestrator.config import LearnerConfig
+from orchestrator.config.trial import LearnerConfig
 from tests.integration.test_learner_interventions import COMPLETIONS, PROMPTS, REWARDS, _encode
 from workers.credit import CreditConfig
-from workers.learner import Learner
+from workers.learner.learner import Learner
 
 pytestmark = pytest.mark.integration
 
@@ -97,7 +97,7 @@ def test_multi_turn_gae_batch_trains_only_sampled_tokens(tiny_model_dir):
     batch = {"prompt_ids": [prompt] * 2, "response_ids": [resp] * 2, "loss_mask": [mask] * 2,
              "rollout_logprobs": [[-1.0] * len(resp)] * 2, "rewards": [[0.9, -0.1]],
              "turn_rewards": [[1.0, -0.1], [-0.1, 0.0]], "reward_positions": [ends, ends], "temperature": 1.0}
-    from workers.batch import collate
+    from workers.learner.batch import collate
 
     b = collate(batch, tok.pad_token_id)
     scored = learner._score(b, 1.0, None)
@@ -118,8 +118,8 @@ def test_a_lora_critic_on_a_full_policy(tiny_model_dir):
     policy's weights (they are frozen while the critic learns); the policy's log-probs never pass through the
     critic's adapter (they equal a plain transformers model's holding the same weights); a full step trains the
     policy, and what vLLM gets is the transformers model's state dict, without the critic's adapter."""
-    from workers.batch import collate
-    from workers.models import load_model
+    from workers.learner.batch import collate
+    from workers.models.loading import load_model
 
     learner = _learner(tiny_model_dir, mode="full", lr=1e-3, warmup=2)  # step 0 trains the critic only
     critic, model = learner.critic, learner.model
@@ -173,7 +173,7 @@ def test_a_full_policy_with_a_lora_critic_resumes_exactly(tiny_model_dir):
     for s in range(2):
         a.train_step(_batch(a, s))
     files = a.checkpoint_files()
-    keys = set(__import__("workers.shard_files", fromlist=["read_metadata"]).read_metadata(
+    keys = set(__import__("workers.checkpoint.shard_files", fromlist=["read_metadata"]).read_metadata(
         {k.split("/", 1)[1]: v for k, v in files.items() if "/" in k}, "ckpt").state_dict_metadata)
     critic_model = {k for k in keys if k.startswith("critic.model.")}
     assert critic_model and all(".critic." in k or k.startswith("critic.model.head.") for k in critic_model)

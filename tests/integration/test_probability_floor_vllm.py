@@ -15,7 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from workers.probability_floor import EXTRA_ARGS_KEY, INVALID_LOGPROB, floor_probs, floored_token_logprobs
+from workers.objectives.probability_floor import (
+    EXTRA_ARGS_KEY,
+    INVALID_LOGPROB,
+    floor_probs,
+    floored_token_logprobs,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +31,7 @@ TOL = 1e-4
 
 @pytest.fixture(scope="module")
 def tok(tiny_model_dir):
-    from workers.models import load_tokenizer
+    from workers.models.loading import load_tokenizer
 
     return load_tokenizer(tiny_model_dir)
 
@@ -52,14 +57,14 @@ def prompt_ids(tok, task) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def model(tiny_model_dir):
-    from workers.models import load_model
+    from workers.models.loading import load_model
 
     return load_model(tiny_model_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
 def worker(tiny_model_dir):
-    from workers.rollout import RolloutWorker
+    from workers.rollout.worker import RolloutWorker
 
     w = RolloutWorker(tiny_model_dir, seed=0)
     yield w
@@ -182,7 +187,7 @@ def test_processor_v1_first_position_only():
     from vllm import SamplingParams
     from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 
-    from workers.probability_floor import ProbabilityFloorLogitsProcessor as P
+    from workers.objectives.probability_floor import ProbabilityFloorLogitsProcessor as P
 
     proc = P(None, torch.device("cpu"), False)
     assert proc.is_argmax_invariant()
@@ -214,7 +219,7 @@ def test_processor_v2_scales_by_temperature_and_finds_first_position():
     """V2 runs custom processors before temperature: the row written is T * floored(logits / T)."""
     from vllm import SamplingParams
 
-    from workers.probability_floor import ProbabilityFloorLogitsProcessor as P
+    from workers.objectives.probability_floor import ProbabilityFloorLogitsProcessor as P
 
     req_states = SimpleNamespace(prompt_len=SimpleNamespace(np=np.array([0, 5, 9, 4])))
     proc = P(None, req_states)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.reasoner import MARKER, evaluate_reasoner
+from workers.models.reasoner import MARKER, evaluate_reasoner
 from workers.tasks import TaskConfig, make_task
 
 
@@ -36,9 +36,9 @@ def _chain_step(reasoner_dir: str, transform_mode: str) -> dict:
     import numpy as np
     import torch
 
-    from orchestrator.config import LearnerConfig
+    from orchestrator.config.trial import LearnerConfig
     from workers.credit import CreditConfig
-    from workers.learner import Learner
+    from workers.learner.learner import Learner
     from workers.tasks.chain import TraceStyle, parse_chain, solution_trace
 
     credit = CreditConfig(advantage_mode="grpo", transform_mode=transform_mode, log_decomposition=True,

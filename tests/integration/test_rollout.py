@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.rollout import shard
+from workers.rollout.worker import shard
 
 T = 0.7
 TOL = 1e-5
@@ -37,7 +37,7 @@ def test_shard_rejects_bad_k():
 # ------------------------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="module")
 def tok(tiny_model_dir):
-    from workers.models import load_tokenizer
+    from workers.models.loading import load_tokenizer
 
     return load_tokenizer(tiny_model_dir)
 
@@ -51,7 +51,7 @@ def prompt_ids(tok) -> list[list[int]]:
 def worker(ray_local, tiny_model_dir):
     import ray
 
-    from workers.rollout import RolloutActor
+    from workers.rollout.worker import RolloutActor
 
     actor = RolloutActor.options(num_cpus=1).remote(tiny_model_dir, seed=0)
     assert ray.get(actor.ready.remote(), timeout=600)
@@ -61,7 +61,7 @@ def worker(ray_local, tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def base_model(tiny_model_dir):
-    from workers.models import load_model
+    from workers.models.loading import load_model
 
     return load_model(tiny_model_dir, dtype=torch.float32).eval()
 
@@ -95,7 +95,7 @@ def _make_adapter(tiny_model_dir, out_dir: Path, seed: int, std: float = 0.1):
     """A PEFT LoRA (r=8, q/k/v/o) with seeded random lora_B so it changes outputs. Returns (model, files)."""
     from peft import LoraConfig, get_peft_model
 
-    from workers.models import load_model
+    from workers.models.loading import load_model
 
     torch.manual_seed(seed)  # lora_A init
     pm = get_peft_model(
@@ -178,7 +178,7 @@ def test_in_process_engine_samples_what_a_separate_process_engine_does(worker, p
     start-up saving: the same seeds give the same tokens and log-probs as vLLM's own multi-process engine."""
     import ray
 
-    from workers.rollout import RolloutActor
+    from workers.rollout.worker import RolloutActor
 
     assert ray.get(worker.settings.remote())["distributed_executor_backend"] == "uni"
     separate = RolloutActor.options(num_cpus=1).remote(tiny_model_dir, seed=0, engine={"in_process": False})

@@ -10,8 +10,8 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from orchestrator.config import TrialConfig
-from orchestrator.launch import run_single_trial
+from orchestrator.config.trial import TrialConfig
+from orchestrator.tune.launch import run_single_trial
 
 VOLATILE = ("time/", "rollout/tokens_per_s")
 
@@ -61,7 +61,7 @@ def dies_once_after(step: int):
     def trainable(config):
         from ray import tune
 
-        from orchestrator.trial import run_trial
+        from orchestrator.trial.loop import run_trial
 
         marker = Path(config["output_dir"]) / "failed_once"
         real_report = tune.report
@@ -89,7 +89,7 @@ def run_preempted(cfg: TrialConfig, storage: Path, *by_value):
     `by_value`: the calling test modules, pickled by value so Ray workers never import them from disk."""
     from ray import tune
 
-    from orchestrator.actors import bundles
+    from orchestrator.trial.actors import bundles
 
     for module in (sys.modules[__name__], *by_value):
         cloudpickle.register_pickle_by_value(module)

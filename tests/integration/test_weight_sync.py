@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.weight_sync import pack_weights, weights_checksum
+from workers.sync.full_weights import pack_weights, weights_checksum
 
 TOL = 1e-4
 F32 = torch.float32
@@ -24,7 +24,7 @@ class Engines:
     def get(self, model_dir: str, **kw):
         import ray
 
-        from workers.rollout import RolloutActor
+        from workers.rollout.worker import RolloutActor
 
         key = (model_dir, tuple(sorted(kw.items())))
         if key != self.key:
@@ -56,7 +56,7 @@ def worker(engines, tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def prompt_ids(tiny_model_dir) -> list[list[int]]:
-    from workers.models import load_tokenizer
+    from workers.models.loading import load_tokenizer
 
     tok = load_tokenizer(tiny_model_dir)
     prompts = ["what is 1 + 2 ?", "let me think", "the answer is"]
@@ -65,7 +65,7 @@ def prompt_ids(tiny_model_dir) -> list[list[int]]:
 
 def _model(model_dir: str, noise_seed: int | None):
     """The HF model in fp32; with `noise_seed`, every weight tensor gets seeded Gaussian noise (std 0.05)."""
-    from workers.models import load_model
+    from workers.models.loading import load_model
 
     model = load_model(model_dir, dtype=F32).eval()
     if noise_seed is not None:
@@ -148,7 +148,7 @@ def test_prefix_cache_serves_no_stale_kv(worker, base, changed, tiny_model_dir):
     be the new model's, not the old model's KV reused from the prefix cache."""
     import ray
 
-    from workers.models import load_tokenizer
+    from workers.models.loading import load_tokenizer
 
     tok = load_tokenizer(tiny_model_dir)
     long = [[tok.bos_token_id] + tok.encode("let me think . " * 40, add_special_tokens=False)[:150]]
@@ -202,8 +202,8 @@ def test_tied_head_follows_its_embedding(engines, tmp_path_factory):
     its own here: the extension is imported there and the load, the checksum and its errors cross processes."""
     import ray
 
-    from workers.families import family_builder
-    from workers.models import load_tokenizer
+    from workers.models.families import family_builder
+    from workers.models.loading import load_tokenizer
 
     model_dir = str(family_builder("tiny-qwen2-base")(tmp_path_factory.mktemp("qwen2") / "m", seed=0))
     worker = engines.get(model_dir, engine={"in_process": False})

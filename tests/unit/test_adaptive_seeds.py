@@ -12,9 +12,14 @@ import pytest
 from scipy import integrate
 from scipy import stats as sps
 
-from orchestrator.adaptive import CampaignSearcher, look
-from orchestrator.campaign import AdaptiveSeeds
-from orchestrator.sequential import nominal_alphas, obrien_fleming_spending, sequential_paired_t, z_boundaries
+from orchestrator.campaign.expand import AdaptiveSeeds
+from orchestrator.stats.sequential import (
+    nominal_alphas,
+    obrien_fleming_spending,
+    sequential_paired_t,
+    z_boundaries,
+)
+from orchestrator.tune.adaptive import CampaignSearcher, look
 
 LOOKS = list(range(3, 17))  # start 3, max 16, step 1: the example
 

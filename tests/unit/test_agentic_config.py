@@ -8,7 +8,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.config import TrialConfig
+from orchestrator.config.trial import TrialConfig
 
 AGENT = {"name": "tiny-agent", "max_model_len": 320}
 
@@ -73,10 +73,10 @@ def test_first_turn_that_does_not_fit_is_refused_before_launch(tmp_path):
 
 
 def test_check_episode_fits_measures_the_longest_first_prompt():
-    from orchestrator.actors import resolve_model
-    from orchestrator.episodes import check_episode_fits
+    from orchestrator.trial.actors import resolve_model
+    from orchestrator.trial.episodes import check_episode_fits
     from workers.envs.tokens import first_prompt_ids
-    from workers.models import load_tokenizer
+    from workers.models.loading import load_tokenizer
     from workers.tasks import make_task
 
     cfg = TrialConfig(model={"name": "tiny-agent"}, task={"name": "frozen_lake"})

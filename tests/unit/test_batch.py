@@ -1,4 +1,4 @@
-"""workers/batch.py: collation, the turns of a loss mask, PPO mini-batches and token-budget micro-batches,
+"""workers/learner/batch.py: collation, the turns of a loss mask, PPO mini-batches and token-budget micro-batches,
 property-tested against plain-Python references."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.batch import collate, micro_batches, mini_batches, sampled_runs
+from workers.learner.batch import collate, micro_batches, mini_batches, sampled_runs
 
 
 def _batch(prompt_lens: list[int], response_lens: list[int], group: int = 1) -> dict:

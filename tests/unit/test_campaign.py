@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from orchestrator import cli
-from orchestrator.actors import bundles
-from orchestrator.campaign import CampaignConfig, expand, load_campaign, sweep_points
-from orchestrator.config import TrialConfig
+from orchestrator.campaign.expand import CampaignConfig, expand, load_campaign, sweep_points
+from orchestrator.config.trial import TrialConfig
+from orchestrator.trial.actors import bundles
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = sorted((Path(__file__).parent / "bad_campaigns").glob("*.yaml"))
@@ -168,7 +168,7 @@ def test_malformed_campaign_exit_code_from_the_real_cli():
 
 def _fake_cluster(monkeypatch, cpus: float, gpus: float, nodes: int) -> None:
     """`nodes` live nodes sharing `cpus`/`gpus`, no autoscaler (the autoscaler's side: tests/unit/test_cluster.py)."""
-    import orchestrator.cluster as cluster
+    import orchestrator.preflight.cluster as cluster
 
     node = {"CPU": cpus / nodes, **({"GPU": gpus / nodes} if gpus else {})}
     monkeypatch.setattr(cluster, "capacity", lambda: cluster.Capacity([dict(node) for _ in range(nodes)]))
@@ -183,8 +183,8 @@ def _small_campaign(tmp_path, **kw):
 
 
 def test_cluster_checks_refuse_impossible_asks(tmp_path, monkeypatch):
-    from orchestrator.errors import UserError
-    from orchestrator.launch import check_cluster
+    from orchestrator.config.errors import UserError
+    from orchestrator.tune.launch import check_cluster
 
     gpu = _small_campaign(tmp_path, resources={"rollout_workers": 1, "worker_gpus": 1, "learner_gpus": 1})
     _fake_cluster(monkeypatch, cpus=16, gpus=0, nodes=1)
@@ -204,7 +204,7 @@ def test_cluster_checks_refuse_impossible_asks(tmp_path, monkeypatch):
 
 
 def test_logged_wandb_config_has_labels_on_top_and_no_secrets(tmp_path, monkeypatch):
-    from orchestrator.tracking import logged_config
+    from orchestrator.tracking.run import logged_config
 
     monkeypatch.setenv("WANDB_API_KEY", "secret-key-value")
     c = _small_campaign(tmp_path, sweep={"interventions.kl.coef": [0.1]},
@@ -218,8 +218,8 @@ def test_logged_wandb_config_has_labels_on_top_and_no_secrets(tmp_path, monkeypa
 
 
 def test_resumed_campaign_must_match_its_first_expansion(tmp_path):
-    from orchestrator.errors import UserError
-    from orchestrator.launch import check_same_campaign, write_campaign_file
+    from orchestrator.config.errors import UserError
+    from orchestrator.tune.launch import check_same_campaign, write_campaign_file
 
     first = _small_campaign(tmp_path)
     write_campaign_file(first)
@@ -231,8 +231,8 @@ def test_resumed_campaign_must_match_its_first_expansion(tmp_path):
 def test_lone_trial_with_a_changed_config_is_refused_before_ray_starts(tmp_path):
     import ray
 
-    from orchestrator.errors import UserError
-    from orchestrator.launch import run_single_trial
+    from orchestrator.config.errors import UserError
+    from orchestrator.tune.launch import run_single_trial
 
     (tmp_path / "local").mkdir()
     (tmp_path / "local" / "trial_config.json").write_text(TrialConfig(steps=3).model_dump_json())
@@ -244,8 +244,8 @@ def test_lone_trial_with_a_changed_config_is_refused_before_ray_starts(tmp_path)
 def test_fields_added_to_the_code_at_their_defaults_do_not_block_a_resume(tmp_path):
     """A campaign started before the schema grew a field (here: the critic and GAE settings) still resumes; a
     value that differs from the new field's default is still a changed campaign."""
-    from orchestrator.errors import UserError
-    from orchestrator.launch import CAMPAIGN_FILE, check_same_campaign, write_campaign_file
+    from orchestrator.config.errors import UserError
+    from orchestrator.tune.launch import CAMPAIGN_FILE, check_same_campaign, write_campaign_file
 
     first = _small_campaign(tmp_path)
     write_campaign_file(first)
@@ -260,7 +260,7 @@ def test_fields_added_to_the_code_at_their_defaults_do_not_block_a_resume(tmp_pa
 
 
 def test_a_torn_tune_snapshot_is_named_and_set_aside(tmp_path):
-    from orchestrator.launch import _torn_snapshot
+    from orchestrator.tune.launch import _torn_snapshot
 
     assert _torn_snapshot(str(tmp_path / "none")) is None  # no experiment yet
     (tmp_path / "experiment_state-2026-01-01_00-00-00.json").write_text('{"trial_data": []}')

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from orchestrator import storage as store
-from workers.checkpoint import CorruptCheckpoint, UnsafeCheckpoint, dump_blob, load_blob
+from workers.checkpoint.blob import CorruptCheckpoint, UnsafeCheckpoint, dump_blob, load_blob
 
 STATE, LEARNER, METRICS = "trial_state.json", "learner.pt", "metrics.jsonl"
 
@@ -186,10 +186,10 @@ def test_without_a_recorded_checkpoint_a_torn_first_one_means_step_zero(tmp_path
 
 
 def test_learner_state_round_trips_through_weights_only_loading(tmp_path):
-    from orchestrator.config import LearnerConfig
+    from orchestrator.config.trial import LearnerConfig
     from workers.credit import CreditConfig
-    from workers.learner import Learner
-    from workers.models import build_tiny_model
+    from workers.learner.learner import Learner
+    from workers.models.loading import build_tiny_model
 
     model = str(build_tiny_model(tmp_path / "tiny", seed=0))
     cfg = LearnerConfig().model_dump()
@@ -223,7 +223,7 @@ def test_learner_state_round_trips_through_weights_only_loading(tmp_path):
 def test_a_trial_failing_on_its_checkpoint_is_reported_in_one_line_naming_the_file():
     from ray.exceptions import RayTaskError
 
-    from orchestrator.launch import failure_line
+    from orchestrator.tune.launch import failure_line
 
     msg = "/s/c/t/checkpoint_000002/learner.pt: unreadable checkpoint (EOFError: ); no older checkpoint was kept"
     wrapped = RayTaskError("train", "Traceback (most recent call last):\n  ...", CorruptCheckpoint(msg))

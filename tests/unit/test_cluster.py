@@ -8,11 +8,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import job_env
-from orchestrator.campaign import load_campaign
-from orchestrator.cluster import Capacity, check_storage, check_trials, pending_label, types_from_launcher
-from orchestrator.errors import UserError
-from workers import gpu_runtime as g
+from orchestrator.campaign.expand import load_campaign
+from orchestrator.config.errors import UserError
+from orchestrator.jobs.submit import env as job_env
+from orchestrator.preflight.cluster import (
+    Capacity,
+    check_storage,
+    check_trials,
+    pending_label,
+    types_from_launcher,
+)
+from workers.models.loading import gpu_runtime as g
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAD = {"CPU": 8.0, "GPU": 0.0}
@@ -123,8 +129,8 @@ def test_driver_requirements():
 
 
 def test_the_online_key_is_read_on_the_node(tmp_path, monkeypatch):
-    from orchestrator.config import TrialConfig
-    from orchestrator.tracking import _api_key
+    from orchestrator.config.trial import TrialConfig
+    from orchestrator.tracking.run import _api_key
 
     cfg = TrialConfig()
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
@@ -147,7 +153,7 @@ def test_an_accelerator_type_selects_node_types(tmp_path):
 def test_the_driver_records_which_trials_wait_and_since_when(tmp_path, capsys):
     from types import SimpleNamespace
 
-    from orchestrator.cluster import PendingOnAutoscaling, pending_since
+    from orchestrator.preflight.cluster import PendingOnAutoscaling, pending_since
 
     def trial(name, status):
         return SimpleNamespace(config={"trial": name}, trial_id=name, status=status)

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from orchestrator import cli
-from orchestrator.config_files import MAX_NODES, load_yaml, parse_yaml
-from orchestrator.errors import UserError
+from orchestrator.config.errors import UserError
+from orchestrator.config.files import MAX_NODES, load_yaml, parse_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "campaigns").rglob("*.yaml"))

@@ -12,12 +12,12 @@ import wandb_workspaces.reports.v2 as wr
 import wandb_workspaces.workspaces as ws
 from wandb_workspaces.workspaces import internal
 
-from orchestrator import dashboard as dash
-from orchestrator.campaign import load_campaign
+from orchestrator.campaign.expand import load_campaign
 from orchestrator.cli import main
-from orchestrator.config import TrialConfig
-from orchestrator.metric_names import family, logged_metrics, summary_metrics
-from orchestrator.tracking import TrialTracker
+from orchestrator.config.trial import TrialConfig
+from orchestrator.tracking.names import family, logged_metrics, summary_metrics
+from orchestrator.tracking.run import TrialTracker
+from orchestrator.tracking.run import dashboard as dash
 
 ROOT = Path(__file__).resolve().parents[2]
 CAMPAIGNS = ["campaigns/sepa_lean.yaml", "campaigns/ragen/sokoban_kl.yaml", "campaigns/ragen/frozenlake_rv_filter.yaml"]
@@ -182,9 +182,9 @@ def test_tracker_writes_the_auc_summary_of_the_report_metric():
 
 def test_metric_list_names_what_the_producers_return():
     from workers.credit.decomposition import decomposition_metrics
-    from workers.filters import nonfinite_groups, rv_filter
-    from workers.interventions import RVFilterConfig
-    from workers.objectives import truncated_importance_weights
+    from workers.objectives.filters import nonfinite_groups, rv_filter
+    from workers.objectives.interventions import RVFilterConfig
+    from workers.objectives.losses import truncated_importance_weights
 
     cfg = TrialConfig.model_validate({"credit": {"transform_mode": "gtpo_sepa", "log_decomposition": True,
                                                  "sepa": {"steps": 10}},

@@ -9,9 +9,9 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.config import TrialConfig
-from orchestrator.errors import UserError, validate
-from workers.rollout import ENGINE_KEYS, engine_in_process, engine_settings
+from orchestrator.config.errors import UserError, validate
+from orchestrator.config.trial import TrialConfig
+from workers.rollout.worker import ENGINE_KEYS, engine_in_process, engine_settings
 
 
 def test_defaults_are_todays_behaviour():
@@ -62,7 +62,7 @@ def test_in_process_engine_is_the_cpu_default_in_an_actor_only():
 
 
 def test_one_step_off_keeps_vllm_in_its_own_processes_unless_told():
-    from orchestrator.actors import rollout_engine
+    from orchestrator.trial.actors import rollout_engine
 
     sync, async_ = TrialConfig(), TrialConfig(rollout={"mode": "one_step_off"})
     assert rollout_engine(sync)["in_process"] is None  # the worker decides: in-process on the CPU build

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from workers.envs.tokens import first_prompt_ids, observation_ids
-from workers.models import build_tiny_model, load_tokenizer
+from workers.models.loading import build_tiny_model, load_tokenizer
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.filters import rv_filter
-from workers.interventions import RVFilterConfig
+from workers.objectives.filters import rv_filter
+from workers.objectives.interventions import RVFilterConfig
 
 
 def slow_std(group: list[float]) -> float:

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from workers.interventions import EntropyFloorConfig, InterventionsConfig, KLConfig, RVFilterConfig
-from workers.objectives import (
+from workers.objectives.interventions import EntropyFloorConfig, InterventionsConfig, KLConfig, RVFilterConfig
+from workers.objectives.losses import (
     KL_ESTIMATORS,
     aggregate,
     entropy_floor_penalty,

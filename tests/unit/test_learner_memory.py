@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import TrialConfig
-from orchestrator.errors import UserError
-from orchestrator.learner_memory import GIB, check_learner_memory, learner_memory, model_counts
+from orchestrator.config.errors import UserError
+from orchestrator.config.trial import TrialConfig
+from orchestrator.preflight.learner_memory import GIB, check_learner_memory, learner_memory, model_counts
 
 # Qwen2.5-3B's published config (the fields that shape it); nothing is downloaded
 QWEN25_3B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 2048,
@@ -56,8 +56,8 @@ def test_qwen25_3b_count_equals_the_closed_form(qwen3b):
 def test_counts_equal_the_real_model_and_adapter(tmp_path):
     from peft import get_peft_model
 
-    from workers.learner_models import lora_config
-    from workers.models import build_tiny_model, load_model
+    from workers.learner.modules import lora_config
+    from workers.models.loading import build_tiny_model, load_model
 
     d = str(build_tiny_model(tmp_path / "tiny", seed=0))
     cfg = TrialConfig.model_validate({"model": {"name": d}, "task": {"name": "arithmetic"}})

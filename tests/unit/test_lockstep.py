@@ -11,8 +11,8 @@ import pytest
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
 
-from orchestrator.campaign import BudgetConfig
-from orchestrator.lockstep import LockstepScheduler, campaign_events
+from orchestrator.campaign.expand import BudgetConfig
+from orchestrator.tune.lockstep import LockstepScheduler, campaign_events
 
 
 class Controller:
@@ -118,7 +118,7 @@ def test_budget_state_survives_a_new_driver(tmp_path):
 
 
 def test_status_shows_round_budget_and_looks(tmp_path):
-    from orchestrator.status import schedule_lines
+    from orchestrator.jobs.status import schedule_lines
 
     names = ["A_s0", "B_s0"]
     _drive(_scheduler(tmp_path, names, 10, budget=BudgetConfig(gpu_hours=1)), names, 10, hours_per_step=0.25)

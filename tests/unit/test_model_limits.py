@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.config import ModelConfig
-from orchestrator.errors import UserError
-from orchestrator.model_limits import check_model_limits, position_limit
-from workers.families import SIZE, build_family_model
+from orchestrator.config.errors import UserError
+from orchestrator.config.trial import ModelConfig
+from orchestrator.preflight.model_limits import check_model_limits, position_limit
+from workers.models.families import SIZE, build_family_model
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.filters import nonfinite_groups
+from workers.objectives.filters import nonfinite_groups
 
 NAN, INF = float("nan"), float("inf")
 

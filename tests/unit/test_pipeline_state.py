@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import math
 
-from orchestrator.pipeline import (
+from orchestrator.trial.one_step_off import (
     PREFETCH_FILE,
     OneStepOff,
     load_pending,
     rollouts_from_json,
     rollouts_to_json,
 )
-from orchestrator.step import Rollouts
+from orchestrator.trial.step import Rollouts
 
 
 def _roll() -> Rollouts:
@@ -34,7 +34,7 @@ def test_round_trip_is_exact():
 
 
 def test_save_and_load_pending(tmp_path):
-    from orchestrator.config import TrialConfig
+    from orchestrator.config.trial import TrialConfig
 
     pipe = OneStepOff(TrialConfig(), [], None, None, None, None)
     pipe.save(tmp_path)  # nothing prefetched (the last step): no file

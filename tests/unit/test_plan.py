@@ -14,8 +14,8 @@ import pytest
 from statsmodels.stats.power import TTestPower
 
 from orchestrator import cli
-from orchestrator.campaign import load_campaign
-from orchestrator.plan import Cluster, make_plan, makespan, paragraph
+from orchestrator.campaign.expand import load_campaign
+from orchestrator.preflight.plan import Cluster, make_plan, makespan, paragraph
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,10 +54,10 @@ def test_plan_of_the_sokoban_sweep(variant, at_once):
 ])
 def test_learner_flops_count_the_passes(learner, credit, kl, score, train):
     """The step time's learner part from its passes (FLOPs per token in units of P, counted by hand from what
-    workers/learner.py runs): scoring = policy + reference + critic forwards; training = per trained model 6P
+    workers/learner/learner.py runs): scoring = policy + reference + critic forwards; training = per trained model 6P
     (weights train) or 4P (frozen base), plus 2P per model under gradient checkpointing."""
-    from orchestrator.config import TrialConfig
-    from orchestrator.cost_model import EFFICIENCY, PEAK, learner_flops, step_seconds, step_tokens
+    from orchestrator.config.trial import TrialConfig
+    from orchestrator.preflight.cost_model import EFFICIENCY, PEAK, learner_flops, step_seconds, step_tokens
 
     cfg = TrialConfig.model_validate({"model": {"name": "Qwen/Qwen2.5-3B"}, "task": {"name": "arithmetic"},
                                       "learner": learner, "credit": {"advantage_mode": credit},
@@ -144,11 +144,11 @@ def test_multiplicity_lowers_the_planned_alpha(tmp_path, holm):
 
 
 def test_run_prints_the_paragraph_before_launching(monkeypatch):
-    import orchestrator.plan as plan_mod
+    import orchestrator.preflight.plan as plan_mod
 
     monkeypatch.setattr("ray.cluster_resources", lambda: {"GPU": 8.0, "CPU": 64.0})
     text = plan_mod.run_paragraph(load_campaign(ROOT / "campaigns/sepa_lean.yaml"))
     assert text.startswith("plan: 20 trials, 800 steps, about 62.6 GPU-hours (step times from cost model); "
                            "4 trial(s) at once on 8 GPUs, 64 CPUs, makespan about"), text
-    launch = (ROOT / "orchestrator/launch.py").read_text()
+    launch = (ROOT / "orchestrator/tune/launch.py").read_text()
     assert launch.index("print(run_paragraph(campaign)") < launch.index("tuner.fit()")

@@ -9,14 +9,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.config import LearnerConfig, TrialConfig
-from workers.batch import collate
+from orchestrator.config.trial import LearnerConfig, TrialConfig
 from workers.credit import CreditConfig
-from workers.critic import clipped_value_loss
-from workers.learner import Learner
-from workers.learner_metrics import critic_metrics
-from workers.models import build_tiny_model
-from workers.objectives import ppo_token_loss
+from workers.learner.batch import collate
+from workers.learner.critic import clipped_value_loss
+from workers.learner.learner import Learner
+from workers.learner.metrics import critic_metrics
+from workers.models.loading import build_tiny_model
+from workers.objectives.losses import ppo_token_loss
 
 
 def verl_policy_loss(logp, old, adv, clip=0.2, clip_c=3.0):

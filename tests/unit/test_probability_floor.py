@@ -1,4 +1,4 @@
-"""Hard probability floor (workers.probability_floor): distribution invariants, gradients, the learner's per-token
+"""Hard probability floor (workers.objectives.probability_floor): distribution invariants, gradients, the learner's per-token
 entry point against a direct per-position computation, and the request parsing the vLLM processor relies on."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from workers.objectives import sequence_logprobs
-from workers.probability_floor import (
+from workers.objectives.losses import sequence_logprobs
+from workers.objectives.probability_floor import (
     FLOOR_CAP,
     INVALID_LOGPROB,
     floor_probs,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.campaign import load_campaign
+from orchestrator.campaign.expand import load_campaign
 
 RAGEN = Path(__file__).resolve().parents[2] / "campaigns" / "ragen"
 PER_SEED = {"sokoban_entropy": 6, "sokoban_kl": 6, "sokoban_rv_filter": 8, "frozenlake_rv_filter": 16}
@@ -69,7 +69,7 @@ def test_each_learner_fits_its_gpus(name, variant, tmp_path):
     hub model (both seeds' models share it; the Instruct model has the same shape)."""
     import json
 
-    from orchestrator.learner_memory import check_learner_memory
+    from orchestrator.preflight.learner_memory import check_learner_memory
     from tests.unit.test_learner_memory import QWEN25_3B
 
     (tmp_path / "config.json").write_text(json.dumps(QWEN25_3B))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from workers.reasoner import MARKER, ReasonerSpec, build_reasoner
+from workers.models.reasoner import MARKER, ReasonerSpec, build_reasoner
 from workers.tasks.chain import TraceStyle
 
 SMALL = ReasonerSpec(sft_steps=4, batch=8, tokenizer_texts=300, warmup=2)
@@ -31,7 +31,7 @@ def test_tokenizer_is_subword_with_single_digits(tmp_path):
     from transformers import AutoTokenizer
 
     from workers.credit.planning import planning_mask
-    from workers.models import token_pieces
+    from workers.models.loading import token_pieces
 
     tok = AutoTokenizer.from_pretrained(build_reasoner(tmp_path / "m", SMALL))
     text = " 12 + 7 = 19 . double check 12 + 7 = 19 . answer 19"

@@ -18,10 +18,10 @@ from scipy.integrate import trapezoid
 from statsmodels.stats.multitest import multipletests
 
 from orchestrator import cli
-from orchestrator.campaign import load_campaign
-from orchestrator.errors import UserError
+from orchestrator.campaign.expand import load_campaign
+from orchestrator.config.errors import UserError
 from orchestrator.report import build_report
-from orchestrator.report.power import seeds_for_power
+from orchestrator.stats.power import seeds_for_power
 
 LEAN = {"C1": ("grpo", "none"), "C3": ("grpo", "gtpo_hicra"), "C4": ("grpo", "gtpo_sepa"),
         "C5": ("maxrl", "none"), "C8": ("maxrl", "gtpo_sepa")}
@@ -32,7 +32,7 @@ def write_runs(root: Path, curves: dict[tuple[str, int], np.ndarray], *, metric:
                sweeps: dict[tuple[str, int], dict] | None = None) -> Path:
     """A campaign directory whose runs log exactly `curves[(condition, seed)]` (NaN: the row lacks the key;
     a shorter array: the run stopped there) at steps 0, 1, ... (or, for eval metrics, at the `eval_every`
-    grid and the last step, as orchestrator.trial does)."""
+    grid and the last step, as orchestrator.trial.loop does)."""
     trials = []
     root.mkdir(parents=True, exist_ok=True)
     for (cond, seed), curve in curves.items():

@@ -13,13 +13,7 @@ from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 
-from orchestrator.report.power import (
-    generations_per_arm,
-    minimum_detectable_effect,
-    paired_t_power,
-    seeds_for_power,
-)
-from orchestrator.report.stats import (
+from orchestrator.stats.paired import (
     MIN_PAIRS,
     MIN_SEEDS,
     bootstrap_ci,
@@ -31,6 +25,12 @@ from orchestrator.report.stats import (
     paired_bootstrap_ci,
     paired_comparison,
     t_interval,
+)
+from orchestrator.stats.power import (
+    generations_per_arm,
+    minimum_detectable_effect,
+    paired_t_power,
+    seeds_for_power,
 )
 
 # --- AUC -------------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Sharded learner checkpoints (workers/sharded_checkpoint.py) with real torch.distributed: 2 gloo ranks FSDP2-shard
+"""Sharded learner checkpoints (workers/checkpoint/sharded.py) with real torch.distributed: 2 gloo ranks FSDP2-shard
 a tiny HF Llama, take AdamW steps on different data and save; the checkpoint restores on 1 plain process and on 2
 ranks, a LoRA variant saves only adapters, and crafted or damaged files are refused.
 
@@ -23,10 +23,10 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 from torch.distributed.tensor import DTensor
 
-from workers.checkpoint import CorruptCheckpoint, UnsafeCheckpoint
-from workers.models import TINY_VOCAB, build_tiny_model
-from workers.shard_files import METADATA_FILE, read_metadata
-from workers.sharded_checkpoint import PARAM_GROUPS_FILE, load_shards, save_shards
+from workers.checkpoint.blob import CorruptCheckpoint, UnsafeCheckpoint
+from workers.checkpoint.shard_files import METADATA_FILE, read_metadata
+from workers.checkpoint.sharded import PARAM_GROUPS_FILE, load_shards, save_shards
+from workers.models.loading import TINY_VOCAB, build_tiny_model
 
 VOCAB = len(TINY_VOCAB)  # training ids are drawn below it
 SAVED_LR, FRESH_LR = 0.0123, 0.5  # the saved optimizer's lr (as a scheduler leaves it) and a fresh one's

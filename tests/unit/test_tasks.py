@@ -273,7 +273,7 @@ def test_mc_same_problem_split_as_arithmetic_and_seed_independent_content():
 
 
 def test_mc_prompts_and_labels_are_tiny_vocab_tokens(tmp_path):
-    from workers.models import build_tiny_model, load_tokenizer
+    from workers.models.loading import build_tiny_model, load_tokenizer
 
     tok = load_tokenizer(str(build_tiny_model(tmp_path / "tiny")))
     task = make_task(TaskConfig(name="arithmetic_mc", max_operand=4, ops=["+", "-", "*"]), 0)

@@ -1,4 +1,4 @@
-"""workers/weight_sync.py without vLLM: safetensors packing (round trip, sharding, dtype, tied weights, read back by
+"""workers/sync/full_weights.py without vLLM: safetensors packing (round trip, sharding, dtype, tied weights, read back by
 transformers), the checksum slice, and the checkpoint-name check the engine runs before loading."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from workers.weight_sync import (
+from workers.sync.full_weights import (
     INDEX_FILE,
     SINGLE_FILE,
     check_checkpoint_names,

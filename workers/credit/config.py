@@ -1,6 +1,6 @@
 """Typed configuration of the credit-assignment stack.
 
-These pydantic models are embedded in the trial config (`orchestrator/config.py`), so the YAML a user writes,
+These pydantic models are embedded in the trial config (`orchestrator/config/trial.py`), so the YAML a user writes,
 the config a trial receives and the checkpoint's copy are the same objects. Field names equal YAML keys.
 """
 

@@ -17,7 +17,7 @@ from .config import TaskConfig
 
 _INT = re.compile(r"-?\d+")
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
-LABELS = ("A", "B", "C", "D")  # single tokens of the tiny vocabulary (workers.models.WORDS)
+LABELS = ("A", "B", "C", "D")  # single tokens of the tiny vocabulary (workers.models.loading.WORDS)
 _LABEL = re.compile(r"\s*([A-Za-z]+)")
 
 

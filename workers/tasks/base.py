@@ -186,7 +186,7 @@ class Task(ABC):
     `action_tokens` (strings, each exactly one token of the policy's tokenizer), and the action is the *first
     completion token*. The sampler restricts and floors that token's distribution over the set
     (`RolloutWorker.generate(action_token_ids=...)`) and the learner recomputes it
-    (`workers.probability_floor.floored_token_logprobs` with positions = first completion token). Tasks with
+    (`workers.objectives.probability_floor.floored_token_logprobs` with positions = first completion token). Tasks with
     free-form answers return None.
     """
 

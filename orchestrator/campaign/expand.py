@@ -1,0 +1,396 @@
+"""Campaign files: the schema and the pure expansion into trial configs.
+
+A campaign is a grid: conditions (named overrides of `base`) x seeds x an optional sweep (key path -> values),
+every combination one trial named `<condition>_s<seed>[_<sweep label>]`. Expansion is pure and deterministic:
+the same file gives the same trials in the same order, and every trial config is validated here, so a bad
+campaign fails before anything launches.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import itertools
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+)
+
+from orchestrator import storage as store
+from orchestrator.campaign.sections import (  # the campaign schema's sections, re-exported
+    CONTRAST,
+    MEASURE,
+    AdaptiveSeeds,
+    BudgetConfig,
+    ReportSettings,
+    ScheduleConfig,
+    SeedsConfig,
+)
+from orchestrator.config.errors import UserError, first_error, format_validation
+from orchestrator.config.files import load_yaml
+from orchestrator.config.trial import ResourcesConfig, TrialConfig, WandbConfig
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class CampaignResources(ResourcesConfig):
+    """Per-trial resources: one placement group of driver + rollout workers + learner."""
+
+    rollout_workers: int = Field(2, ge=1)
+
+
+class CampaignConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    base: dict[str, Any] = Field(default_factory=dict, description="a trial config (keys of TrialConfig)")
+    conditions: dict[str, dict[str, Any]] = Field(min_length=1)
+    # a list, or {adaptive: {...}} (seeds 0 .. max-1, added look by look); the tag picks the branch to validate
+    seeds: Annotated[Annotated[list[int], Tag("list")] | Annotated[SeedsConfig, Tag("table")],
+                     Discriminator(lambda v: "table" if isinstance(v, dict | SeedsConfig) else "list")]
+    sweep: dict[str, list[Any]] = Field(default_factory=dict, description="key path -> values, crossed")
+    resources: CampaignResources | None = Field(None, description="overrides base.resources/rollout.num_workers")
+    max_concurrent_trials: int | None = Field(None, ge=1)
+    max_failures: int = Field(2, ge=0, description="Tune retries per trial (each resumes from its checkpoint)")
+    storage: str = Field("results", description="absolute path or URI; relative paths: from the campaign file")
+    storage_shared: bool = Field(False, description="declare a plain path visible to every node (NFS, ...)")
+    wandb: WandbConfig = WandbConfig()
+    report: ReportSettings = ReportSettings()
+    schedule: ScheduleConfig = ScheduleConfig()
+    budget: BudgetConfig | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME.match(v):
+            raise ValueError("must start with a letter or digit and use only letters, digits, '_', '.', '-'")
+        return v
+
+    @field_validator("conditions")
+    @classmethod
+    def _conditions(cls, v: dict) -> dict:
+        for name, override in v.items():
+            if not NAME.match(str(name)):
+                raise ValueError(f"condition name {name!r} must use only letters, digits, '_', '.', '-'")
+            if override is None:
+                v[name] = {}
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: list[int] | SeedsConfig) -> list[int] | SeedsConfig:
+        if isinstance(v, SeedsConfig):
+            return v
+        if not v:
+            raise ValueError("needs at least one seed")
+        dup = sorted({s for s in v if v.count(s) > 1})
+        if dup:
+            raise ValueError(f"seeds must not repeat (repeated: {dup})")
+        return v
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep(cls, v: dict) -> dict:
+        for key, values in v.items():
+            if not values:
+                raise ValueError(f"sweep key {key!r} needs at least one value")
+        return v
+
+    def seed_list(self) -> list[int]:
+        """Every seed a trial may run with: the list, or 0 .. max-1 for adaptive seeds."""
+        return list(range(self.seeds.adaptive.max)) if isinstance(self.seeds, SeedsConfig) else list(self.seeds)
+
+    @property
+    def adaptive(self) -> AdaptiveSeeds | None:
+        return self.seeds.adaptive if isinstance(self.seeds, SeedsConfig) else None
+
+
+@dataclass(frozen=True)
+class ExpandedTrial:
+    name: str
+    condition: str
+    seed: int
+    sweep: dict[str, Any]
+    config: dict[str, Any] = field(repr=False)  # the validated trial config, dumped (what trials receive)
+    trial: TrialConfig = field(repr=False, compare=False)  # the same, as the typed object
+
+    def row(self) -> dict[str, Any]:
+        return {"name": self.name, "condition": self.condition, "seed": self.seed, "sweep": self.sweep,
+                "config": self.config}
+
+
+@dataclass(frozen=True)
+class Campaign:
+    config: CampaignConfig
+    source: str  # the file it came from (for messages)
+    directory: str  # <storage>/<name>: the Tune experiment directory (absolute path or URI)
+    storage: str
+    trials: list[ExpandedTrial]
+
+
+# ----------------------------------------------------------------------------------------------- key paths
+def _field_model(model: type[BaseModel], name: str) -> type[BaseModel] | None:
+    """The pydantic model a field holds (unwrapping `X | None`), or None for a plain value or free-form dict."""
+    ann = model.model_fields[name].annotation
+    return next((c for c in (ann, *typing.get_args(ann)) if isinstance(c, type) and issubclass(c, BaseModel)), None)
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names valid at `loc` inside `model` (for "did you mean" on unknown keys)."""
+    current: type[BaseModel] | None = model
+    for part in loc[:-1]:
+        if current is None or str(part) not in current.model_fields:
+            return []
+        current = _field_model(current, str(part))
+    return list(current.model_fields) if current is not None else []
+
+
+def _suggest(word: str, allowed: list[str]) -> str:
+    close = difflib.get_close_matches(word, allowed, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else (f"; allowed: {', '.join(allowed)}" if allowed else "")
+
+
+def _validation_message(source: str, model: type[BaseModel], err: ValidationError) -> str:
+    first = first_error(err)
+    # `seeds` is a list or a table: pydantic names the branch in the key path, the user never wrote it
+    msg = format_validation(source, err).replace(": seeds.table.", ": seeds.").replace(": seeds.list", ": seeds")
+    if first["type"] == "extra_forbidden":
+        msg += _suggest(str(first["loc"][-1]), _allowed_keys(model, first["loc"]))
+    return msg
+
+
+def check_key_path(path: str) -> str | None:
+    """None when `path` (dotted) names a field of TrialConfig, else the reason."""
+    current: type[BaseModel] | None = TrialConfig
+    for part in path.split("."):
+        if current is None:
+            return None  # inside a free-form dict: anything goes
+        if part not in current.model_fields:
+            return "unknown key" + _suggest(part, list(current.model_fields))
+        current = _field_model(current, part)
+    return None
+
+
+# ----------------------------------------------------------------------------------------------- expansion
+def deep_merge(base: dict, override: dict) -> dict:
+    """Tables merge key by key; any other value (lists included) replaces the base value whole."""
+    out = copy.deepcopy(base)
+    for k, v in override.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def set_path(data: dict, path: str, value: Any) -> None:
+    """Set a dotted key path; the value is stored whole (a swept table replaces the table)."""
+    *parents, last = path.split(".")
+    node = data
+    for p in parents:
+        if not isinstance(node.get(p), dict):
+            node[p] = {}
+        node = node[p]
+    node[last] = copy.deepcopy(value)
+
+
+def _fmt(value: Any, index: int) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, int | str) and re.fullmatch(r"[A-Za-z0-9_.+-]+", str(value)):
+        return str(value)
+    return f"v{index}"  # tables, lists, odd strings: position in the sweep list
+
+
+def sweep_points(sweep: dict[str, list[Any]]) -> list[tuple[dict[str, Any], str]]:
+    """Every combination of swept values with its short label, in file order."""
+    if not sweep:
+        return [({}, "")]
+    keys = list(sweep)
+    lasts = [k.split(".")[-1] for k in keys]
+    short = [k.split(".")[-1] if lasts.count(k.split(".")[-1]) == 1 else ".".join(k.split(".")[-2:]) for k in keys]
+    points = []
+    for combo in itertools.product(*(list(enumerate(sweep[k])) for k in keys)):
+        values = {k: v for k, (_, v) in zip(keys, combo, strict=True)}
+        label = "_".join(f"{s}{_fmt(v, i)}" for s, (i, v) in zip(short, combo, strict=True))
+        points.append((values, label))
+    return points
+
+
+def _origin(loc: tuple, condition: str, override: dict, sweep_values: dict) -> str:
+    """Which part of the campaign file a failing trial-config key came from."""
+    dotted = ".".join(str(p) for p in loc)
+    for key in sweep_values:
+        if loc and (dotted == key or dotted.startswith(key + ".") or key.startswith(dotted + ".")):
+            return f"sweep.{key}"
+    node, matched = override, 0
+    for part in loc:
+        if not (isinstance(node, dict) and part in node):
+            break
+        node, matched = node[part], matched + 1
+    if not loc:  # a check across keys: base and the condition's override both feed it
+        return f"conditions.{condition} (merged with base)" if override else "base"
+    prefix = f"conditions.{condition}" if matched else "base"
+    return f"{prefix}.{dotted}"
+
+
+def run_id(directory: str, trial: str) -> str:
+    """A W&B run id stable across resumes and distinct between two campaigns stored in different places."""
+    import hashlib
+
+    digest = hashlib.sha1(directory.encode()).hexdigest()[:8]
+    return re.sub(r"[^A-Za-z0-9_-]", "-", f"{trial}-{digest}")
+
+
+def expand(cfg: CampaignConfig, source: str = "<campaign>", directory: str = "") -> list[ExpandedTrial]:
+    """All trials of the campaign, validated, in order condition -> sweep point -> seed."""
+    from workers.credit import CreditError, resolve_plugins
+
+    for key in ("name", "seed", "output_dir", "labels"):
+        if key in cfg.base:
+            raise UserError(f"{source}: base.{key}: set by the campaign for each trial; remove it from base")
+    for key in cfg.sweep:
+        why = check_key_path(key)
+        if why:
+            raise UserError(f"{source}: sweep.{key}: {why}")
+        if key.split(".")[0] in ("name", "seed", "output_dir", "labels", "wandb"):
+            raise UserError(f"{source}: sweep.{key}: cannot be swept (set by the campaign)")
+    for cond, override in cfg.conditions.items():
+        for key in ("name", "seed", "output_dir", "labels"):
+            if key in override:
+                raise UserError(f"{source}: conditions.{cond}.{key}: set by the campaign; remove it")
+
+    cfg.report.contrast_pairs(list(cfg.conditions), source)
+    trials: list[ExpandedTrial] = []
+    seen: dict[str, str] = {}
+    for cond, override in cfg.conditions.items():
+        merged = deep_merge(cfg.base, override)
+        for values, label in sweep_points(cfg.sweep):
+            for seed in cfg.seed_list():
+                name = f"{cond}_s{seed}" + (f"_{label}" if label else "")
+                data = copy.deepcopy(merged)
+                for key, value in values.items():
+                    set_path(data, key, value)
+                if cfg.resources is not None:
+                    data.setdefault("rollout", {})["num_workers"] = cfg.resources.rollout_workers
+                    data["resources"] = cfg.resources.model_dump(exclude={"rollout_workers"})
+                data.update(name=name, seed=seed, labels={"condition": cond, "seed": seed, **values})
+                if directory:
+                    data["output_dir"] = store.trial_dir(directory, name)
+                data["wandb"] = {**cfg.wandb.model_dump(), "group": cfg.name, "job_type": cond,
+                                 "tags": [*cfg.wandb.tags, f"seed:{seed}", f"condition:{cond}"],
+                                 "dir": cfg.wandb.dir or (directory if directory and not store.is_uri(directory)
+                                                          else None),
+                                 "run_id": run_id(directory, name) if directory else None}
+                where = f"trial {name}: "
+                try:
+                    trial_cfg = TrialConfig.model_validate(data)
+                except ValidationError as err:
+                    loc = first_error(err)["loc"]
+                    origin = _origin(loc, cond, override, values)
+                    msg = _validation_message(source, TrialConfig, err)
+                    dotted = ".".join(str(p) for p in loc) or "<root>"
+                    raise UserError(msg.replace(f"{source}: {dotted}", f"{source}: {origin}", 1)
+                                    + f" ({where.rstrip(': ')})") from None
+                try:
+                    resolve_plugins(trial_cfg.credit)
+                except CreditError as exc:
+                    origin = f"conditions.{cond}.credit" if "credit" in override else "base.credit"
+                    raise UserError(f"{source}: {origin}: {exc} ({where.rstrip(': ')})") from None
+                if name in seen:
+                    raise UserError(f"{source}: sweep: trial name {name!r} repeats ({seen[name]}); sweep values "
+                                    "must give distinct labels")
+                seen[name] = name
+                trials.append(ExpandedTrial(name, cond, seed, values, trial_cfg.model_dump(mode="json"), trial_cfg))
+    return trials
+
+
+def load_campaign(path: str | Path) -> Campaign:
+    """Read, validate and expand a campaign file; every user mistake raises UserError (one line)."""
+    source = str(path)
+    data = load_yaml(path)
+    try:
+        cfg = CampaignConfig.model_validate(data)
+    except ValidationError as err:
+        raise UserError(_validation_message(source, CampaignConfig, err)) from None
+    try:
+        storage = store.resolve(cfg.storage, Path(path).resolve().parent)
+    except KeyError as exc:
+        raise UserError(f"{source}: storage: environment variable {exc.args[0]} is not set "
+                        "(use ${VAR:-default} for a fallback)") from None
+    directory = store.join(storage, cfg.name)
+    trials = expand(cfg, source, directory)
+    check_schedule(cfg, trials, source)
+    return Campaign(cfg, source, directory, storage, trials)
+
+
+def check_schedule(cfg: CampaignConfig, trials: list[ExpandedTrial], source: str) -> None:
+    """schedule / budget / seeds.adaptive against the trials they govern (one line each, before launch)."""
+    sched, budget, adaptive = cfg.schedule, cfg.budget, cfg.adaptive
+    if sched.mode == "lockstep":
+        if sched.round_steps is None:
+            raise UserError(f"{source}: schedule.round_steps: lockstep needs round_steps (a multiple of "
+                            "checkpoint.every)")
+        for t in trials:
+            every = t.trial.checkpoint.every
+            if sched.round_steps % every:
+                raise UserError(f"{source}: schedule.round_steps: {sched.round_steps} is not a multiple of "
+                                f"checkpoint.every ({every}, trial {t.name}); a trial may pause only at a checkpoint")
+    elif sched.round_steps is not None:
+        raise UserError(f"{source}: schedule.round_steps: only with mode: lockstep")
+    if budget is not None:
+        if sched.mode != "lockstep":
+            raise UserError(f"{source}: budget: needs schedule: {{mode: lockstep, round_steps: k}} (a budget ends "
+                            "the campaign at a round boundary, so every trial stops at the same step)")
+        if budget.gpu_hours is None and budget.deadline is None:
+            raise UserError(f"{source}: budget: give gpu_hours or deadline")
+    if adaptive is not None:
+        other, base = CONTRAST.match(adaptive.contrast).groups()
+        for name in (other, base):
+            if name not in cfg.conditions:
+                raise UserError(f"{source}: seeds.adaptive.contrast: {name!r} is not a condition; conditions: "
+                                + ", ".join(cfg.conditions))
+        if other == base:
+            raise UserError(f"{source}: seeds.adaptive.contrast: compares {base} with itself")
+        if cfg.sweep:
+            raise UserError(f"{source}: seeds.adaptive: not with a sweep (the contrast pairs seeds of two "
+                            "conditions; run one campaign per swept value)")
+        m = MEASURE.match(adaptive.measure)
+        if m.group(2) is not None:
+            hi = int(m.group(3))
+            for t in trials:
+                if t.condition in (other, base) and hi > t.trial.steps - 1:
+                    raise UserError(f"{source}: seeds.adaptive.measure: {adaptive.measure} needs step {hi}; trial "
+                                    f"{t.name} runs steps 0..{t.trial.steps - 1}")
+
+
+def trial_table(trials: list[ExpandedTrial]) -> str:
+    """The plain-text table `expand` prints."""
+    from orchestrator.trial.actors import bundles
+
+    rows = [("trial", "condition", "seed", "sweep", "steps", "bundles (driver + workers + learner ranks)")]
+    for t in trials:
+        c = t.trial
+        b = bundles(c)
+        cpus, gpus = sum(x.get("CPU", 0) for x in b), sum(x.get("GPU", 0) for x in b)
+        sweep = ", ".join(f"{k}={v}" for k, v in t.sweep.items()) or "-"
+        rows.append((t.name, t.condition, str(t.seed), sweep, str(c.steps),
+                     f"{len(b)} bundles, {cpus:g} CPU, {gpus:g} GPU"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

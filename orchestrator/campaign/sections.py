@@ -1,0 +1,124 @@
+"""The campaign file's analysis and scheduling sections (`report:`, `schedule:`, `budget:`, `seeds: {adaptive:}`)
+as pydantic models; `orchestrator/campaign/expand.py` holds the campaign schema that uses them."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from orchestrator.config.errors import UserError
+
+
+class ReportSettings(BaseModel):
+    """`report:` what `python -m orchestrator report` computes for this campaign (flags override it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    effect_of_interest: float | None = Field(
+        None, gt=0, description="the smallest difference worth detecting, in the metric's units (0.05 = 5pp for a "
+                                "rate); the power table's seeds per arm and power are computed for it")
+    contrasts: list[str] = Field(default_factory=list,
+                                 description='"A-B": condition A minus condition B, paired by seed ("C4-C3")')
+    auc_windows: list[tuple[int, int]] | None = Field(
+        None, description="AUC windows [lo, hi] in steps; default from the metric's logging cadence")
+    auc_interpolate: bool = Field(False, description="bridge a missing interior step of a run's curve linearly "
+                                                     "instead of dropping the run from the window")
+
+    @field_validator("auc_windows")
+    @classmethod
+    def _windows(cls, v: list[tuple[int, int]] | None) -> list[tuple[int, int]] | None:
+        for lo, hi in v or []:
+            if not 0 <= lo < hi:
+                raise ValueError(f"window [{lo}, {hi}] needs 0 <= lo < hi")
+        return v
+
+    def contrast_pairs(self, conditions: list[str], source: str = "report") -> list[tuple[str, str]]:
+        """`(A, B)` for each "A-B" contrast; condition names may hold '-', so the split must leave two known
+        conditions. Raises UserError naming `<source>: report.contrasts[i]` otherwise."""
+        if not self.contrasts:
+            return []
+        from orchestrator.report.comparisons import parse_contrast  # the report's parser (imports pandas)
+
+        out = []
+        for i, text in enumerate(self.contrasts):
+            pair = parse_contrast(text, conditions)
+            if pair is None:
+                raise UserError(f"{source}: report.contrasts[{i}]: {text!r} must be 'A-B' with two different "
+                                f"conditions of this campaign ({', '.join(conditions)})")
+            out.append(pair)
+        return out
+MEASURE = re.compile(r"^(auc_(\d+)_(\d+)|final)$")
+CONTRAST = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.]*)-([A-Za-z0-9][A-Za-z0-9_.]*)$")
+
+
+class ScheduleConfig(BaseModel):
+    """How trials share the cluster (orchestrator/tune/lockstep.py). fifo: Tune's default, each trial runs to its end
+    once started. lockstep: rounds of `round_steps` steps; no trial starts round r+1 before every unfinished trial
+    has finished round r."""
+
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["fifo", "lockstep"] = "fifo"
+    round_steps: int | None = Field(None, ge=1, description="steps per round (lockstep); a multiple of "
+                                    "checkpoint.every, so a trial pauses only at a checkpoint")
+
+
+class BudgetConfig(BaseModel):
+    """Ends a lockstep campaign at the first round boundary where the next round would overrun: spent GPU-hours
+    plus the last round's cost above `gpu_hours`, or now plus the last round's duration past `deadline`."""
+
+    model_config = ConfigDict(extra="forbid")
+    gpu_hours: float | None = Field(None, gt=0)
+    deadline: datetime | None = Field(None, description="ISO 8601; without a time zone: UTC")
+
+    @field_validator("deadline")
+    @classmethod
+    def _utc(cls, v: datetime | None) -> datetime | None:
+        return v.replace(tzinfo=UTC) if v is not None and v.tzinfo is None else v
+
+
+class AdaptiveSeeds(BaseModel):
+    """Add `step` seeds to every condition until the `contrast`'s group-sequential interval on `measure` excludes
+    zero, or `max` seeds ran (orchestrator/tune/adaptive.py; O'Brien-Fleming-type alpha spending over the looks)."""
+
+    model_config = ConfigDict(extra="forbid")
+    start: int = Field(3, ge=3, description="seeds at the first look (a paired interval needs 3)")
+    max: int = Field(16, ge=3)
+    step: int = Field(1, ge=1)
+    contrast: str = Field(description="OTHER-BASE, two condition names, e.g. C4-C1")
+    measure: str = Field("auc_0_15", description="auc_LO_HI (normalized AUC over steps LO..HI) or final")
+    metric: str | None = Field(None, description="default: eval/success, else eval/pass@1, else "
+                               "train/correct_rate (the report's default)")
+    alpha: float = Field(0.05, gt=0, lt=0.5, description="the whole procedure's two-sided false-claim rate")
+
+    @field_validator("contrast")
+    @classmethod
+    def _contrast(cls, v: str) -> str:
+        if not CONTRAST.match(v):
+            raise ValueError("must be OTHER-BASE, two condition names joined by '-', e.g. C4-C1")
+        return v
+
+    @field_validator("measure")
+    @classmethod
+    def _measure(cls, v: str) -> str:
+        m = MEASURE.match(v)
+        if not m or (m.group(2) is not None and int(m.group(2)) >= int(m.group(3))):
+            raise ValueError("must be auc_LO_HI with LO < HI (e.g. auc_0_15) or final")
+        return v
+
+    @model_validator(mode="after")
+    def _range(self) -> AdaptiveSeeds:
+        if self.max < self.start:
+            raise ValueError(f"max ({self.max}) must be at least start ({self.start})")
+        return self
+
+    def looks(self) -> list[int]:
+        """Seeds per condition at each look: start, start + step, ..., max."""
+        return sorted({*range(self.start, self.max, self.step), self.max})
+
+
+class SeedsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    adaptive: AdaptiveSeeds

@@ -1,0 +1,1 @@
+"""The trial schema (pydantic), the one YAML loader, user errors, placement bundles."""

@@ -1,0 +1,326 @@
+"""The one typed schema of a trial. YAML keys == field names; `extra="forbid"` everywhere.
+
+Defaults run the local default: the tiny reasoning model (built locally, warm-started: workers/models/reasoner.py) on
+the chain task, two vLLM-CPU rollout workers, a LoRA learner, on a local Ray. Tests where learning is not the
+point pin `model: {name: tiny}` (random init) with `task: {name: arithmetic}` and short completions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from workers.credit.config import CreditConfig
+from workers.objectives.interventions import InterventionsConfig, scoring_pass_needs
+from workers.objectives.losses import Aggregation
+from workers.tasks.config import TaskConfig
+
+AGENTIC_MAX_MODEL_LEN = 2048
+FULL_MODE_LR = 1e-6  # verl's / RAGEN's actor lr for full fine-tuning
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Strict):
+    name: str = Field("tiny-reasoner", description=(
+        "hub name, local path, or a locally built model: 'tiny-reasoner' (warm-started on the chain task), "
+        "'tiny' (random init, arithmetic vocabulary), 'tiny-agent' (agentic tasks), or a tiny random-init model "
+        "of a seed's family (workers/models/families.py): 'tiny-qwen2-base', 'tiny-qwen2-instruct', 'tiny-qwen3', "
+        "'tiny-qwen3-2507'"))
+    tiny_seed: int = 0
+    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto: fp32 on CPU, bf16 on GPU")
+    max_model_len: int | None = Field(None, ge=16, description=(
+        "context length of the engines. None: 128 for single-turn tasks, 2048 for agentic ones (a 5-turn episode "
+        "is the first prompt + turns x (answer + observation)); checked against the task's first prompt before "
+        "launch"))
+
+
+class EngineConfig(_Strict):
+    """`vllm.LLM` settings a GPU user tunes, passed through to every rollout worker's engine (workers/rollout/worker.py).
+    None = vLLM's own default (or the platform's, for `enforce_eager`)."""
+
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per rollout worker's engine")
+    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
+    enforce_eager: bool | None = Field(None, description=(
+        "None: off on a GPU (CUDA graphs run), on for the CPU build"))
+    enable_prefix_caching: bool = Field(True, description="the n samples of a prompt share its prefill")
+    max_num_seqs: int | None = Field(None, ge=1, description="sequences per engine step")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="tokens per engine step")
+    in_process: bool | None = Field(None, description=(
+        "run vLLM's engine core and model worker inside the rollout actor's process. None: on for the CPU build "
+        "(saves two process starts per engine) except with rollout.mode one_step_off (generation overlapping the "
+        "learner in-process fights it for the cores), off on a GPU (a separate engine core overlaps scheduling "
+        "with the forward pass)"))
+
+    @model_validator(mode="after")
+    def _one_worker_in_process(self) -> EngineConfig:
+        if self.in_process and self.tensor_parallel_size > 1:
+            raise ValueError("in_process runs one model worker: it needs tensor_parallel_size 1")
+        return self
+
+
+class RolloutConfig(_Strict):
+    num_workers: int = Field(2, ge=1)
+    prompts_per_step: int = Field(16, ge=1)
+    n: int = Field(8, ge=1, description="rollouts per prompt (the group size G)")
+    temperature: float = Field(1.0, gt=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description=(
+        "< 1 needs learner.old_logprobs 'rollout': the learner cannot reproduce vLLM's renormalised nucleus"))
+    max_tokens: int = Field(64, ge=1)
+    skip_uninformative: bool | None = Field(None, description=(
+        "drop groups whose rewards are all equal before training (their group-relative advantages are 0). "
+        "None: true, except under credit.advantage_mode gae, whose advantages of such groups are not 0"))
+    # agentic (multi-turn) tasks; max_tokens is then per turn
+    max_turns: int = Field(5, ge=1, description="turns per episode (agentic tasks)")
+    max_actions_per_turn: int = Field(2, ge=1, description="actions read from one answer (agentic tasks)")
+    max_actions_per_episode: int = Field(10, ge=1, description="actions per episode (agentic tasks)")
+    engine: EngineConfig = EngineConfig()
+    mode: Literal["sync", "one_step_off"] = Field("sync", description=(
+        "one_step_off: step t+1 is generated (with the adapter of step t) while the learner trains on step t"))
+    tis_cap: float | None = Field(None, ge=1.0, description=(
+        "per-token truncated importance weight min(pi_old / pi_rollout, tis_cap) on the policy loss, for the "
+        "vLLM / learner mismatch (verl's token-level rollout_is, threshold 2); needs learner.old_logprobs "
+        "'recompute'. None: off in sync mode, 2.0 under one_step_off (the batch was sampled by the previous policy)"))
+
+    @model_validator(mode="after")
+    def _one_step_off_weights(self) -> RolloutConfig:
+        if self.tis_cap is None and self.mode == "one_step_off":
+            self.tis_cap = 2.0
+        return self
+
+    @model_validator(mode="after")
+    def _action_budget(self) -> RolloutConfig:
+        if self.max_actions_per_turn > self.max_actions_per_episode:
+            raise ValueError(f"max_actions_per_turn ({self.max_actions_per_turn}) must be <= "
+                             f"max_actions_per_episode ({self.max_actions_per_episode})")
+        return self
+
+
+class LoraSettings(_Strict):
+    rank: Literal[1, 8, 16, 32, 64, 128, 256] = 8
+    alpha: float = 16.0
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class OptimConfig(_Strict):
+    lr: float = Field(2e-3, gt=0.0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    micro_batch_size: int = Field(64, ge=1)
+    mini_batch_size: int | None = Field(None, ge=1, description=(
+        "trajectories per optimizer step (PPO mini-batches, shuffled each epoch); None = the whole batch"))
+    ppo_epochs: int = Field(1, ge=1, description="passes over the batch per training step")
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1, description=(
+        "micro-batches by a token budget (sequences packed greedily, padded length x rows <= budget) instead of "
+        "micro_batch_size sequences; None = by count"))
+
+
+class LossConfig(_Strict):
+    clip_low: float = Field(0.2, ge=0.0, lt=1.0)
+    clip_high: float = Field(0.2, ge=0.0)
+    dual_clip: float | None = Field(3.0, gt=1.0, description=(
+        "cap the loss of negative-advantage tokens at -A * dual_clip (verl's clip_ratio_c, always on there); "
+        "None: off. The log-ratio is always clamped to +-20 before exp, as in verl"))
+    aggregation: Aggregation = "token-mean"
+
+
+class CriticConfig(_Strict):
+    """The value model of `credit.advantage_mode: gae` (workers/learner/critic.py): a LoRA adapter on the policy's base
+    weights plus a scalar head, or (`model: full`) its own full model plus a head; trained with its own optimizer
+    on the same mini-batches as the policy."""
+
+    lr: float = Field(1e-5, gt=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    cliprange_value: float = Field(0.5, gt=0.0, description="value updates are clipped to old value +- this")
+    warmup_steps: int = Field(0, ge=0, description=(
+        "verl's critic_warmup: the policy is first updated at training step warmup_steps - 1 (counted from 0), so "
+        "N > 0 gives N - 1 critic-only steps, as in verl"))
+    lora: LoraSettings | None = Field(None, description="the critic adapter's settings; None = the policy's")
+    model: Literal["full", "lora"] | None = Field(None, description=(
+        "full: the critic is its own full model (the policy's initial weights) with a value head, every weight "
+        "trained (RAGEN's shape; full mode only); lora: a LoRA adapter + value head on the policy's base weights, "
+        "no second model (under full mode the base is the trained policy: the critic reads the current policy's "
+        "hidden states and its loss never moves them). None: the same as learner.mode"))
+
+
+class LearnerConfig(_Strict):
+    mode: Literal["lora", "full"] = Field("lora", description=(
+        "lora: the policy is a LoRA adapter on frozen base weights, the KL reference is the base (adapter "
+        "disabled), vLLM hot-swaps the adapter. full: every weight of the policy trains (seed 004's verl FSDP "
+        "actor), the reference is a frozen copy loaded only when KL is on or measured, and vLLM reloads the full "
+        "weights every step. optim.lr defaults to 1e-6 under full"))
+    lora: LoraSettings = LoraSettings()
+    optim: OptimConfig = OptimConfig()
+    loss: LossConfig = LossConfig()
+    critic: CriticConfig = CriticConfig()
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less memory)")
+    cpu_offload: bool = Field(False, description=(
+        "keep the sharded parameters, gradients and optimizer state in CPU memory and step the optimizer there "
+        "(FSDP2's CPUOffloadPolicy): less GPU memory, slower steps"))
+    old_logprobs: Literal["recompute", "rollout"] = Field("recompute", description=(
+        "the PPO ratio's anchor pi_old. recompute: the learner's log-probs from a no-grad scoring pass (eval mode) "
+        "before the step's first update (verl's default, 'decoupled'; rollout.tis_cap adds the truncated importance "
+        "weight for the vLLM / learner mismatch); rollout: vLLM's processed log-probs (verl's 'bypass' mode), and "
+        "the scoring pass is skipped (only when nothing else needs it)"))
+
+
+class EvalConfig(_Strict):
+    """Held-out evaluation: at steps 0, every, 2*every, ... and the last step, before that step's update (so
+    `eval/*` at step s measures the same policy as `train/correct_rate` at step s)."""
+
+    every: int = Field(10, ge=0, description="evaluate every this many steps; 0 = never")
+    problems: int = Field(32, ge=1, description="held-out problems per evaluation (the first ones, fixed)")
+    n: int = Field(8, ge=1, description="samples per problem")
+    k: int = Field(8, ge=1, description="pass@k with the unbiased estimator from n samples (k <= n)")
+    temperature: float = Field(1.0, gt=0.0, le=2.0)
+
+    @model_validator(mode="after")
+    def _k_le_n(self) -> EvalConfig:
+        if self.k > self.n:
+            raise ValueError(f"k ({self.k}) must be <= n ({self.n})")
+        return self
+
+
+class CheckpointSettings(_Strict):
+    every: int = Field(5, ge=1, description="report a checkpoint every this many steps (and at the end)")
+    keep: int = Field(2, description="checkpoints kept per trial, at least 2: a newest checkpoint found damaged "
+                      "on resume (a torn upload, a bad disk) needs an older one to fall back to")
+
+    @field_validator("keep")
+    @classmethod
+    def _keep_two(cls, v: int) -> int:
+        if v < 2:
+            raise ValueError(f"keep must be at least 2, got {v}: with 1, a damaged newest checkpoint leaves "
+                             "nothing to resume from")
+        return v
+
+
+class ResourcesConfig(_Strict):
+    driver_cpus: float = Field(0.5, gt=0.0)
+    worker_cpus: float = Field(1.0, gt=0.0)
+    worker_gpus: float = Field(0.0, ge=0.0)
+    learner_cpus: float = Field(1.0, gt=0.0)
+    learner_gpus: float = Field(0.0, ge=0.0, description=(
+        "GPUs per learner rank (one process drives one device; use learner_ranks for more GPUs)"))
+    learner_ranks: int = Field(1, ge=1, description=(
+        "learner processes forming one torch.distributed group (FSDP2-sharded model, mini-batches split by "
+        "tokens, one optimizer step); each gets learner_cpus and learner_gpus, on one node or spread by the "
+        "placement group"))
+    gpu_memory_gb: float | None = Field(None, gt=0.0, description=(
+        "memory of one learner GPU for the pre-launch fit check; None: from accelerator_type's known models"))
+
+    @field_validator("learner_gpus")
+    @classmethod
+    def _one_device_per_rank(cls, v: float) -> float:
+        if v > 1.0:
+            raise ValueError(f"learner_gpus is per learner rank and one rank drives one GPU (got {v:g}): set "
+                             f"learner_gpus: 1 and learner_ranks: {v:g} to shard the learner over {v:g} GPUs")
+        return v
+    accelerator_type: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="GPU model every GPU bundle needs (Ray's accelerator_type:<T> resource: H100, L4, A100, ...)")
+
+
+class WandbConfig(_Strict):
+    """What a user writes under `wandb:`. The API key never appears here: it comes from WANDB_API_KEY or
+    `api_key_file` (read on the node that runs the trial) and is never logged."""
+
+    mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="offline: files under `dir`, upload later with `wandb sync`")
+    project: str = "credit-orchestrator"
+    entity: str | None = None
+    tags: list[str] = []
+    dir: str | None = Field(None, description="local root for W&B files (default: the campaign directory)")
+    api_key_file: str | None = Field(None, description="file holding the API key (online mode)")
+
+
+class TrialWandb(WandbConfig):
+    """Per-trial W&B settings; a campaign fills group/job_type/run_id. A lone trial defaults to disabled."""
+
+    mode: Literal["offline", "online", "disabled"] = "disabled"
+    group: str | None = None
+    job_type: str | None = None
+    run_id: str | None = Field(None, description="stable id so a restored trial resumes its run")
+
+
+class TrialConfig(_Strict):
+    name: str = "local"
+    seed: int = 0
+    steps: int = Field(40, ge=1)
+    output_dir: str | None = Field(None, description="absolute dir or URI for metrics.jsonl; set by the launcher")
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig(name="chain")
+    rollout: RolloutConfig = RolloutConfig()
+    learner: LearnerConfig = LearnerConfig()
+    credit: CreditConfig = CreditConfig()
+    interventions: InterventionsConfig = InterventionsConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointSettings = CheckpointSettings()
+    resources: ResourcesConfig = ResourcesConfig()
+    wandb: TrialWandb = TrialWandb()
+    labels: dict[str, Any] = Field(default_factory=dict, description=(
+        "extra top-level keys logged with the config (campaigns set condition, seed and every swept key)"))
+
+    @model_validator(mode="after")
+    def _learner_mode(self) -> TrialConfig:
+        lrn = self.learner
+        if lrn.mode == "full" and "lr" not in lrn.optim.model_fields_set:
+            lrn.optim.lr = FULL_MODE_LR
+        if lrn.critic.model is None:
+            lrn.critic.model = lrn.mode
+        if lrn.cpu_offload and self.resources.learner_gpus == 0:
+            raise ValueError("learner.cpu_offload moves the learner's GPU state to CPU memory: it needs "
+                             "resources.learner_gpus > 0")
+        if lrn.critic.model == "full" and lrn.mode == "lora":
+            raise ValueError("learner.critic.model 'full' needs learner.mode 'full': under lora only the adapter "
+                             "trains, and the critic is an adapter on the policy's frozen base (critic.model 'lora')")
+        return self
+
+    @model_validator(mode="after")
+    def _fits(self) -> TrialConfig:
+        if self.model.max_model_len is None:
+            self.model.max_model_len = AGENTIC_MAX_MODEL_LEN if self.task.agentic else 128
+        if self.rollout.max_tokens >= self.model.max_model_len:
+            raise ValueError("rollout.max_tokens must be smaller than model.max_model_len")
+        if self.task.agentic and self.model.name in ("tiny", "tiny-reasoner"):
+            raise ValueError(f"task '{self.task.name}' needs a model whose vocabulary covers the environment's "
+                             f"text: use model.name 'tiny-agent' (or a real model), not '{self.model.name}'")
+        if self.task.name == "chain" and self.model.name == "tiny":
+            raise ValueError("task 'chain' needs a model that reads its text: use model.name 'tiny-reasoner' (or a "
+                             "real model), or task.name 'arithmetic' with 'tiny'")
+        if self.task.agentic and self.interventions.probability_floor.is_active:
+            raise ValueError("interventions.probability_floor needs a task with a one-token action set; "
+                             f"task '{self.task.name}' answers with multi-token actions")
+        if self.learner.old_logprobs == "rollout" and (needs := self._scoring_pass_needs()):
+            raise ValueError(f"learner.old_logprobs 'rollout' skips the scoring pass that {needs} needs: "
+                             "use 'recompute'")
+        if self.rollout.engine.tensor_parallel_size > max(self.resources.worker_gpus, 1.0):
+            raise ValueError(f"rollout.engine.tensor_parallel_size ({self.rollout.engine.tensor_parallel_size}) "
+                             f"needs resources.worker_gpus >= it (got {self.resources.worker_gpus})")
+        if self.rollout.skip_uninformative is None:
+            self.rollout.skip_uninformative = not self.credit.uses_critic
+        if self.rollout.top_p < 1.0 and self.learner.old_logprobs != "rollout":
+            raise ValueError(f"rollout.top_p {self.rollout.top_p} needs learner.old_logprobs 'rollout': with "
+                             "'recompute' the learner's pi_old is the full softmax, not vLLM's renormalised nucleus")
+        if self.rollout.tis_cap is not None and self.learner.old_logprobs == "rollout":
+            raise ValueError("rollout.tis_cap weights the loss by pi_old / pi_rollout: it needs learner.old_logprobs "
+                             "'recompute' (with 'rollout' the ratio is already to vLLM's log-probs)")
+        if self.interventions.probability_floor.is_active and self.rollout.top_p != 1.0:
+            raise ValueError("interventions.probability_floor needs rollout.top_p = 1 (the learner cannot "
+                             "reproduce a top-p truncated, floored distribution)")
+        return self
+
+    def _scoring_pass_needs(self) -> str | None:
+        """What reads the learner's no-grad scoring pass (None: nothing, `old_logprobs: rollout` may skip it)."""
+        if self.rollout.mode == "one_step_off":
+            return "rollout.mode one_step_off (pi_old of the importance weight)"
+        return scoring_pass_needs(self.credit, self.interventions)

@@ -1,0 +1,1 @@
+"""A campaign as a Ray job: submit, the job environment, status."""

@@ -1,0 +1,99 @@
+"""Step time of a trial from its token counts when no pilot campaign was measured: generate / score / train.
+
+time = generated tokens x 2P / generate rate + scored tokens x sP / score rate + trained tokens x tP / train rate
+(P: the model's parameters; 2P FLOPs a token forward), each rate in FLOP/s for the trial's GPUs of that role.
+The learner's factors s and t count its passes (`learner_flops`):
+- scoring (no grad): the policy 2P, the KL reference 2P (KL on or measured), the critic 2P (GAE);
+- training, per PPO epoch: a model whose weights train 6P (forward 2P, activation gradients 2P, weight gradients
+  2P); one whose base is frozen 4P (LoRA: the adapter's own gradients are negligible), for the policy and for the
+  critic (a LoRA critic's base is frozen in its passes under either mode); gradient checkpointing adds a
+  recomputed forward, 2P per trained model. The rates are effective FLOP/s per device: a device's dense bf16 peak times the
+fraction a workload of that kind reaches (decode-heavy generation far less than training). They are stated
+assumptions, not a fit to this project's runs: `plan --pilot DIR` replaces the whole model by the pilot's
+measured `time/*` per step, and the plan says which of the two it used.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from orchestrator.config.trial import TrialConfig
+
+# dense bf16 peak FLOP/s (vendor spec sheets) and the assumed share of it each kind of work reaches
+PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "cpu": 1e12}
+EFFICIENCY = {"generate": 0.05, "score": 0.35, "train": 0.30}
+TINY_PARAMS = {"tiny": 0.55e6, "tiny-reasoner": 2.0e6, "tiny-agent": 2.0e6}  # built in workers/models/loading.py
+
+
+def model_params(name: str) -> float | None:
+    """Parameters from the model name ('Qwen3-4B' -> 4e9, '0.5B', '350M'), the tiny test models by table;
+    None when the name does not say."""
+    if name in TINY_PARAMS:
+        return TINY_PARAMS[name]
+    m = re.search(r"(\d+(?:\.\d+)?)\s*([BbMm])(?![a-zA-Z])", name.rsplit("/", 1)[-1])
+    if not m:
+        return None
+    return float(m.group(1)) * (1e9 if m.group(2) in "Bb" else 1e6)
+
+
+@dataclass(frozen=True)
+class StepTokens:
+    """Tokens one step moves (upper bounds: every generation at max_tokens)."""
+
+    generations: int
+    generated: int  # tokens sampled by the rollout workers
+    scored: int  # tokens the learner runs forward only (old / reference log-probs)
+    trained: int  # tokens the policy's update runs forward + backward (x PPO epochs; the critic's in learner_flops)
+    eval_generated: float  # eval tokens per step, averaged over the trial
+
+
+def step_tokens(cfg: TrialConfig, prompt_tokens: int = 256) -> StepTokens:
+    """Token counts of one step; `prompt_tokens` is an assumed prompt length (a pilot measures it)."""
+    r = cfg.rollout
+    gens = r.prompts_per_step * r.n
+    turns = r.max_turns if cfg.task.agentic else 1
+    gen = gens * r.max_tokens * turns
+    seq = gens * (prompt_tokens * turns + r.max_tokens * turns)
+    epochs = cfg.learner.optim.ppo_epochs
+    scored = seq if cfg.learner.old_logprobs != "rollout" else 0
+    evals = 0.0
+    if cfg.eval.every:
+        looks = len(range(0, cfg.steps, cfg.eval.every)) + (1 if (cfg.steps - 1) % cfg.eval.every else 0)
+        evals = looks * cfg.eval.problems * cfg.eval.n * r.max_tokens * turns / cfg.steps
+    return StepTokens(gens, gen, scored, seq * epochs, evals)
+
+
+def learner_flops(cfg: TrialConfig) -> tuple[float, float]:
+    """(scoring, training) FLOPs per token in units of P, from the learner's passes (module docstring)."""
+    lrn, iv = cfg.learner, cfg.interventions
+    critic = cfg.credit.uses_critic
+    score = 2.0 + (2.0 if iv.kl.is_active or iv.kl.measure else 0.0) + (2.0 if critic else 0.0)
+    recompute = 2.0 if lrn.gradient_checkpointing else 0.0
+    train = (6.0 if lrn.mode == "full" else 4.0) + recompute
+    if critic:
+        train += (6.0 if lrn.critic.model == "full" else 4.0) + recompute
+    return score, train
+
+
+def device_kind(name: str | None) -> str:
+    if not name:
+        return "H100"
+    key = next((k for k in PEAK if k.lower() in name.lower()), None)
+    return key or "H100"
+
+
+def step_seconds(cfg: TrialConfig, device: str = "H100") -> dict[str, float] | None:
+    """Estimated seconds per step by part (generate, score, train), or None when the model size is unknown."""
+    p = model_params(cfg.model.name)
+    if p is None:
+        return None
+    tok = step_tokens(cfg)
+    peak = PEAK[device]
+    gen_devices = max(cfg.resources.worker_gpus, 1.0) * cfg.rollout.num_workers
+    learn_devices = max(cfg.resources.learner_gpus, 1.0) * cfg.resources.learner_ranks  # the group's devices
+    score_f, train_f = learner_flops(cfg)
+    gen = (tok.generated + tok.eval_generated) * 2 * p / (peak * EFFICIENCY["generate"] * gen_devices)
+    score = tok.scored * score_f * p / (peak * EFFICIENCY["score"] * learn_devices)
+    train = tok.trained * train_f * p / (peak * EFFICIENCY["train"] * learn_devices)
+    return {"generate": gen, "score": score, "train": train}

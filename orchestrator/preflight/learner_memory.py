@@ -1,0 +1,182 @@
+"""The memory one learner GPU needs, computed before launch from the model's config, and the check that refuses a
+trial that cannot fit (one line, exit 2) instead of letting it die of CUDA OOM inside an actor.
+
+Parameter counts are exact: the model class is built from its config on the meta device and its parameters (and
+the LoRA targets' shapes) counted. Per GPU, with N = resources.learner_ranks, as the learner holds them
+(workers/learner/modules.py):
+- trained weights (full mode: every weight of the policy, and of a full critic; a LoRA critic's adapter) sharded
+  over N: fp32 master weights, fp32 gradients, AdamW's two fp32 moments: 16 bytes per parameter / N;
+- frozen weights: the LoRA base (bf16 on one rank, fp32 when sharded: FSDP2 keeps one dtype per unit), the frozen
+  KL reference under full mode when KL is on or measured (bf16), / N;
+- the unsharded parameters FSDP gathers at a time: the largest decoder layer plus the root's (embeddings, head,
+  final norm), in bf16, twice (the next unit is prefetched);
+- activations of one micro-batch (max_tokens_per_micro_batch, else micro_batch_size x max_model_len tokens):
+  per token and layer about 10 hidden-sized and 3 intermediate-sized bf16 tensors kept for backward (with gradient
+  checkpointing: the layer's input only, plus one layer's full set), and the LM head's fp32 logits of every
+  token of the micro-batch, twice (the temperature-scaled copy and its gradient). This counts prompt tokens as
+  if they were response tokens, an upper bound;
+- cpu_offload moves the sharded fp32 state (weights, gradients, moments) off the GPU.
+Approximate are the activation constants and what the allocator fragments: the check keeps 10% of the GPU free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.config.errors import UserError
+from orchestrator.config.trial import TrialConfig
+
+GIB = 2**30
+RESERVE = 0.10  # of the GPU kept free: CUDA context, NCCL buffers, allocator fragmentation
+# GPU memory by Ray's accelerator_type label (ray.util.accelerators): GiB the device reports
+GPU_MEMORY_GIB = {"H100": 79.6, "H200": 139.8, "B200": 178.0, "A100": 79.2, "A100-80G": 79.2, "A100-40G": 39.4,
+                  "L40S": 44.4, "L4": 22.0, "A10G": 22.0, "V100": 31.7, "T4": 14.6}
+
+
+@dataclass(frozen=True)
+class ModelCounts:
+    params: int  # every parameter of the causal LM (tied ones once)
+    decoder: int  # the decoder without the LM head (the full critic's trunk)
+    largest_layer: int
+    root: int  # parameters outside the decoder layers: embeddings, head, final norm
+    lora: int  # LoRA parameters at the policy's rank and targets
+    lora_dims: tuple[tuple[str, int], ...]  # per LoRA-able Linear name: in + out features summed over the model
+    hidden: int
+    intermediate: int
+    layers: int
+    vocab: int
+
+
+def model_counts(model_path: str, cfg: TrialConfig, local_only: bool = False) -> ModelCounts | None:
+    """Exact counts from the model's config, or None when the config cannot be read here (`local_only`: from a
+    local path or the local hub cache only, never the network)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(model_path, local_files_only=local_only)
+    except (OSError, ValueError):
+        return None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    total = sum(p.numel() for p in model.parameters())
+    in_layers = sum(p.numel() for layer in layers for p in layer.parameters())
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight is model.get_input_embeddings().weight
+    dims: dict[str, int] = {}
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear):
+            key = name.rsplit(".", 1)[-1]
+            dims[key] = dims.get(key, 0) + m.in_features + m.out_features
+    lora_dims = tuple(sorted(dims.items()))
+    text = getattr(config, "text_config", None) or config
+    return ModelCounts(params=total, decoder=total - (0 if tied or head is None else head.weight.numel()),
+                       largest_layer=max((sum(p.numel() for p in m.parameters()) for m in layers), default=0),
+                       root=total - in_layers, lora=lora_params(lora_dims, cfg.learner.lora),
+                       lora_dims=lora_dims, hidden=text.hidden_size,
+                       intermediate=getattr(text, "intermediate_size", 4 * text.hidden_size),
+                       layers=len(layers), vocab=text.vocab_size)
+
+
+def lora_params(dims: tuple[tuple[str, int], ...], lora) -> int:
+    """LoRA parameters of one adapter: rank x (in + out) of every targeted Linear."""
+    return sum(lora.rank * d for name, d in dims if name in lora.target_modules)
+
+
+@dataclass(frozen=True)
+class LearnerMemory:
+    """Bytes one learner GPU holds, by kind."""
+
+    weights: float
+    grads: float
+    optimizer: float
+    gathered: float
+    activations: float
+    ranks: int
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.gathered + self.activations
+
+    def describe(self) -> str:
+        parts = ("weights", "grads", "optimizer", "gathered", "activations")
+        return f"{self.total / GIB:.1f} GiB (" + ", ".join(
+            f"{p} {getattr(self, p) / GIB:.1f}" for p in parts) + ")"
+
+
+def learner_memory(cfg: TrialConfig, counts: ModelCounts, ranks: int | None = None) -> LearnerMemory:
+    """Per-GPU bytes of the learner of `cfg` (see module docstring) on `ranks` ranks (default: the trial's)."""
+    n = ranks or cfg.resources.learner_ranks
+    lrn, iv = cfg.learner, cfg.interventions
+    full, sharded = lrn.mode == "full", n > 1 or lrn.cpu_offload or lrn.mode == "full"
+    trained = counts.params if full else counts.lora
+    frozen_bytes = 0.0 if full else counts.params * (4 if sharded else 2)
+    if cfg.credit.uses_critic:  # its own trunk (critic.model full), or an adapter on the policy's base
+        critic = lrn.critic
+        trained += counts.hidden + 1 + (counts.decoder if critic.model == "full"
+                                        else lora_params(counts.lora_dims, critic.lora or lrn.lora))
+    if full and (iv.kl.is_active or iv.kl.measure):
+        frozen_bytes += 2 * counts.params
+    offload = 0.0 if lrn.cpu_offload else 1.0
+    weights = (4 * trained * offload + frozen_bytes) / n
+    grads, optimizer = 4 * trained * offload / n, 8 * trained * offload / n
+    gathered = 2 * 2 * (counts.largest_layer + counts.root) if sharded else 0.0
+    tokens = lrn.optim.max_tokens_per_micro_batch or lrn.optim.micro_batch_size * cfg.model.max_model_len
+    per_token_layer = 2 * (10 * counts.hidden + 3 * counts.intermediate)
+    kept = (2 * counts.hidden * counts.layers + per_token_layer) if lrn.gradient_checkpointing \
+        else per_token_layer * counts.layers
+    activations = tokens * (kept + 2 * 4 * counts.vocab)
+    return LearnerMemory(weights, grads, optimizer, gathered, activations, n)
+
+
+def gpu_memory_gib(cfg: TrialConfig) -> float | None:
+    """One learner GPU's memory: resources.gpu_memory_gb, else by accelerator_type, else unknown."""
+    r = cfg.resources
+    if r.gpu_memory_gb is not None:
+        return r.gpu_memory_gb * 1e9 / GIB
+    return GPU_MEMORY_GIB.get(r.accelerator_type or "")
+
+
+def check_learner_memory(cfg: TrialConfig, model_path: str, source: str, name: str,
+                         local_only: bool = False) -> str | None:
+    """UserError (one line) when the trial's learner cannot fit its GPUs; the estimate as a line otherwise (None
+    when there is no learner GPU or the model's config cannot be read here)."""
+    if cfg.resources.learner_gpus <= 0:
+        return None
+    counts = model_counts(model_path, cfg, local_only)
+    if counts is None:
+        return None
+    need = learner_memory(cfg, counts)
+    have = gpu_memory_gib(cfg)
+    line = f"trial {name}: the learner needs about {need.describe()} per GPU on {need.ranks} rank(s)"
+    if have is None or need.total / GIB <= have * (1 - RESERVE):
+        return line + (f" of {have:.0f} GiB" if have is not None else " (GPU memory unknown: set "
+                       "resources.accelerator_type or resources.gpu_memory_gb to check it)")
+    fits = next((k for k in range(need.ranks + 1, 257)
+                 if learner_memory(cfg, counts, k).total / GIB <= have * (1 - RESERVE)), None)
+    how = (f"raise resources.learner_ranks to {fits}" if fits is not None
+           else "more ranks alone will not do")
+    gpu = cfg.resources.accelerator_type or "learner GPU"
+    raise UserError(f"{source}: resources.learner_ranks: {line} and a{'n' if gpu[0] in 'AEHILMNORSX' else ''} "
+                    f"{gpu} has {have:.0f} GiB ({RESERVE:.0%} kept free): {how}, or set learner.gradient_checkpointing, "
+                    "learner.cpu_offload, or a smaller learner.optim.max_tokens_per_micro_batch")
+
+
+def check_campaign_learners(campaign, local_only: bool = False) -> list[str]:
+    """`check_learner_memory` for each distinct learner setup of the campaign (model, learner, resources, the
+    critic and KL); returns their estimate lines (UserError for the first that cannot fit)."""
+    from orchestrator.trial.actors import resolve_model_quietly
+
+    lines, seen = [], set()
+    for t in campaign.trials:
+        c = t.trial
+        key = (c.model.model_dump_json(), c.learner.model_dump_json(), c.resources.model_dump_json(),
+               c.credit.uses_critic, c.interventions.kl.is_active or c.interventions.kl.measure)
+        if key in seen or c.resources.learner_gpus <= 0:
+            continue
+        seen.add(key)
+        line = check_learner_memory(c, resolve_model_quietly(c.model), campaign.source, t.name, local_only)
+        if line is not None:
+            lines.append(line)
+    return lines

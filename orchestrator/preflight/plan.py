@@ -1,0 +1,300 @@
+"""`python -m orchestrator plan CAMPAIGN [--pilot DIR] [--effect X]`: what a campaign will cost before it launches.
+
+Per trial: steps, generations and tokens (upper bounds: every generation at max_tokens), a step time and its
+source: a pilot campaign's measured step wall time (Tune's `time_this_iter_s`, the median after the first step,
+with the `time/*` parts beside it) for the same condition (else the pilot's median), or the cost model of
+orchestrator/preflight/cost_model.py. Then GPU-hours, how many trials the cluster holds at once (the campaign's resources
+against --gpus/--cpus, else the Ray cluster at RAY_ADDRESS, else this machine) and the makespan (longest-first
+list scheduling of the trials, by rounds under lockstep). With --effect (in the metric's units) and a pilot: the
+seeds per condition that detect it at 80% power with the pilot's paired sd, at the level the report's Holm
+correction gives its first comparison (alpha / m over the m comparisons of the family: conservative).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import os
+import statistics
+from dataclasses import dataclass, field
+
+from orchestrator import storage as store
+from orchestrator.campaign.expand import CONTRAST, MEASURE, Campaign, ExpandedTrial, load_campaign
+from orchestrator.config.errors import UserError
+from orchestrator.preflight.cost_model import device_kind, step_seconds, step_tokens
+from orchestrator.trial.actors import bundles
+
+POWER, ALPHA = 0.8, 0.05
+
+
+@dataclass
+class Cluster:
+    gpus: float
+    cpus: float
+    source: str
+
+
+@dataclass
+class TrialPlan:
+    trial: ExpandedTrial
+    step_s: float | None
+    source: str  # "pilot" | "cost model" | "unknown"
+    gpus: float
+    cpus: float
+
+    @property
+    def hours(self) -> float:
+        return self.trial.trial.steps * (self.step_s or math.nan) / 3600.0
+
+
+@dataclass
+class Plan:
+    campaign: Campaign
+    trials: list[TrialPlan]
+    cluster: Cluster
+    at_once: int
+    makespan_h: float
+    power: list[str] = field(default_factory=list)
+
+    @property
+    def gpu_hours(self) -> float:
+        return sum(t.hours * t.gpus for t in self.trials)
+
+
+# ----------------------------------------------------------------------------------------------- pilot
+def _pilot_dir(pilot: str) -> str:
+    if pilot.endswith((".yaml", ".yml")):
+        return load_campaign(pilot).directory
+    return pilot if store.is_uri(pilot) else os.path.abspath(os.path.expanduser(pilot))
+
+
+def pilot_runs(pilot: str) -> list[dict]:
+    """The pilot's trials: name, condition, seed, metrics rows and Tune's per-step wall times."""
+    import json
+
+    directory = _pilot_dir(pilot)
+    text = store.read_text(store.join(directory, "campaign.json"))
+    if text is None:
+        raise UserError(f"--pilot: {directory} is not a campaign directory that ran (no campaign.json)")
+    runs = []
+    for t in json.loads(text)["trials"]:
+        rows = store.read_jsonl(store.join(store.trial_dir(directory, t["name"]), "metrics.jsonl"))
+        tune_rows = store.read_jsonl(store.join(directory, t["name"], "result.json"))
+        runs.append({"name": t["name"], "condition": t["condition"], "seed": t["seed"], "rows": rows,
+                     "wall": [r["time_this_iter_s"] for r in tune_rows[1:] if "time_this_iter_s" in r]})
+    return runs
+
+
+def _pilot_step_s(runs: list[dict], condition: str) -> float | None:
+    """Median step wall time (steps after each trial's first) of the condition's pilot trials, else of all."""
+    mine = [w for r in runs if r["condition"] == condition for w in r["wall"]]
+    every = [w for r in runs for w in r["wall"]]
+    if not mine and not every:  # no Tune result files: the sum of the logged time/* parts
+        parts = [sum(v for k, v in row.items() if k.startswith("time/") and k != "time/prefetch_s")
+                 for r in runs for row in r["rows"][1:]]
+        return statistics.median(parts) if parts else None
+    return statistics.median(mine or every)
+
+
+# ----------------------------------------------------------------------------------------------- cluster
+def cluster_size(gpus: float | None, cpus: float | None) -> Cluster:
+    if gpus is not None or cpus is not None:
+        return Cluster(gpus or 0.0, cpus if cpus is not None else math.inf, "--gpus/--cpus")
+    if os.environ.get("RAY_ADDRESS"):
+        import ray
+
+        ray.init(log_to_driver=False)
+        total = ray.cluster_resources()
+        return Cluster(total.get("GPU", 0.0), total.get("CPU", 0.0), f"Ray cluster {os.environ['RAY_ADDRESS']}")
+    import torch
+
+    return Cluster(float(torch.cuda.device_count()), float(os.cpu_count() or 1), "this machine (no --gpus, "
+                   "no RAY_ADDRESS)")
+
+
+def trials_at_once(trials: list[TrialPlan], cluster: Cluster, limit: int | None) -> int:
+    """How many of the campaign's (largest) trials fit the cluster together."""
+    gpus, cpus = max(t.gpus for t in trials), max(t.cpus for t in trials)
+    n = len(trials)
+    if gpus:
+        n = min(n, int(cluster.gpus // gpus))
+    if cpus and math.isfinite(cluster.cpus):
+        n = min(n, int(cluster.cpus // cpus))
+    return min(n, limit) if limit else n
+
+
+def makespan(durations: list[float], slots: int) -> float:
+    """Longest-processing-time-first list scheduling on `slots` machines (hours in, hours out)."""
+    if slots <= 0:
+        return math.inf
+    ends = [0.0] * slots
+    for d in sorted(durations, reverse=True):
+        heapq.heapreplace(ends, ends[0] + d)
+    return max(ends)
+
+
+# ----------------------------------------------------------------------------------------------- power
+def _measure_of(campaign: Campaign, measure: str | None) -> str:
+    if measure:
+        return measure
+    if campaign.config.adaptive:
+        return campaign.config.adaptive.measure
+    steps = min(t.trial.steps for t in campaign.trials)
+    return "auc_0_15" if steps > 15 else "final"
+
+
+def power_lines(campaign: Campaign, runs: list[dict], effect: float, measure: str, metric: str | None) -> list[str]:
+    """Seeds per condition to detect `effect` at 80% power, from the pilot's paired sd of each comparison."""
+    from orchestrator.stats.power import seeds_for_power
+    from orchestrator.tune.adaptive import measure_value
+
+    conds = list(campaign.config.conditions)
+    adaptive = campaign.config.adaptive
+    pairs = [(c, conds[0]) for c in conds[1:]]
+    if adaptive:
+        pairs = [tuple(CONTRAST.match(adaptive.contrast).groups())]
+    m = max(len(pairs), 1)
+    alpha = ALPHA / m
+    value = {(r["condition"], r["seed"]): measure_value(r["rows"], measure, metric) for r in runs}
+    out = [f"seeds to detect {effect:g} ({measure} of {metric or 'the report metric'}) at {POWER:.0%} power: "
+           f"Holm over {m} comparison{'s' * (m > 1)} vs {pairs[0][1] if pairs else '-'}, planned at "
+           f"alpha {ALPHA:g}/{m} = {alpha:.3g} (Holm's first step; conservative)"]
+    sds, counts = [], []
+    for other, base in pairs:
+        seeds = sorted({s for c, s in value if c == base} & {s for c, s in value if c == other})
+        d = [value[other, s] - value[base, s] for s in seeds]
+        d = [x for x in d if math.isfinite(x)]
+        if len(d) < 2:
+            out.append(f"  {other}-{base}: the pilot has {len(d)} complete pair(s); needs 2 for a paired sd")
+            continue
+        sd = statistics.stdev(d)
+        if sd == 0:
+            out.append(f"  {other}-{base}: the pilot's {len(d)} paired differences are all equal (sd 0): it cannot "
+                       "size this comparison")
+            continue
+        sds.append(sd)
+        counts.append(len(d))
+        n = seeds_for_power(effect, sd, alpha, POWER)
+        out.append(f"  {other}-{base}: pilot paired sd {sd:.4g} over {len(d)} pairs -> {n} seeds per condition")
+    if sds:
+        pooled = math.sqrt(sum(s * s for s in sds) / len(sds))
+        n = seeds_for_power(effect, pooled, alpha, POWER)
+        note = " (a paired sd from 2 pairs is itself very uncertain)" if min(counts) < 3 else ""
+        out.append(f"  pooled paired sd {pooled:.4g} -> {n} seeds per condition{note}")
+        if adaptive:
+            out.append(f"  adaptive seeds run {adaptive.start}..{adaptive.max} (looks at {adaptive.looks()}); "
+                       f"alpha spending keeps the procedure at {adaptive.alpha:g}")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- plan
+def make_plan(campaign: Campaign, *, pilot: str | None = None, effect: float | None = None,
+              gpus: float | None = None, cpus: float | None = None, device: str | None = None,
+              measure: str | None = None, metric: str | None = None, cluster: Cluster | None = None) -> Plan:
+    if measure is not None and not MEASURE.match(measure):
+        raise UserError(f"--measure: {measure!r}: must be auc_LO_HI (e.g. auc_0_15) or final")
+    runs = pilot_runs(pilot) if pilot else []
+    kind = device_kind(device)
+    trials = []
+    for t in campaign.trials:
+        b = bundles(t.trial)
+        g, c = sum(x.get("GPU", 0) for x in b), sum(x.get("CPU", 0) for x in b)
+        step_s, source = (_pilot_step_s(runs, t.condition), "pilot") if runs else (None, "")
+        if step_s is None:
+            parts = step_seconds(t.trial, kind if g else "cpu")
+            step_s, source = (sum(parts.values()), "cost model") if parts else (None, "unknown")
+        trials.append(TrialPlan(t, step_s, source, g, c))
+    cluster = cluster or cluster_size(gpus, cpus)
+    cfg = campaign.config
+    at_once = trials_at_once(trials, cluster, cfg.max_concurrent_trials)
+    if cfg.schedule.mode == "lockstep":
+        k = cfg.schedule.round_steps
+        rounds = max(-(-t.trial.trial.steps // k) for t in trials)
+        span = sum(makespan([min(k, max(t.trial.trial.steps - r * k, 0)) * (t.step_s or math.nan) / 3600
+                             for t in trials], at_once) for r in range(rounds))
+    else:
+        span = makespan([t.hours for t in trials], at_once)
+    plan = Plan(campaign, trials, cluster, at_once, span)
+    if effect is not None:
+        plan.power = (power_lines(campaign, runs, effect, _measure_of(campaign, measure), metric) if runs else
+                      [f"seeds to detect {effect:g}: needs --pilot DIR (the pilot's paired sd)"])
+    return plan
+
+
+def _fmt_h(h: float) -> str:
+    if not math.isfinite(h):
+        return "unknown"
+    return f"{h * 60:.1f} min" if h < 1 else f"{h:.1f} h"
+
+
+def _size(c: Cluster) -> str:
+    return f"{c.gpus:g} GPUs, " + (f"{c.cpus:g} CPUs" if math.isfinite(c.cpus) else "CPUs not counted")
+
+
+def run_paragraph(campaign: Campaign) -> str:
+    """`run`'s plan, against the Ray cluster it is connected to (cost model step times)."""
+    import ray
+
+    total = ray.cluster_resources()
+    return paragraph(make_plan(campaign, cluster=Cluster(total.get("GPU", 0.0), total.get("CPU", 0.0),
+                                                         "the Ray cluster")))
+
+
+def render(plan: Plan) -> str:
+    cfg = plan.campaign.config
+    rows = [("trial", "steps", "gens/step", "gen tokens/step", "train tokens/step", "step time", "source",
+             "GPUs", "GPU-hours")]
+    for t in plan.trials:
+        tok = step_tokens(t.trial.trial)
+        rows.append((t.trial.name, str(t.trial.trial.steps), str(tok.generations), f"<={tok.generated:,}",
+                     f"<={tok.trained:,}", f"{t.step_s:.1f} s" if t.step_s else "unknown", t.source,
+                     f"{t.gpus:g}", f"{t.hours * t.gpus:.2f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    table.insert(1, "  ".join("-" * w for w in widths))
+    tokens = [step_tokens(t.trial.trial) for t in plan.trials]
+    total_gens = sum(tok.generations * t.trial.trial.steps for tok, t in zip(tokens, plan.trials, strict=True))
+    total_tok = sum(tok.generated * t.trial.trial.steps for tok, t in zip(tokens, plan.trials, strict=True))
+    sources = sorted({t.source for t in plan.trials})
+    lines = [f"plan for campaign {cfg.name}: {len(plan.trials)} trials"
+             + (f" (adaptive seeds: {cfg.adaptive.start} of {cfg.adaptive.max} seeds at the first look; "
+                "the table holds every trial that may run)" if cfg.adaptive else ""),
+             *table, "",
+             f"total: {sum(t.trial.trial.steps for t in plan.trials):,} steps, {total_gens:,} generations, "
+             f"<= {total_tok:,} generated tokens, {plan.gpu_hours:.1f} GPU-hours",
+             f"step time from: {', '.join(sources)}"
+             + ("" if sources != ["cost model"] else " (FLOPs x assumed device efficiency, orchestrator/"
+                "cost_model.py; give --pilot DIR for measured times)"),
+             f"cluster: {_size(plan.cluster)} ({plan.cluster.source}): "
+             f"{plan.at_once} trial(s) at once; makespan {_fmt_h(plan.makespan_h)}"
+             + (f" in lockstep rounds of {cfg.schedule.round_steps} steps (plus a restart per trial per round "
+                "when trials take turns)" if cfg.schedule.mode == "lockstep" else "")]
+    if plan.at_once == 0:
+        lines.append("  no trial fits this cluster: give the cluster's size with --gpus N --cpus N")
+    if cfg.budget is not None:
+        b = cfg.budget
+        if b.gpu_hours is not None:
+            fits = "covers the plan" if b.gpu_hours >= plan.gpu_hours else "ends the campaign early, at a round boundary"
+            lines.append(f"budget: {b.gpu_hours:g} GPU-hours ({fits})")
+        if b.deadline is not None:
+            lines.append(f"budget: deadline {b.deadline:%Y-%m-%d %H:%M %Z}")
+    return "\n".join(lines + plan.power)
+
+
+def paragraph(plan: Plan) -> str:
+    """The one-paragraph version `run` prints before launching."""
+    cfg = plan.campaign.config
+    steps = sum(t.trial.trial.steps for t in plan.trials)
+    source = ", ".join(sorted({t.source for t in plan.trials}))
+    hours = (f"about {plan.gpu_hours:.1f} GPU-hours (step times from {source})" if math.isfinite(plan.gpu_hours)
+             else "GPU-hours unknown (the model's size is not in its name: `plan --pilot DIR` measures it)")
+    text = (f"plan: {len(plan.trials)} trials, {steps:,} steps, {hours}; {plan.at_once} trial(s) at once on "
+            f"{_size(plan.cluster)}, makespan about {_fmt_h(plan.makespan_h)}")
+    if cfg.schedule.mode == "lockstep":
+        text += f"; lockstep rounds of {cfg.schedule.round_steps} steps"
+    if cfg.budget is not None:
+        b = cfg.budget
+        parts = ([f"{b.gpu_hours:g} GPU-hours"] if b.gpu_hours else []) + \
+            ([f"deadline {b.deadline:%Y-%m-%d %H:%M %Z}"] if b.deadline else [])
+        text += "; budget " + ", ".join(parts)
+    return text + "."

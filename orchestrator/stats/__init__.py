@@ -1,0 +1,1 @@
+"""Pure statistics: paired tests, power, alpha spending (used by report/, tune/, preflight/)."""

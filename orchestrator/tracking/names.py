@@ -1,0 +1,109 @@
+"""The one list of the metric names a trial logs, and which trial config logs which.
+
+The producers are spread over the step (orchestrator/trial/step.py, episodes.py, evaluation.py, pipeline.py) and the
+learner (workers/learner/metrics.py, objectives.py, filters.py, credit/); this module names what they write so
+that the tracker can flag a key nobody listed and the dashboard (orchestrator/tracking/dashboard.py) never draws a panel
+over a metric no trial logs. `logged_metrics(cfg)` is the exact set of history keys a trial of `cfg` writes
+(learner keys appear on the steps where the learner stepped); summary-only keys (`SUMMARY`) are written by the
+tracker when the run finishes.
+"""
+
+from __future__ import annotations
+
+from orchestrator.config.trial import TrialConfig
+
+EVAL_METRIC, ENV_METRIC, TRAIN_METRIC = "eval/pass@1", "eval/success", "train/correct_rate"
+AUC_PREFIX = "auc/"  # run summary: normalized AUC of a metric over the whole run (orchestrator/tracking/run.py)
+
+EPISODE = ("success", "return_mean", "turns_mean", "actions_mean", "invalid_action_rate", "format_penalty_rate",
+           "truncated_rate")  # orchestrator/trial/episodes.py: episode_metrics, as env/* (training) and eval/* (held out)
+DECOMP_PARTS = ("n", "surprisal_mean", "entropy_mean", "surprisal_var", "entropy_var", "noise_var", "cov",
+                "entropy_part", "noise_part", "noise_share")  # workers/credit/decomposition.py: PARTS
+DECOMP_REMOVAL = ("surprisal_var_after", "removed", "removed_entropy", "removed_noise", "removed_noise_share")
+RV_FILTER = ("kept_ratio", "groups_kept", "groups_total", "zero_std_groups", "std_all_mean", "std_kept_mean",
+             "loss_scale")
+CRITIC = ("critic/vf_clip_frac", "critic/grad_norm", "critic/value_mean", "critic/return_mean",
+          "critic/explained_variance", "critic/optimizer_steps", "loss/value")
+TIS = ("tis/weight_mean", "tis/ratio_max", "tis/ratio_min", "tis/truncated_frac")
+FLOOR_CLASSES = ("planning", "execution", "all")
+
+
+def report_metric(cfg: TrialConfig) -> str:
+    """The statistical report's default metric for trials like `cfg` (orchestrator/report/tables.py)."""
+    if cfg.task.agentic and cfg.eval.every:
+        return ENV_METRIC
+    return EVAL_METRIC if cfg.eval.every else TRAIN_METRIC
+
+
+def _step(cfg: TrialConfig) -> set[str]:
+    """Every step's row (orchestrator/trial/step.py: prepare, one_step; pipeline.py; filters.nonfinite_groups)."""
+    names = {"train/correct_rate", "train/reward_mean", "train/groups_kept", "train/groups_skipped_all_correct",
+             "train/groups_skipped_all_wrong", "train/completion_len", "rollout/tokens_per_s",
+             "rollout/adapter_version", "credit/sepa_lambda", "credit/sepa_gate_open", "train/nonfinite_groups",
+             "train/nonfinite_reward_groups", "train/nonfinite_logprob_groups", "time/generate_s", "time/train_s",
+             "time/sync_s"}
+    if cfg.task.agentic:
+        names |= {f"env/{k}" for k in EPISODE} | {"env/turns_max"}
+    else:
+        names |= {"train/grader_errors", "train/grader_timeouts", "time/score_s"}
+        if cfg.interventions.probability_floor.is_active:
+            names.add("floor/sampler_min_valid_prob")
+    if cfg.interventions.rv_filter.enabled:
+        names |= {f"rv_filter/{k}" for k in RV_FILTER}
+    if cfg.rollout.mode == "one_step_off":
+        names |= {"rollout/staleness", "time/prefetch_s", "time/learner_wait_s", *TIS}
+    if cfg.eval.every:
+        names |= {"eval/pass@1", "eval/pass@k", "eval/k", "eval/problems", "time/eval_s"}
+        if cfg.task.agentic:
+            names |= {f"eval/{k}" for k in EPISODE}
+    return names
+
+
+def _learner(cfg: TrialConfig) -> set[str]:
+    """The learner's metrics (workers/learner/learner.py: train_step, learner_metrics.py, objectives.py)."""
+    iv, credit = cfg.interventions, cfg.credit
+    names = {"loss/total", "loss/policy", "train/grad_norm", "train/clip_frac", "train/optimizer_steps",
+             "train/lr", "train/logprob_gap_mean", "train/logprob_gap_max", "train/tokens", "train/loss_scale",
+             "policy/entropy_mean"}
+    if iv.entropy_bonus.is_active:
+        names.add("loss/entropy_bonus")
+    if iv.kl.is_active or iv.kl.measure:
+        names |= {"kl/ref", "kl/ref_k3"}
+    if iv.kl.is_active:
+        names.add("loss/kl")
+    if iv.entropy_floor.is_active:
+        floors = iv.entropy_floor
+        classes = [c for c in FLOOR_CLASSES if getattr(floors, c) is not None]
+        names |= {"entropy/floor_penalty"} | {f"entropy/{c}_{k}" for c in classes
+                                              for k in ("mean", "floor_penalty", "tokens")}
+    if iv.probability_floor.is_active and not cfg.task.agentic:
+        names |= {"floor/action_logprob_min", "floor/learner_min_valid_prob"}
+    if credit.advantage_mode == "gae":
+        names |= set(CRITIC)
+    kind = credit.uncertainty_kind  # workers/credit/pipeline.py: batch_stats
+    names |= {f"credit/{k}" for k in ("groups", "groups_skipped", "groups_skipped_all_correct",
+                                        "groups_skipped_all_wrong", "planning_token_frac", "adv_token_mean",
+                                        "adv_token_abs_mean", "sepa_lambda")}
+    names |= {f"credit/{cls}_{kind}_{m}{when}" for cls in ("exec", "plan") for m in ("mean", "var")
+              for when in ("", "_after")}
+    if credit.log_decomposition or kind != "surprisal":  # workers/learner/learner.py: _decomposes
+        names |= {f"credit/decomp_{cls}_{p}" for cls in ("exec", "plan") for p in DECOMP_PARTS}
+        if "sepa" in credit.stages:  # while lambda > 0
+            names |= {f"credit/decomp_exec_{p}" for p in DECOMP_REMOVAL}
+    return names
+
+
+def logged_metrics(cfg: TrialConfig) -> set[str]:
+    """The history keys a trial of `cfg` logs."""
+    return _step(cfg) | _learner(cfg)
+
+
+def summary_metrics(cfg: TrialConfig) -> set[str]:
+    """Summary-only keys the tracker writes at the end of a run: the AUC of the report's metric and the train
+    correct rate over the whole run (orchestrator/stats/paired.py: normalized_auc)."""
+    return {AUC_PREFIX + m for m in {report_metric(cfg), TRAIN_METRIC}}
+
+
+def family(name: str) -> str:
+    """A metric's family: its first path segment (`kl/ref` -> `kl`)."""
+    return name.split("/", 1)[0]

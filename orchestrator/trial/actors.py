@@ -1,0 +1,162 @@
+"""A trial's actors: the model they load (hub name, local path, or a tiny model built here), the rollout worker
+and learner actor classes, and the placement-group bundles that pack them ([driver, worker x k, learner])."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import ray
+import torch
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from orchestrator.config.trial import ModelConfig, TrialConfig
+from orchestrator.trial.learner_group import LearnerGroup
+from workers.learner.learner import Learner
+from workers.learner.ranks import Ranks, rendezvous_address
+from workers.models.families import FAMILIES, family_builder
+from workers.models.gpu_runtime import check_gpu_runtime
+from workers.models.loading import build_tiny_model
+from workers.models.reasoner import build_tiny_reasoner
+from workers.models.tiny_agent import TINY_AGENT_VERSION, build_tiny_agent
+from workers.rollout.worker import RolloutWorker
+
+# models built locally (deterministic, cached under the temp dir by name and seed) instead of loaded by name
+LOCAL_MODELS = {"tiny": build_tiny_model, "tiny-agent": build_tiny_agent, "tiny-reasoner": build_tiny_reasoner,
+                **{name: family_builder(name) for name in FAMILIES}}
+# a rebuilt model of a new version gets its own cache directory: an older build in use is never replaced under it
+_CACHE_TAG = {"tiny-agent": f"-v{TINY_AGENT_VERSION}"}
+
+
+def resolve_model(cfg: ModelConfig) -> str:
+    """Hub name / local path as given; a LOCAL_MODELS name is built (once) on whichever node asks."""
+    builder = LOCAL_MODELS.get(cfg.name)
+    if builder is None:
+        return cfg.name
+    root = Path(tempfile.gettempdir()) / f"credit-orchestrator-{cfg.name}-{cfg.tiny_seed}{_CACHE_TAG.get(cfg.name, '')}"
+    return str(builder(root, seed=cfg.tiny_seed))
+
+
+def resolve_model_quietly(cfg: ModelConfig) -> str:
+    """`resolve_model` for the pre-launch checks: a local model built now (first use on this machine) writes its
+    progress bars to a buffer, so the check's answer (or its one-line user error) is all the user sees."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return resolve_model(cfg)
+
+
+def _where() -> dict:
+    ctx = ray.get_runtime_context()
+    return {"placement_group": ctx.get_placement_group_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+
+def _engine_dtype(dtype: str) -> str:
+    """'auto' is decided where the engine runs: bf16 on a real GPU, fp32 on CPU (logical GPUs included)."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if torch.cuda.is_available() else "float32"
+
+
+@ray.remote
+class _RolloutActor(RolloutWorker):
+    def __init__(self, model_cfg: dict, dtype: str, **kw):
+        check_gpu_runtime()
+        super().__init__(resolve_model(ModelConfig(**model_cfg)), dtype=_engine_dtype(dtype), **kw)
+
+    def placement(self) -> dict:
+        return _where()
+
+
+@ray.remote
+class _LearnerActor(Learner):
+    """One learner rank. Built in two calls so the group's address (rank 0's node and a free port there) is known
+    before any rank joins: `rendezvous` on rank 0, then `start` on every rank (orchestrator/trial/learner_group.py)."""
+
+    def __init__(self, model_cfg: dict, rank: int = 0, world: int = 1, **kw):
+        self._args = (model_cfg, Ranks(rank, world), kw)
+
+    def rendezvous(self) -> str:
+        return rendezvous_address()
+
+    def start(self, init_method: str | None) -> None:
+        check_gpu_runtime()
+        model_cfg, ranks, kw = self._args
+        super().__init__(resolve_model(ModelConfig(**model_cfg)), ranks=ranks, init_method=init_method, **kw)
+
+    def placement(self) -> dict:
+        return _where()
+
+
+def _placement(pg, bundle: int) -> dict:
+    if pg is None:
+        return {}
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)}
+
+
+def bundle_roles(cfg: TrialConfig) -> list[str]:
+    """What runs in each bundle of `bundles(cfg)`: driver, rollout worker x k, learner rank x N."""
+    return ["driver"] + ["rollout worker"] * cfg.rollout.num_workers + ["learner rank"] * cfg.resources.learner_ranks
+
+
+def bundles(cfg: TrialConfig) -> list[dict[str, float]]:
+    """Placement-group bundles: [driver, worker x k, learner rank x N]."""
+    r = cfg.resources
+
+    # a GPU model is a resource Ray gives each node (accelerator_type:H100 = 1): a sliver of it pins the bundle
+    model = {f"accelerator_type:{r.accelerator_type}": 0.001} if r.accelerator_type else {}
+
+    def b(cpu: float, gpu: float) -> dict[str, float]:
+        return {"CPU": cpu, **({"GPU": gpu, **model} if gpu else {})}
+
+    return [b(r.driver_cpus, 0)] + [b(r.worker_cpus, r.worker_gpus)] * cfg.rollout.num_workers + [
+        b(r.learner_cpus, r.learner_gpus)] * r.learner_ranks
+
+
+def placement_record(pg, workers, learner: LearnerGroup) -> dict:
+    """Where the trial's actors run: their placement group and GPU ids (checked by tests, handy on a cluster);
+    `learner` is rank 0, `learner_ranks` every rank."""
+    ctx = ray.get_runtime_context()
+    ranks = learner.placements()
+    return {
+        "placement_group": pg.id.hex() if pg is not None else None,
+        "driver": _where(),
+        "workers": ray.get([w.placement.remote() for w in workers]),
+        "learner": ranks[0],
+        "learner_ranks": ranks,
+        "node_id": ctx.get_node_id(),
+    }
+
+
+def rollout_engine(cfg: TrialConfig) -> dict:
+    """`rollout.engine` as the workers get it. `in_process: null` is decided by the worker (on for the CPU build),
+    except with `one_step_off`, where it means separate processes: generation then overlaps the learner, and vLLM's
+    CPU worker inside the actor fought the learner for the same cores (measured on 2 cores, benchmarks/async.py:
+    one_step_off ran at 0.24x sync's steps/s in-process, 0.93x with separate processes)."""
+    engine = cfg.rollout.engine.model_dump()
+    if engine["in_process"] is None and cfg.rollout.mode == "one_step_off":
+        engine["in_process"] = False
+    return engine
+
+
+def start_actors(cfg: TrialConfig, pg) -> tuple[list, LearnerGroup]:
+    """The trial's rollout workers and learner group, each actor in its bundle of the trial's placement group `pg`
+    (None: no group). Returns at once; `ready` on each says when it has built its model."""
+    k, r = cfg.rollout.num_workers, cfg.resources
+    model_cfg = cfg.model.model_dump()
+    lora = cfg.learner.mode == "lora"  # full mode: no LoRA in the engine, the weights themselves are reloaded
+    workers = [
+        _RolloutActor.options(num_cpus=r.worker_cpus, num_gpus=r.worker_gpus, **_placement(pg, 1 + i)).remote(
+            model_cfg, dtype=cfg.model.dtype, seed=cfg.seed, max_model_len=cfg.model.max_model_len,
+            max_lora_rank=cfg.learner.lora.rank, engine=rollout_engine(cfg), enable_lora=lora)
+        for i in range(k)
+    ]
+    ranks = [
+        _LearnerActor.options(num_cpus=r.learner_cpus, num_gpus=r.learner_gpus, **_placement(pg, 1 + k + i)).remote(
+            model_cfg, rank=i, world=r.learner_ranks, learner=cfg.learner.model_dump(),
+            credit=cfg.credit.model_dump(), seed=cfg.seed, total_steps=cfg.steps, dtype=cfg.model.dtype,
+            interventions=cfg.interventions.model_dump())
+        for i in range(r.learner_ranks)
+    ]
+    return workers, LearnerGroup(ranks, full=not lora)

@@ -1,0 +1,126 @@
+"""Multi-turn episodes on the rollout workers (agentic tasks).
+
+Per turn, every active episode generates in ONE batched call sharded across the rollout workers (n = 1 per
+episode: after the first turn every episode has its own history), then each env steps on its text. The
+trajectory is token-exact: the first prompt's ids, then exactly the ids vLLM sampled for each turn, then the
+observation's ids (tokenised once, `workers.envs.tokens`), and so on; the loss mask covers exactly the sampled
+ids and the rollout log-probs cover each of them. A protocol's prefill (`<think>`) ends the first prompt and
+every observation: prompt side, never trained; the parser reads prefill + the decoded sample. The first turn must
+fit `model.max_model_len` (checked before launch: `check_episode_fits`); an episode whose next turn would not
+fit is cut there and counted as truncated (`env/truncated_rate`), by design.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from orchestrator.config.trial import TrialConfig
+from orchestrator.trial.sampling import sample, step_seed
+from workers.envs import TextEpisode
+from workers.envs.tokens import first_prompt_ids, observation_ids
+
+
+@dataclass
+class Trajectory:
+    """One episode as the learner sees it. `response_ids`, `loss_mask` and `logprobs` are aligned; turn k's
+    reward sits at `reward_positions[k]`, the index (in the response) of that turn's last sampled id."""
+
+    prompt_ids: list[int]
+    episode: TextEpisode
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    reward_positions: list[int] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)  # the user turns after the first, as text
+    truncated: bool = False
+
+    @property
+    def turn_rewards(self) -> list[float]:
+        return list(self.episode.stats.turn_rewards)
+
+    @property
+    def episode_return(self) -> float:
+        return self.episode.stats.episode_return
+
+    @property
+    def success(self) -> bool:
+        return self.episode.stats.success
+
+    @property
+    def done(self) -> bool:
+        return self.episode.done or self.truncated
+
+
+def play_episodes(cfg: TrialConfig, workers, tokenizer, episodes: list[TextEpisode], *, seed: int, step: int,
+                  temperature: float) -> tuple[list[Trajectory], dict]:
+    """Play `episodes` to the end; returns their trajectories and {"num_tokens", "versions", "turns"}."""
+    ro, limit = cfg.rollout, cfg.model.max_model_len
+    trajs = [Trajectory(first_prompt_ids(tokenizer, ep.prompt(), system=ep.system(), prefill=ep.prefill), ep)
+             for ep in episodes]
+    for t in trajs:
+        if len(t.prompt_ids) + ro.max_tokens > limit:
+            raise ValueError(f"the first prompt ({len(t.prompt_ids)} tokens) plus rollout.max_tokens "
+                             f"({ro.max_tokens}) exceeds model.max_model_len ({limit})")
+    num_tokens, versions, turn = 0, set(), 0
+    while active := [t for t in trajs if not t.done]:
+        histories = [t.prompt_ids + t.response_ids for t in active]
+        seeds = [step_seed(seed, step, j, turn) for j in range(len(workers))]
+        results = sample(cfg, workers, histories, n=1, temperature=temperature, seeds=seeds, tokenizer=tokenizer,
+                         actions=None)
+        versions |= {res["adapter_version"] for res in results}
+        samples = [group[0] for res in results for group in res["completions"]]
+        for t, s in zip(active, samples, strict=True):
+            ids = list(s["token_ids"])
+            num_tokens += len(ids)
+            t.response_ids += ids
+            t.loss_mask += [True] * len(ids)
+            t.logprobs += list(s["logprobs"])
+            t.reward_positions.append(len(t.response_ids) - 1)
+            out = t.episode.play(t.episode.prefill + tokenizer.decode(ids, skip_special_tokens=True))
+            if out.done:
+                continue
+            obs = observation_ids(tokenizer, out.observation, ids, prefill=t.episode.prefill)
+            if len(t.prompt_ids) + len(t.response_ids) + len(obs) + ro.max_tokens > limit:
+                t.truncated = True
+                continue
+            t.response_ids += obs
+            t.observations.append(out.observation)
+            t.loss_mask += [False] * len(obs)
+            t.logprobs += [0.0] * len(obs)
+        turn += 1
+    return trajs, {"num_tokens": num_tokens, "versions": versions, "turns": turn}
+
+
+def check_episode_fits(cfg: TrialConfig, tokenizer, levels: int = 32) -> str | None:
+    """Why the first turn of an agentic trial cannot fit `model.max_model_len` (None when it fits): the longest
+    first prompt over the first validation and training levels plus `rollout.max_tokens`."""
+    from workers.tasks import make_task
+
+    task = make_task(cfg.task, cfg.seed)
+    seeds = task.eval_levels(levels) + task.next_levels(levels)
+    longest = max(len(first_prompt_ids(tokenizer, ep.prompt(), system=ep.system(), prefill=ep.prefill))
+                  for ep in (task.episode(s, 0, cfg.rollout) for s in seeds))
+    limit = cfg.model.max_model_len
+    if longest + cfg.rollout.max_tokens > limit:
+        return (f"model.max_model_len: {limit} is too small for task '{cfg.task.name}': the first prompt takes up "
+                f"to {longest} tokens plus rollout.max_tokens {cfg.rollout.max_tokens}; allowed: at least "
+                f"{longest + cfg.rollout.max_tokens} (later turns that do not fit are cut and marked truncated)")
+    return None
+
+
+def episode_metrics(trajs: list[Trajectory], prefix: str = "env") -> dict[str, float]:
+    """Success, return, turns, actions, invalid-action / format-penalty / truncation rates over episodes."""
+    stats = [t.episode.stats for t in trajs]
+    turns = sum(len(s.turn_rewards) for s in stats)
+    items = sum(s.items for s in stats)
+    return {
+        f"{prefix}/success": float(np.mean([s.success for s in stats])),
+        f"{prefix}/return_mean": float(np.mean([s.episode_return for s in stats])),
+        f"{prefix}/turns_mean": turns / len(stats),
+        f"{prefix}/actions_mean": float(np.mean([s.actions for s in stats])),
+        f"{prefix}/invalid_action_rate": sum(s.invalid_actions for s in stats) / max(items, 1),
+        f"{prefix}/format_penalty_rate": sum(s.invalid_turns for s in stats) / max(turns, 1),
+        f"{prefix}/truncated_rate": float(np.mean([t.truncated for t in trajs])),
+    }

@@ -1,0 +1,121 @@
+"""The trial driver's handle on its learner: N rank actors (one per learner bundle of the trial's placement group)
+that form one torch.distributed group, called together.
+
+Every call goes to every rank (FSDP's collectives need all of them) and rank 0's answer is the one returned. The
+batch is put in the object store once and every rank reads the same copy. The process group is set up here
+rather than with Ray Train: Train's TorchTrainer places its own worker group in its own placement group and
+runs a training function to completion, while the learner is a long-lived actor the trial calls once per step,
+inside the trial's placement group next to its rollout workers (verl, OpenRLHF and SkyRL do the same).
+"""
+
+from __future__ import annotations
+
+import ray
+
+
+class LearnerGroup:
+    """`ranks`: the learner actors (orchestrator/trial/actors.py:_LearnerActor), rank order, built but not started; or
+    `started`: any actors with the Learner's methods whose models are already built (one rank, in tests)."""
+
+    def __init__(self, ranks: list, full: bool, started: bool = False):
+        self.ranks, self.full = ranks, full
+        self._started = []
+        if not started:
+            init = ray.get(ranks[0].rendezvous.remote()) if len(ranks) > 1 else None
+            self._started = [r.start.remote(init) for r in ranks]  # model loads on every rank at once
+
+    def ready(self) -> bool:
+        ray.get(self._started)
+        return all(ray.get([r.ready.remote() for r in self.ranks]))
+
+    # -- training -------------------------------------------------------------------------------------
+    def submit_train_step(self, batch: dict) -> list:
+        """Start one training step on every rank (returns their futures; `result` waits)."""
+        ref = ray.put(batch)
+        return [r.train_step.remote(ref) for r in self.ranks]
+
+    @staticmethod
+    def result(futures: list) -> dict:
+        return ray.get(futures)[0]
+
+    def train_step(self, batch: dict) -> dict:
+        return self.result(self.submit_train_step(batch))
+
+    # -- the policy on the rollout workers ------------------------------------------------------------
+    def push_policy(self, workers: list, version: int) -> int:
+        """The learner's policy as `version` on every worker: the LoRA adapter, or the full weights checked by
+        checksum on each worker. Returns `version` once every worker holds it."""
+        policy = ray.get([r.export_policy.remote(version) for r in self.ranks])[0]
+        files = ray.put(policy["files"])
+        if policy["kind"] == "adapter":
+            ray.get([w.load_adapter.remote(files, version) for w in workers])
+        else:
+            ray.get([w.load_weights.remote(files, version, policy["checksum"]) for w in workers])
+        return version
+
+    # -- checkpoints ----------------------------------------------------------------------------------
+    def write_checkpoint(self, directory: str) -> list[str]:
+        """Every rank's checkpoint files written under `directory` (names are distinct per rank:
+        workers/learner/state.py), each rank's as it arrives and then dropped, so the driver holds one rank's
+        share at a time (about 16 bytes per trained parameter / ranks in full mode). Returns the names."""
+        from pathlib import Path
+
+        names, pending = [], [r.checkpoint_files.remote() for r in self.ranks]
+        while pending:
+            [done], pending = ray.wait(pending, num_returns=1)
+            part = ray.get(done)
+            del done
+            for name, data in part.items():
+                path = Path(directory) / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+                names.append(name)
+            del part
+        return names
+
+    def restore(self, files: dict[str, bytes], source: str) -> None:
+        """Load a checkpoint saved by a group of any size; each rank fetches only the pieces it reads."""
+        pieces = ObjectStoreFiles(files)
+        ray.get([r.restore.remote(pieces, source) for r in self.ranks])
+
+    def placements(self) -> list[dict]:
+        return ray.get([r.placement.remote() for r in self.ranks])
+
+
+
+PIECE_BYTES = 64 * 2**20
+
+
+class ObjectStoreFiles:
+    """A checkpoint's files in the object store in pieces of `piece` bytes, read by byte range
+    (workers/checkpoint/shard_files.py:CheckpointFiles): a learner rank fetches only the pieces holding the chunks its
+    part of the model needs, so N ranks restoring a sharded checkpoint each pull about 1/N of it, not all of it."""
+
+    def __init__(self, files: dict[str, bytes], piece: int = PIECE_BYTES):
+        self.piece = piece
+        self.sizes = {name: len(data) for name, data in files.items()}
+        self.pieces = {name: [ray.put(data[i:i + piece]) for i in range(0, max(len(data), 1), piece)]
+                       for name, data in files.items()}
+        self._last: tuple[str, int, bytes] | None = None  # consecutive chunks mostly share a piece
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_last": None}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.sizes
+
+    def size(self, name: str) -> int:
+        return self.sizes[name]
+
+    def read(self, name: str, start: int = 0, end: int | None = None) -> bytes:
+        end = self.sizes[name] if end is None else min(end, self.sizes[name])
+        if end <= start:
+            return b""
+        first, last = start // self.piece, (end - 1) // self.piece
+        data = b"".join(self._get(name, k) for k in range(first, last + 1))
+        return data[start - first * self.piece:end - first * self.piece]
+
+    def _get(self, name: str, k: int) -> bytes:
+        if self._last is None or self._last[:2] != (name, k):
+            self._last = (name, k, ray.get(self.pieces[name][k]))
+        return self._last[2]

@@ -1,0 +1,180 @@
+"""One trial's step loop, as a Ray Tune function trainable. Owns no math.
+
+Per step: prompts -> generate (k rollout workers) -> score -> drop uninformative groups -> learner.train_step
+-> export adapter -> load it on every worker -> report (the pieces: orchestrator/trial/step.py; the actors:
+orchestrator/trial/actors.py). The SEPA controller runs here: lambda for step t is read before the step, and the
+step's correct rate / execution uncertainty are observed after it. Everything needed to continue sits in the
+checkpoint: learner state (adapter, optimizer, scheduler, RNG), SEPA controller, task cursor, adapter version and
+step.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import ray
+from ray import tune
+from ray.util import get_current_placement_group
+
+from orchestrator import storage as store
+from orchestrator.config.trial import TrialConfig
+from orchestrator.tracking.run import TrialTracker
+from orchestrator.trial.actors import placement_record, resolve_model, start_actors
+from orchestrator.trial.evaluation import evaluate
+from orchestrator.trial.learner_group import LearnerGroup
+from orchestrator.trial.one_step_off import OneStepOff, load_pending
+from orchestrator.trial.sampling import action_ids
+from orchestrator.trial.step import one_step, sepa_settings
+from workers.credit import SepaController
+from workers.envs.tokens import turn_format
+from workers.learner.state import BLOB as LEARNER_FILE
+from workers.learner.state import SHARDS
+from workers.models.loading import load_tokenizer
+from workers.tasks import make_task
+
+STATE_FILE, METRICS_FILE = "trial_state.json", "metrics.jsonl"
+EVENTS_FILE, PLACEMENT_FILE = "events.jsonl", "placement.json"
+
+
+def write_uncertainty(out_dir: str, step: int, samples: dict[str, list[float]]) -> None:
+    """Per-token uncertainty before/after the token stages (the report's mechanistic histogram)."""
+    import io
+
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **{k: np.asarray(v, dtype=np.float32) for k, v in samples.items()})
+    store.write_bytes(store.join(out_dir, "uncertainty", f"step_{step}.npz"), buf.getvalue())
+
+
+@dataclass
+class Resume:
+    """Where a trial starts: step 0, or the step after a verified checkpoint with what it saved."""
+
+    start: int = 0
+    version: int = 0  # the adapter version the workers must hold
+    state: dict | None = None  # the checkpoint's trial state (task cursor, SEPA controller, ...)
+    learner_files: dict[str, bytes] = field(default_factory=dict)  # the learner's blob and shards, by name
+    rows: list[dict] = field(default_factory=list)  # metrics rows up to the checkpoint's step
+    pending: object = None  # one_step_off: the prefetched batch of `start`
+
+
+def _resume(cfg: TrialConfig, out_dir: str) -> Resume:
+    """The trial's newest usable checkpoint in its Tune directory, verified (weights-only learner state, manifest
+    checksums). Not only the one Tune hands back: a driver killed between a checkpoint and Tune's next experiment
+    snapshot, or a snapshot torn by the kill (the campaign then restarts Tune afresh), leaves newer checkpoints
+    than Tune knows of. Damaged ones are skipped, said in events.jsonl; none usable while Tune recorded one, or a
+    crafted one: one line naming the file."""
+    storage = tune.get_context().get_storage()
+    restored = store.restore_checkpoint(storage.storage_filesystem, storage.trial_fs_path,
+                                        recorded=tune.get_checkpoint() is not None,
+                                        events=store.join(out_dir, EVENTS_FILE), state_file=STATE_FILE,
+                                        learner_file=LEARNER_FILE, metrics_file=METRICS_FILE)
+    if restored is None:
+        return Resume()
+    pending = None
+    files = {LEARNER_FILE: restored.learner}
+    with restored.checkpoint.as_directory() as d:
+        if cfg.rollout.mode == "one_step_off":
+            pending = load_pending(d)  # orchestrator/trial/one_step_off.py
+        shards = Path(d) / SHARDS
+        files.update({f"{SHARDS}/{p.name}": p.read_bytes() for p in sorted(shards.glob("*")) if p.is_file()})
+    state = restored.state
+    return Resume(state["step"] + 1, state["adapter_version"], state, files, restored.rows, pending)
+
+
+def _restore_actors(resume: Resume, learner: LearnerGroup, workers, task, sepa: SepaController,
+                    source: str) -> None:
+    """Put the checkpoint's learner state (saved by a group of any size), task cursor, SEPA controller and
+    policy back."""
+    if resume.state is None:
+        return
+    learner.restore(resume.learner_files, source)
+    resume.learner_files = {}  # not held by the driver for the rest of the trial (tens of GB in full mode)
+    task.load_state_dict(resume.state["task"])
+    sepa.load_state_dict(resume.state["sepa"])
+    if resume.version:
+        learner.push_policy(workers, resume.version)
+
+
+def _checkpoint(cfg: TrialConfig, step: int, version: int, row: dict, rows: list[dict], learner: LearnerGroup,
+                task, sepa: SepaController, pipe) -> None:
+    """Report `row` with a sealed checkpoint of everything needed to continue after `step`."""
+    with tempfile.TemporaryDirectory() as d:
+        learner.write_checkpoint(d)  # the blob, and every rank's shards
+        (Path(d) / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        if pipe is not None:
+            pipe.save(d)  # the prefetched batch of step + 1
+        (Path(d) / STATE_FILE).write_text(json.dumps({
+            "step": step, "adapter_version": version, "task": task.state_dict(),
+            "sepa": sepa.state_dict(), "config": cfg.model_dump(mode="json"),
+        }))
+        store.seal_checkpoint(d)  # sha256 manifest: a torn or damaged checkpoint is detected on restore
+        tune.report(row, checkpoint=tune.Checkpoint.from_directory(d))
+
+
+def run_trial(config: dict) -> None:
+    """Tune function trainable: runs `config` (a TrialConfig as a dict) to its last step.
+
+    Writes `metrics.jsonl` (whole, after every step: a restore rewinds it to the checkpoint, so the file never
+    has gaps or repeats), `events.jsonl` and `placement.json` to `output_dir` (a path or URI).
+    """
+    cfg = TrialConfig.model_validate(config)
+    out_dir = cfg.output_dir or tempfile.mkdtemp(prefix=f"trial-{cfg.name}-")
+    metrics_loc = store.join(out_dir, METRICS_FILE)
+    resume = _resume(cfg, out_dir)
+    version, rows = resume.version, resume.rows
+    store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "start", "from_step": resume.start,
+                                                         "time": time.time()})
+    store.write_text(metrics_loc, "".join(json.dumps(r) + "\n" for r in rows))
+    if resume.start >= cfg.steps:
+        return  # restored from the final checkpoint: nothing left to run
+
+    pg = get_current_placement_group()
+    workers, learner = start_actors(cfg, pg)
+    tokenizer = load_tokenizer(resolve_model(cfg.model))
+    fmt = turn_format(tokenizer)  # from the model's own files: which template and end-of-turn token this run uses
+    store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "model", "name": cfg.model.name, **fmt})
+    print(f"[{cfg.name}] {cfg.model.name}: chat template {fmt['chat_template'] or 'none'}, eos {fmt['eos']}, "
+          f"end of turn {fmt['end_of_turn']}, stop token ids {fmt['stop_token_ids']}", flush=True)
+    task = make_task(cfg.task, cfg.seed)
+    sepa = SepaController(sepa_settings(cfg))
+    learner.ready()
+    _restore_actors(resume, learner, workers, task, sepa, f"{out_dir} checkpoint of step {resume.start - 1}")
+    ray.get([w.ready.remote() for w in workers])
+    store.write_text(store.join(out_dir, PLACEMENT_FILE), json.dumps(placement_record(pg, workers, learner)))
+    tracker = TrialTracker(cfg)
+    for row in rows:  # steps before the checkpoint that no earlier attempt got written (killed writer)
+        tracker.log(row)
+
+    actions = action_ids(cfg, task, tokenizer)
+    pipe = OneStepOff(cfg, workers, learner, tokenizer, task, actions, resume.pending) \
+        if cfg.rollout.mode == "one_step_off" else None
+    for step in range(resume.start, cfg.steps):
+        row = {}
+        if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps - 1):
+            row.update(evaluate(cfg, step, workers, tokenizer, task, actions))
+        if pipe is not None:  # generates step + 1 while the learner trains on step
+            row = {**pipe.step(step, sepa, version), **row}
+        else:
+            row = {**one_step(cfg, step, workers, learner, tokenizer, task, sepa, version, actions), **row}
+        version = int(row.pop("_version"))
+        samples = row.pop("_uncertainty", None)
+        if samples is not None:
+            write_uncertainty(out_dir, step, samples)
+        rows.append(row)
+        store.write_text(metrics_loc, "".join(json.dumps(r) + "\n" for r in rows))
+        tracker.log(row)
+        print(f"[{cfg.name}] step {step + 1}/{cfg.steps} correct {row['train/correct_rate']:.3f} "
+              f"reward {row['train/reward_mean']:.3f} lambda {row['credit/sepa_lambda']:.3f} "
+              f"gen {row['time/generate_s']:.1f}s train {row['time/train_s']:.1f}s", flush=True)
+        if (step + 1) % cfg.checkpoint.every == 0 or step + 1 == cfg.steps:
+            _checkpoint(cfg, step, version, row, rows, learner, task, sepa, pipe)
+        else:
+            tune.report(row)
+    tracker.finish()
+    task.close()
+    store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "end", "step": cfg.steps - 1, "time": time.time()})

@@ -1,0 +1,46 @@
+"""Sampling from the trial's rollout workers: seeds, sharding, and the task's action set for the probability floor.
+
+Seeds are a pure function of (trial seed, step, shard), so a restored trial replays exactly the steps it re-runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import ray
+
+from orchestrator.config.trial import TrialConfig
+from workers.envs.tokens import stop_token_ids
+from workers.rollout.worker import shard
+
+
+def step_seed(seed: int, step: int, shard_idx: int, turn: int = 0) -> int:
+    """Sampling seed of one shard at one step (and turn, for multi-turn episodes): a pure function of its
+    arguments, so resumes replay. Turn 0 keeps the single-turn formula."""
+    if turn:
+        return int(np.random.SeedSequence([seed % 2**63, step, shard_idx, turn]).generate_state(1)[0] % (2**31 - 1))
+    return (seed * 1_000_003 + step * 9_973 + shard_idx * 101) % (2**31 - 1)
+
+
+def action_ids(cfg: TrialConfig, task, tokenizer) -> list[int] | None:
+    """Token ids of the task's action set when the probability floor is on (None: no floor anywhere)."""
+    if not (cfg.interventions.probability_floor.is_active and task.action_tokens):
+        return None
+    ids = tokenizer.convert_tokens_to_ids(list(task.action_tokens))
+    if any(i is None or i == tokenizer.unk_token_id for i in ids):
+        raise ValueError(f"action tokens {task.action_tokens} are not single tokens of the model's vocabulary")
+    return list(ids)
+
+
+def sample(cfg: TrialConfig, workers, prompt_ids: list[list[int]], *, n: int, temperature: float, seeds: list[int],
+           tokenizer, actions: list[int] | None) -> list[dict]:
+    """Shard prompts over the workers and sample; one result dict per non-empty shard."""
+    parts = shard(list(range(len(prompt_ids))), len(workers))
+    floor = {"action_token_ids": actions, "action_min_prob": cfg.interventions.probability_floor.min_prob} \
+        if actions else {}
+    futures = [
+        w.generate.remote([prompt_ids[i] for i in idx], n=n, temperature=temperature, top_p=cfg.rollout.top_p,
+                          max_tokens=cfg.rollout.max_tokens, seed=seeds[j],
+                          stop_token_ids=stop_token_ids(tokenizer), **floor)
+        for j, (w, idx) in enumerate(zip(workers, parts, strict=True)) if idx
+    ]
+    return ray.get(futures)

@@ -1,0 +1,146 @@
+"""The campaign's Tune `Searcher`: hands Tune the campaign's trials in order, seed by seed, and for adaptive seeds
+adds paired seed trials to every condition look by look until the contrast is settled.
+
+Adaptive seeds (`seeds: {adaptive: {start, max, step, contrast: OTHER-BASE, measure}}`): the first look runs seeds
+0 .. start-1 of every condition; when all of them have ended, the contrast's paired comparison on `measure`
+(`report.stats.paired_comparison`, pairs by seed) is tested at that look's nominal level from the O'Brien-Fleming-
+type alpha spending of orchestrator/stats/sequential.py. Interval excluding zero: the campaign stops and claims; else
+`step` more seeds (every condition) run, up to `max`. Each look is a `look` line in the campaign's events.jsonl.
+
+Without adaptive seeds the searcher is used only under lockstep rounds, to create trials no faster than the
+scheduler has slots (Tune starts every pending trial it has resources for).
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import numpy as np
+from ray.tune.search import Searcher
+
+from orchestrator import storage as store
+from orchestrator.campaign.expand import CONTRAST, MEASURE, AdaptiveSeeds
+from orchestrator.stats.sequential import nominal_alphas
+from orchestrator.tune.lockstep import EVENTS_FILE
+
+DEFAULT_METRICS = ("eval/success", "eval/pass@1", "train/correct_rate")  # the report's default, in order
+
+
+def measure_value(rows: list[dict], measure: str, metric: str | None) -> float:
+    """One trial's value of `measure` (auc_LO_HI: normalized AUC over steps LO..HI; final: the last row's value)
+    from its metrics rows; NaN when it did not get there."""
+    from orchestrator.stats.paired import normalized_auc
+
+    if metric is None:
+        metric = next((m for m in DEFAULT_METRICS if any(m in r for r in rows)), DEFAULT_METRICS[-1])
+    pts = [(r["step"], r[metric]) for r in rows if metric in r and r[metric] is not None]
+    if not pts:
+        return math.nan
+    m = MEASURE.match(measure)
+    if m.group(2) is None:
+        return float(pts[-1][1])
+    steps, values = np.array(pts, dtype=float).T
+    return normalized_auc(steps, values, (int(m.group(2)), int(m.group(3))))
+
+
+def look(directory: str, names: dict[tuple[str, int], str], seeds: int, cfg: AdaptiveSeeds, level: float) -> dict:
+    """The contrast at a look over seeds 0 .. seeds-1: its paired comparison and whether it is claimed."""
+    from orchestrator.stats.paired import paired_comparison
+
+    other, base = CONTRAST.match(cfg.contrast).groups()
+
+    def values(cond: str) -> list[float]:
+        return [measure_value(store.read_jsonl(store.join(store.trial_dir(directory, names[cond, s]),
+                                                          "metrics.jsonl")), cfg.measure, cfg.metric)
+                for s in range(seeds)]
+
+    c = paired_comparison(values(base), values(other), confidence=1.0 - level, bootstrap=False)
+    # the interval excludes zero exactly when p < level; zero-variance differences (p NaN) are never a claim
+    claimed = c.excludes_zero and math.isfinite(c.p_value)
+    return {"seeds": seeds, "pairs": c.n, "delta": c.delta, "lo": c.ci_low, "hi": c.ci_high, "p": c.p_value,
+            "level": level, "claimed": bool(claimed)}
+
+
+class CampaignSearcher(Searcher):
+    """order: trial names in the order to run (condition -> seed); seed_of / condition_of: per name; adaptive:
+    the campaign's AdaptiveSeeds or None; scheduler: the LockstepScheduler (slots, budget) or None."""
+
+    def __init__(self, order: list[str], seed_of: dict[str, int], condition_of: dict[str, str], directory: str,
+                 adaptive: AdaptiveSeeds | None = None, scheduler=None):
+        super().__init__()
+        self.order, self.seed_of, self.condition_of = order, seed_of, condition_of
+        self.directory, self.adaptive, self.scheduler = directory, adaptive, scheduler
+        self.looks = adaptive.looks() if adaptive else []
+        self.levels = list(nominal_alphas(self.looks, adaptive.alpha)) if adaptive else []
+        self.look_index = 0
+        self.issued: dict[str, str] = {}  # Tune trial id -> trial name
+        self.ended: set[str] = set()
+        self.done = False
+
+    def set_search_properties(self, metric, mode, config, **spec) -> bool:
+        return True  # the trials come from the campaign, not from a search space
+
+    def _allowed(self) -> list[str]:
+        if self.adaptive is None:
+            return self.order
+        return [n for n in self.order if self.seed_of[n] < self.looks[self.look_index]]
+
+    def suggest(self, trial_id: str):
+        if self.done or (self.scheduler is not None and self.scheduler.stopped):
+            return Searcher.FINISHED
+        issued = set(self.issued.values())
+        todo = [n for n in self._allowed() if n not in issued]
+        if todo:
+            if self.scheduler is not None and not self.scheduler.has_slot():
+                return None
+            if self.scheduler is not None:
+                self.scheduler.active.add(todo[0])
+            self.issued[trial_id] = todo[0]
+            return {"trial": todo[0]}
+        if len(self.ended) < len(issued):
+            return None  # this look's trials are still running
+        if self.adaptive is None or not self._next_look():
+            self.done = True
+            return Searcher.FINISHED
+        return self.suggest(trial_id)
+
+    def _next_look(self) -> bool:
+        """Test the contrast at the current look; True when more seeds are to run."""
+        names = {(self.condition_of[n], self.seed_of[n]): n for n in self.order}
+        seeds, level = self.looks[self.look_index], float(self.levels[self.look_index])
+        result = look(self.directory, names, seeds, self.adaptive, level)
+        last = self.look_index == len(self.looks) - 1
+        decision = "claim" if result["claimed"] else ("stop at max" if last else "add seeds")
+        store.append_line(store.join(self.directory, EVENTS_FILE),
+                          {"event": "look", "look": self.look_index + 1, "contrast": self.adaptive.contrast,
+                           "measure": self.adaptive.measure, **result, "decision": decision})
+        print(f"adaptive seeds: look {self.look_index + 1} at {seeds} seeds: {self.adaptive.contrast} "
+              f"{self.adaptive.measure} delta {result['delta']:+.4g} [{result['lo']:.4g}, {result['hi']:.4g}] "
+              f"p {result['p']:.3g} vs {level:.3g}: {decision}", flush=True)
+        if decision != "add seeds":
+            return False
+        self.look_index += 1
+        if self.scheduler is not None:
+            self.scheduler.expect(self._allowed())
+        return True
+
+    def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
+        if trial_id in self.issued:
+            self.ended.add(self.issued[trial_id])
+
+    # Tune saves the searcher with the experiment and restores it with Tuner.restore
+    def get_state(self) -> dict:
+        return {"look_index": self.look_index, "issued": self.issued, "ended": self.ended, "done": self.done}
+
+    def set_state(self, state: dict) -> None:
+        self.look_index, self.issued = state["look_index"], state["issued"]
+        self.ended, self.done = state["ended"], state["done"]
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump(self.get_state(), f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            self.set_state(pickle.load(f))

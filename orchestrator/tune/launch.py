@@ -1,0 +1,325 @@
+"""Tuner assembly: a campaign (or a lone trial) is one Tune experiment; each trial one placement group.
+
+Resume is Tune's: running a campaign whose experiment directory exists restores it (`Tuner.restore`), finished
+trials stay finished, errored and interrupted ones continue from their last checkpoint. A Tune snapshot torn by a
+killed driver is set aside and the experiment starts afresh in the same directory: each trial then finds its own
+newest checkpoint (orchestrator/trial/loop.py `_resume`), so nothing done is lost.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import ray
+from ray import tune
+
+from orchestrator import storage as store
+from orchestrator.campaign.expand import Campaign
+from orchestrator.config.errors import UserError
+from orchestrator.config.trial import TrialConfig
+from orchestrator.jobs.env import wandb_mode, with_wandb_mode
+from orchestrator.jobs.submit import refuse_storage_inside
+from orchestrator.preflight.cluster import PendingOnAutoscaling, check_campaign
+from orchestrator.preflight.model_limits import check_model_limits
+from orchestrator.trial.actors import bundles
+from orchestrator.trial.loop import run_trial
+from orchestrator.tune.scheduling import scheduling
+
+CAMPAIGN_FILE = "campaign.json"
+
+
+def ensure_ray(min_cpus: float, num_gpus: float | None = None) -> None:
+    """Connect to RAY_ADDRESS (or the job's cluster), else start a private local Ray sized for one trial
+    (logical CPUs may exceed the cores: trials are IO/latency bound at the tiny scale)."""
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_JOB_SUBMISSION_ID"):
+        ray.init()
+        return
+    cpus = max(os.cpu_count() or 1, int(min_cpus + 0.999))
+    ray.init(address="local", num_cpus=cpus, num_gpus=num_gpus, include_dashboard=False,
+             runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+                                       "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+                                       "TOKENIZERS_PARALLELISM": "false"}})
+
+
+def _campaign_trial(config: dict, trials: dict[str, dict]) -> None:
+    """The campaign's trainable: the param space holds only the trial name, the configs travel alongside."""
+    run_trial(trials[config["trial"]])
+
+
+def _factory(trials: dict[str, dict]):
+    def resources(config: dict) -> tune.PlacementGroupFactory:
+        return tune.PlacementGroupFactory(bundles(TrialConfig.model_validate(trials[config["trial"]])),
+                                          strategy="PACK")
+
+    return resources
+
+
+def _trainable(trials: dict[str, dict]):
+    return tune.with_resources(tune.with_parameters(_campaign_trial, trials=trials), _factory(trials))
+
+
+SNAPSHOT_FILES = ("experiment_state-", "basic-variant-state-")  # Tune's JSON snapshot: trials, search state
+
+
+def _torn_snapshot(directory: str) -> str | None:
+    """Why Tune could not restore the experiment in `directory` (the newest of its snapshot files is not whole
+    JSON: the driver was killed while Tune copied it to storage), or None. A torn file is moved aside (`.torn`) so
+    that no later restore reads it."""
+    import pyarrow.fs
+
+    fs, path = store.filesystem(directory)
+    listed = [i.base_name for i in fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))]
+    for prefix in SNAPSHOT_FILES:
+        names = sorted(n for n in listed if n.startswith(prefix) and n.endswith(".json"))
+        if not names:
+            continue
+        newest = f"{path}/{names[-1]}"
+        with fs.open_input_stream(newest) as f:
+            raw = f.read()
+        try:
+            json.loads(raw)
+        except ValueError:
+            fs.move(newest, newest + ".torn")
+            return f"Tune's experiment snapshot {names[-1]} is torn ({len(raw)} bytes, not whole JSON)"
+    return None
+
+
+def _tuner(name: str, storage: str, trials: dict[str, dict], *, max_concurrent: int | None, max_failures: int,
+           keep: int, callbacks: list | None = None, scheduler=None, search_alg=None) -> tune.Tuner:
+    """search_alg: the campaign's searcher (lockstep / adaptive seeds, orchestrator/tune/scheduling.py) hands Tune the
+    trial names instead of the grid."""
+    directory = store.join(storage, name)
+    trainable = _trainable(trials)
+    param_space = {"trial": tune.grid_search(list(trials))} if search_alg is None else None
+    if tune.Tuner.can_restore(directory):
+        torn = _torn_snapshot(directory)
+        if torn is None:
+            # param_space again: were Tune's restore to fail anyway, its fallback fresh run has the right trials
+            return tune.Tuner.restore(directory, trainable=trainable, param_space=param_space,
+                                      resume_unfinished=True, resume_errored=True)
+        print(f"{torn}: starting Tune afresh in {directory}; every trial resumes from its newest checkpoint",
+              flush=True)
+    return tune.Tuner(
+        trainable,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent, scheduler=scheduler,
+                                    search_alg=search_alg, num_samples=len(trials) if search_alg else 1,
+                                    trial_name_creator=lambda t: t.config["trial"],
+                                    trial_dirname_creator=lambda t: t.config["trial"]),
+        run_config=tune.RunConfig(
+            name=name, storage_path=storage,
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=keep),
+            failure_config=tune.FailureConfig(max_failures=max_failures),
+            callbacks=callbacks,
+        ),
+    )
+
+
+def _local_tokenizer(cfg: TrialConfig):
+    """The trial model's tokenizer when it is on this machine (local models are built), else None."""
+    from orchestrator.trial.actors import LOCAL_MODELS, resolve_model_quietly
+
+    if cfg.model.name in LOCAL_MODELS or Path(cfg.model.name).expanduser().is_dir():
+        from workers.models.loading import load_tokenizer
+
+        return load_tokenizer(resolve_model_quietly(cfg.model))
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(cfg.model.name, local_files_only=True)
+    except (OSError, ValueError):
+        return None  # not downloaded here: the trial checks its first prompt itself
+
+
+def check_episodes(source: str, trials: list[tuple[str, TrialConfig]]) -> None:
+    """Before launch: every agentic trial's first turn (longest first prompt + rollout.max_tokens) fits
+    model.max_model_len; UserError (one line, exit 2) naming the file and the trial otherwise."""
+    from orchestrator.trial.episodes import check_episode_fits
+
+    seen: dict[str, str | None] = {}
+    for name, cfg in trials:
+        if not cfg.task.agentic:
+            continue
+        key = json.dumps([cfg.model.model_dump(mode="json"), cfg.task.model_dump(mode="json"), cfg.seed,
+                          cfg.rollout.max_tokens, cfg.rollout.max_actions_per_turn,
+                          cfg.rollout.max_actions_per_episode])
+        if key not in seen:
+            tok = _local_tokenizer(cfg)
+            seen[key] = None if tok is None else check_episode_fits(cfg, tok)
+        if seen[key]:
+            raise UserError(f"{source}: trial {name}: {seen[key]}")
+
+
+# ------------------------------------------------------------------------------------------------ campaigns
+def check_cluster(campaign: Campaign) -> None:
+    """User errors a cluster can reveal before anything launches (exit 2, nothing started): resources and storage
+    against what the cluster can grow to (orchestrator/preflight/cluster.py: the autoscaler's node types count)."""
+    check_campaign(campaign)
+    if os.environ.get("RAY_JOB_SUBMISSION_ID"):  # running as a Ray job: cwd is the uploaded working dir
+        refuse_storage_inside(campaign, Path.cwd().resolve())
+
+
+def check_campaign_models(campaign: Campaign) -> None:
+    """Each distinct model setting of the campaign against the model's own config (orchestrator/model_limits),
+    and each learner setup against its GPUs' memory (orchestrator/learner_memory; its estimates are printed)."""
+    from orchestrator.preflight.learner_memory import check_campaign_learners
+
+    seen = set()
+    for t in campaign.trials:
+        key = t.trial.model.model_dump_json()
+        if key not in seen:
+            seen.add(key)
+            check_model_limits(t.trial.model, campaign.source, where=f"trial {t.name}: model")
+    for line in check_campaign_learners(campaign):
+        print(line, flush=True)
+
+
+def _stable(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k not in ("wandb", "output_dir")}
+
+
+def _without_new_defaults(now: dict, before: dict, default: dict) -> dict:
+    """`now` minus the keys `before` lacks whose value is the schema default: a field added to the code since
+    the campaign started (at its default) does not change what the trial runs, so it must not block a resume."""
+    out = {}
+    for key, value in now.items():
+        if key not in before:
+            if key in default and value == default[key]:
+                continue
+        elif isinstance(value, dict) and isinstance(before[key], dict) and isinstance(default.get(key), dict):
+            value = _without_new_defaults(value, before[key], default[key])
+        out[key] = value
+    return out
+
+
+def check_same_campaign(campaign: Campaign) -> None:
+    """A resumed experiment must be the campaign that started it: same trials, same configs (fields the code
+    gained since, at their defaults, excepted)."""
+    text = store.read_text(store.join(campaign.directory, CAMPAIGN_FILE))
+    if text is None:
+        return
+    before = {t["name"]: _stable(t["config"]) for t in json.loads(text)["trials"]}
+    default = TrialConfig().model_dump(mode="json")
+    now = {t.name: _stable(t.config) for t in campaign.trials}
+    now = {n: _without_new_defaults(c, before[n], default) if n in before else c for n, c in now.items()}
+    if before != now:
+        changed = sorted(set(before) ^ set(now)) or sorted(n for n in now if before[n] != now[n])
+        raise UserError(f"{campaign.source}: campaign '{campaign.config.name}' in {campaign.directory} was started "
+                        f"with different trials ({', '.join(changed[:3])}{'...' if len(changed) > 3 else ''} "
+                        "differ); restore the file, or change name/storage to start a new campaign")
+
+
+def write_campaign_file(campaign: Campaign) -> None:
+    store.write_text(store.join(campaign.directory, CAMPAIGN_FILE), json.dumps({
+        "name": campaign.config.name, "description": campaign.config.description, "source": campaign.source,
+        "campaign_id": campaign.directory, "trials": [t.row() for t in campaign.trials],
+    }, indent=1))
+
+
+@contextmanager
+def driver_lock(campaign: Campaign):
+    """One driver per campaign: a second `run` of a campaign that is running stops with exit code 2.
+
+    An OS lock, so a SIGKILLed driver releases it. Only for local/shared paths (URIs: Jobs' submit check)."""
+    if store.is_uri(campaign.directory):
+        yield
+        return
+    path = Path(campaign.directory) / store.LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise UserError(f"{campaign.source}: campaign '{campaign.config.name}' is already running "
+                            f"(driver {f.read().strip() or 'unknown'}); wait for it or stop it") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {os.uname().nodename}")
+        f.flush()
+        yield
+
+
+def run_campaign(campaign: Campaign) -> int:
+    """Run (or resume) every trial of the campaign; returns the number of trials that did not finish."""
+    campaign = with_wandb_mode(campaign, wandb_mode())  # $WANDB_MODE / --wandb-mode over the file
+    need = max(sum(b.get("CPU", 0) for b in bundles(t.trial)) for t in campaign.trials)
+    ensure_ray(need)
+    check_cluster(campaign)
+    check_campaign_models(campaign)
+    check_episodes(campaign.source, [(t.name, t.trial) for t in campaign.trials])
+    from orchestrator.preflight.plan import run_paragraph
+
+    print(run_paragraph(campaign), flush=True)
+    with driver_lock(campaign):
+        check_same_campaign(campaign)
+        resumed = tune.Tuner.can_restore(campaign.directory)
+        write_campaign_file(campaign)
+        cfg = campaign.config
+        keep = max(t.trial.checkpoint.keep for t in campaign.trials)
+        print(f"{'resuming' if resumed else 'starting'} campaign {cfg.name}: {len(campaign.trials)} trials -> "
+              f"{campaign.directory}", flush=True)
+        from orchestrator.tracking.dashboard import save_at_start  # wandb-workspaces loads only here
+
+        save_at_start(campaign)  # online: the campaign's W&B workspace, saved now
+        plan = scheduling(campaign)
+        tuner = _tuner(cfg.name, campaign.storage, {t.name: t.config for t in campaign.trials},
+                       max_concurrent=plan.max_concurrent, max_failures=cfg.max_failures, keep=keep,
+                       callbacks=[PendingOnAutoscaling(campaign.directory)], scheduler=plan.scheduler,
+                       search_alg=plan.search_alg)
+        results = tuner.fit()
+    failed = [r for r in results if r.error]
+    ended = "stopped by the budget at a round boundary" if getattr(plan.scheduler, "stopped", False) else "finished"
+    print(f"campaign {cfg.name}: {len(results) - len(failed)}/{len(results)} trials {ended}; "
+          f"results in {campaign.directory}")
+    if cfg.wandb.mode == "offline":
+        print(f"W&B offline runs: {cfg.wandb.dir or campaign.directory}/wandb (upload: wandb sync "
+              f"{cfg.wandb.dir or campaign.directory}/wandb/offline-run-*; then the campaign's W&B workspace: "
+              f"python -m orchestrator dashboard {campaign.source})")
+    for r in failed:
+        print(f"  failed: {r.metrics.get('trial', '?') if r.metrics else '?'}: {failure_line(r.error)}")
+    return len(failed)
+
+
+# ------------------------------------------------------------------------------------------- a lone trial
+def failure_line(err: BaseException) -> str:
+    """One line for a failed trial: the error raised inside it (Ray wraps it; `.cause` is the original), whole
+    when it is a checkpoint that cannot be used (the message names the file), else its type and first line."""
+    from workers.checkpoint.blob import CheckpointError
+
+    cause = getattr(err, "cause", None) or err
+    if isinstance(cause, CheckpointError):
+        return str(cause)
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[0] if lines else ''}"
+
+
+def run_single_trial(cfg: TrialConfig, storage: Path, max_failures: int = 0):
+    """Run one trial to completion as a one-trial experiment; returns the Tune Result (None if it errored)."""
+    storage.mkdir(parents=True, exist_ok=True)
+    if cfg.output_dir is None:
+        cfg = cfg.model_copy(update={"output_dir": str(storage / cfg.name / "trial")})
+    saved = storage / cfg.name / "trial_config.json"
+    now = cfg.model_dump(mode="json")
+    before = _stable(json.loads(saved.read_text())) if saved.is_file() else None
+    if before is not None and before != _without_new_defaults(_stable(now), before,
+                                                             TrialConfig().model_dump(mode="json")):
+        raise UserError(f"trial '{cfg.name}' in {storage / cfg.name} was started with a different config; "
+                        "use another name or --storage for a new trial, or restore the config to resume it")
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(now, indent=1))
+    ensure_ray(sum(b.get("CPU", 0) for b in bundles(cfg)))
+    tuner = _tuner(cfg.name, str(storage), {cfg.name: cfg.model_dump(mode="json")}, max_concurrent=None,
+                   max_failures=max_failures, keep=cfg.checkpoint.keep)
+    result = tuner.fit()[0]
+    if result.error:
+        print(f"trial {cfg.name} failed: {failure_line(result.error)}")
+        return None
+    print(f"trial {cfg.name} finished; metrics in {cfg.output_dir}/metrics.jsonl")
+    return result

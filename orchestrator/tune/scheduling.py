@@ -1,0 +1,39 @@
+"""What a campaign's `schedule`, `budget` and `seeds.adaptive` hand Tune: a scheduler and a searcher (or neither:
+Tune's FIFO over the grid, as before)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.campaign.expand import Campaign
+from orchestrator.trial.actors import bundles
+
+
+@dataclass
+class TuneScheduling:
+    scheduler: object = None  # LockstepScheduler or None (FIFO)
+    search_alg: object = None  # CampaignSearcher or None (grid over the trial names)
+    max_concurrent: int | None = None  # what Tune's own limiter gets (lockstep counts slots itself)
+
+
+def scheduling(campaign: Campaign) -> TuneScheduling:
+    from orchestrator.tune.adaptive import CampaignSearcher
+    from orchestrator.tune.lockstep import LockstepScheduler
+
+    cfg = campaign.config
+    if cfg.schedule.mode == "fifo" and cfg.adaptive is None:
+        return TuneScheduling(max_concurrent=cfg.max_concurrent_trials)
+    scheduler = None
+    if cfg.schedule.mode == "lockstep":
+        scheduler = LockstepScheduler(
+            cfg.schedule.round_steps, {t.name: t.trial.steps for t in campaign.trials},
+            {t.name: sum(b.get("GPU", 0) for b in bundles(t.trial)) for t in campaign.trials},
+            campaign.directory, cfg.budget, slots=cfg.max_concurrent_trials,
+            expected=None if cfg.adaptive is None else [t.name for t in campaign.trials
+                                                          if t.seed < cfg.adaptive.start])
+    # seed-major order: a look's seeds of every condition run before the next seed's
+    order = [t.name for t in sorted(campaign.trials, key=lambda t: t.seed)]
+    searcher = CampaignSearcher(order, {t.name: t.seed for t in campaign.trials},
+                                {t.name: t.condition for t in campaign.trials}, campaign.directory,
+                                cfg.adaptive, scheduler)
+    return TuneScheduling(scheduler, searcher, None if scheduler is not None else cfg.max_concurrent_trials)

@@ -1,0 +1,1 @@
+"""Checkpoint files: the learner blob, sharded DCP checkpoints, the safe shard reader."""

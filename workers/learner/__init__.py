@@ -1,0 +1,1 @@
+"""The learner: one rank of the learner group, its update, state, models, ranks, metrics, critic."""

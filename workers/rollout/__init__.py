@@ -1,0 +1,1 @@
+"""The vLLM rollout worker (sampling with per-token log-probs, policy updates)."""

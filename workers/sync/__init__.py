@@ -1,0 +1,1 @@
+"""The policy on the rollout engines: LoRA adapters or full weights, one interface."""
