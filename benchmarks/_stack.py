@@ -34,11 +34,12 @@ class Stack:
     def __init__(self, cfg, cpus: int = 2):
         import ray
 
-        from orchestrator.trial.actors import _LearnerActor, _RolloutActor, resolve_model, rollout_engine
+        from orchestrator.config.trial import sepa_settings
+        from orchestrator.trial.actors import _LearnerActor, _RolloutActor, rollout_engine
         from orchestrator.trial.learner_group import LearnerGroup
+        from orchestrator.trial.models import resolve_model
         from orchestrator.trial.one_step_off import OneStepOff
         from orchestrator.trial.sampling import action_ids
-        from orchestrator.trial.step import sepa_settings
         from workers.credit import SepaController
         from workers.models.loading import load_tokenizer
         from workers.tasks import make_task

@@ -30,7 +30,7 @@ def _trial(args: argparse.Namespace) -> int:
 
     check_model_limits(cfg.model, args.config or "<default trial>")
     from orchestrator.preflight.learner_memory import check_learner_memory
-    from orchestrator.trial.actors import resolve_model_quietly
+    from orchestrator.trial.models import resolve_model_quietly
 
     memory = check_learner_memory(cfg, resolve_model_quietly(cfg.model), args.config or "<default trial>", cfg.name)
     if memory is not None:
@@ -51,7 +51,7 @@ def _expand(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from orchestrator.campaign.expand import load_campaign
-    from orchestrator.jobs.env import wandb_mode
+    from orchestrator.tracking.mode import wandb_mode
     from orchestrator.tune.launch import run_campaign
 
     wandb_mode(args.wandb_mode)  # checked and exported; run_campaign applies it
@@ -82,8 +82,8 @@ def _status(args: argparse.Namespace) -> int:
 
 def _submit(args: argparse.Namespace) -> int:
     from orchestrator.campaign.expand import load_campaign
-    from orchestrator.jobs.env import wandb_mode
     from orchestrator.jobs.submit import submit
+    from orchestrator.tracking.mode import wandb_mode
 
     wandb_mode(args.wandb_mode)  # checked here, forwarded to the job as WANDB_MODE
     submit(load_campaign(args.file), args.address)
@@ -120,7 +120,7 @@ def _report(args: argparse.Namespace) -> int:
     campaign = load_campaign(args.file)
     uri = store.is_uri(campaign.directory)
     try:
-        has_run = store.read_text(store.join(campaign.directory, "campaign.json")) is not None
+        has_run = store.read_text(store.join(campaign.directory, store.CAMPAIGN_FILE)) is not None
     except OSError as exc:  # an unreachable bucket, missing credentials, ...
         raise UserError(f"{args.file}: storage: cannot read {campaign.directory} ({exc})") from None
     if not has_run:
@@ -147,7 +147,7 @@ def _report(args: argparse.Namespace) -> int:
         published = publish(campaign, report, dry_run=args.dry_run, run_only=not args.publish)
     where = str(report.out_dir)
     if scratch is not None:
-        where = store.join(campaign.directory, "report")
+        where = store.join(campaign.directory, store.REPORT_DIR)
         for f in sorted(p for p in report.out_dir.rglob("*") if p.is_file()):
             store.write_bytes(store.join(where, *f.relative_to(report.out_dir).parts), f.read_bytes())
     print(report.headline)

@@ -380,7 +380,7 @@ def check_schedule(cfg: CampaignConfig, trials: list[ExpandedTrial], source: str
 
 def trial_table(trials: list[ExpandedTrial]) -> str:
     """The plain-text table `expand` prints."""
-    from orchestrator.trial.actors import bundles
+    from orchestrator.config.placement import bundles
 
     rows = [("trial", "condition", "seed", "sweep", "steps", "bundles (driver + workers + learner ranks)")]
     for t in trials:

@@ -3,10 +3,13 @@ as pydantic models; `orchestrator/campaign/expand.py` holds the campaign schema 
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchestrator.config.errors import UserError
@@ -40,7 +43,6 @@ class ReportSettings(BaseModel):
         conditions. Raises UserError naming `<source>: report.contrasts[i]` otherwise."""
         if not self.contrasts:
             return []
-        from orchestrator.report.comparisons import parse_contrast  # the report's parser (imports pandas)
 
         out = []
         for i, text in enumerate(self.contrasts):
@@ -122,3 +124,31 @@ class AdaptiveSeeds(BaseModel):
 class SeedsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     adaptive: AdaptiveSeeds
+
+
+def parse_contrast(text: str, conditions: Sequence[str]) -> tuple[str, str] | None:
+    """`(A, B)` for "A-B" when exactly one split at a '-' leaves two different known conditions (names may
+    hold '-' themselves), else None."""
+    hits = [(text[:j], text[j + 1:]) for j, ch in enumerate(text) if ch == "-"]
+    hits = [(a, b) for a, b in hits if a in conditions and b in conditions and a != b]
+    return hits[0] if len(hits) == 1 else None
+
+
+DEFAULT_METRICS = ("eval/success", "eval/pass@1", "train/correct_rate")  # the report's default, in order
+
+
+def measure_value(rows: list[dict], measure: str, metric: str | None) -> float:
+    """One trial's value of `measure` (auc_LO_HI: normalized AUC over steps LO..HI; final: the last row's value)
+    from its metrics rows; NaN when it did not get there."""
+    from orchestrator.stats.paired import normalized_auc
+
+    if metric is None:
+        metric = next((m for m in DEFAULT_METRICS if any(m in r for r in rows)), DEFAULT_METRICS[-1])
+    pts = [(r["step"], r[metric]) for r in rows if metric in r and r[metric] is not None]
+    if not pts:
+        return math.nan
+    m = MEASURE.match(measure)
+    if m.group(2) is None:
+        return float(pts[-1][1])
+    steps, values = np.array(pts, dtype=float).T
+    return normalized_auc(steps, values, (int(m.group(2)), int(m.group(3))))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import BaseModel, ValidationError
 
 
@@ -25,13 +23,6 @@ def format_validation(source: str, err: ValidationError) -> str:
         msg = "unknown key"
     extra = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
     return f"{source}: {path}: {msg}{extra}"
-
-
-def load_yaml(path: str | Path) -> dict:
-    """Kept for callers of the old name: the one loader lives in `orchestrator.config.files`."""
-    from orchestrator.config.files import load_yaml as _load
-
-    return _load(path)
 
 
 def validate(model: type[BaseModel], data: dict, source: str) -> BaseModel:

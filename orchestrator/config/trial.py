@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from workers.credit.config import CreditConfig
+from workers.credit.config import CreditConfig, SepaConfig
 from workers.objectives.interventions import InterventionsConfig, scoring_pass_needs
-from workers.objectives.losses import Aggregation
+from workers.objectives.settings import Aggregation
 from workers.tasks.config import TaskConfig
 
 AGENTIC_MAX_MODEL_LEN = 2048
@@ -324,3 +324,11 @@ class TrialConfig(_Strict):
         if self.rollout.mode == "one_step_off":
             return "rollout.mode one_step_off (pi_old of the importance weight)"
         return scoring_pass_needs(self.credit, self.interventions)
+
+
+def sepa_settings(cfg: TrialConfig) -> SepaConfig:
+    """The schedule that drives lambda: the trial's `sepa:` where SEPA (or a plugin transform) runs, else off,
+    so conditions without SEPA log lambda 0 even when a shared base carries SEPA settings."""
+    c = cfg.credit
+    uses = "sepa" in c.stages or (isinstance(c.transform_mode, str) and "." in c.transform_mode)
+    return c.sepa if (c.sepa is not None and uses) else SepaConfig(steps=0)

@@ -56,7 +56,7 @@ def driver_alive(directory: str) -> bool | None:
 
 
 def trial_rows(campaign: Campaign) -> list[dict]:
-    from orchestrator.preflight.cluster import pending_label
+    from orchestrator.tune.pending import pending_label
 
     states = tune_states(campaign.directory)
     alive = driver_alive(campaign.directory)
@@ -65,8 +65,8 @@ def trial_rows(campaign: Campaign) -> list[dict]:
     out = []
     for t in campaign.trials:
         tdir = store.trial_dir(campaign.directory, t.name)
-        rows = store.read_jsonl(store.join(tdir, "metrics.jsonl"))
-        starts = store.read_jsonl(store.join(tdir, "events.jsonl"))
+        rows = store.read_jsonl(store.join(tdir, store.METRICS_FILE))
+        starts = store.read_jsonl(store.join(tdir, store.EVENTS_FILE))
         starts = [e for e in starts if e.get("event") == "start"]
         steps = t.config["steps"]
         last = rows[-1] if rows else {}
@@ -102,7 +102,7 @@ def render(campaign: Campaign) -> str:
 
 def schedule_lines(campaign: Campaign, finished: bool = False) -> list[str]:
     """Lockstep round, budget and adaptive-seed looks, from the campaign's events.jsonl."""
-    from orchestrator.tune.lockstep import campaign_events
+    from orchestrator.storage import campaign_events
 
     cfg, out = campaign.config, []
     events = campaign_events(campaign.directory)

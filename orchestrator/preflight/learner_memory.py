@@ -47,10 +47,23 @@ class ModelCounts:
     vocab: int
 
 
+def _config_here(model_path: str) -> bool:
+    """Whether the model's config.json is on this machine: a local directory, or the local hub cache."""
+    from pathlib import Path
+
+    if (Path(model_path).expanduser() / "config.json").is_file():
+        return True
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(model_path, "config.json"), str)
+
+
 def model_counts(model_path: str, cfg: TrialConfig, local_only: bool = False) -> ModelCounts | None:
     """Exact counts from the model's config, or None when the config cannot be read here (`local_only`: from a
     local path or the local hub cache only, never the network)."""
-    import torch
+    if local_only and not _config_here(model_path):
+        return None  # nothing to count here: decided without importing transformers or torch
+    import torch  # the model is built on the meta device: shapes only, no weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
@@ -166,7 +179,7 @@ def check_learner_memory(cfg: TrialConfig, model_path: str, source: str, name: s
 def check_campaign_learners(campaign, local_only: bool = False) -> list[str]:
     """`check_learner_memory` for each distinct learner setup of the campaign (model, learner, resources, the
     critic and KL); returns their estimate lines (UserError for the first that cannot fit)."""
-    from orchestrator.trial.actors import resolve_model_quietly
+    from orchestrator.trial.models import resolve_model_quietly
 
     lines, seen = [], set()
     for t in campaign.trials:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from orchestrator import storage as store
 from orchestrator.campaign.expand import CONTRAST, MEASURE, Campaign, ExpandedTrial, load_campaign
 from orchestrator.config.errors import UserError
+from orchestrator.config.placement import bundles
 from orchestrator.preflight.cost_model import device_kind, step_seconds, step_tokens
-from orchestrator.trial.actors import bundles
 
 POWER, ALPHA = 0.8, 0.05
 
@@ -73,12 +73,12 @@ def pilot_runs(pilot: str) -> list[dict]:
     import json
 
     directory = _pilot_dir(pilot)
-    text = store.read_text(store.join(directory, "campaign.json"))
+    text = store.read_text(store.join(directory, store.CAMPAIGN_FILE))
     if text is None:
         raise UserError(f"--pilot: {directory} is not a campaign directory that ran (no campaign.json)")
     runs = []
     for t in json.loads(text)["trials"]:
-        rows = store.read_jsonl(store.join(store.trial_dir(directory, t["name"]), "metrics.jsonl"))
+        rows = store.read_jsonl(store.join(store.trial_dir(directory, t["name"]), store.METRICS_FILE))
         tune_rows = store.read_jsonl(store.join(directory, t["name"], "result.json"))
         runs.append({"name": t["name"], "condition": t["condition"], "seed": t["seed"], "rows": rows,
                      "wall": [r["time_this_iter_s"] for r in tune_rows[1:] if "time_this_iter_s" in r]})
@@ -106,10 +106,25 @@ def cluster_size(gpus: float | None, cpus: float | None) -> Cluster:
         ray.init(log_to_driver=False)
         total = ray.cluster_resources()
         return Cluster(total.get("GPU", 0.0), total.get("CPU", 0.0), f"Ray cluster {os.environ['RAY_ADDRESS']}")
-    import torch
+    return Cluster(float(local_gpus()), float(os.cpu_count() or 1), "this machine (no --gpus, no RAY_ADDRESS)")
 
-    return Cluster(float(torch.cuda.device_count()), float(os.cpu_count() or 1), "this machine (no --gpus, "
-                   "no RAY_ADDRESS)")
+
+def local_gpus() -> int:
+    """This machine's NVIDIA GPUs as `nvidia-smi -L` lists them (CUDA_VISIBLE_DEVICES narrows them), without
+    importing torch: `plan` stays a quick, light command."""
+    import shutil
+    import subprocess
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
 def trials_at_once(trials: list[TrialPlan], cluster: Cluster, limit: int | None) -> int:
@@ -145,8 +160,8 @@ def _measure_of(campaign: Campaign, measure: str | None) -> str:
 
 def power_lines(campaign: Campaign, runs: list[dict], effect: float, measure: str, metric: str | None) -> list[str]:
     """Seeds per condition to detect `effect` at 80% power, from the pilot's paired sd of each comparison."""
+    from orchestrator.campaign.sections import measure_value
     from orchestrator.stats.power import seeds_for_power
-    from orchestrator.tune.adaptive import measure_value
 
     conds = list(campaign.config.conditions)
     adaptive = campaign.config.adaptive

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from orchestrator import storage as store
+from orchestrator.campaign.sections import parse_contrast
 from orchestrator.report import figures as figs
-from orchestrator.report.comparisons import all_specs, parse_contrast
+from orchestrator.report.comparisons import all_specs
 from orchestrator.report.load import TrialIssue, _load
 from orchestrator.report.render import _render, _slug
 from orchestrator.report.sections import extra_sections
@@ -95,7 +97,7 @@ def build_report(campaign_dir: Path | str, *, metric: str | None = None, step: i
             raise ValueError(f"{campaign_dir} is a URI: give out_dir, a local directory for the report")
     else:
         campaign_dir = Path(campaign_dir)
-    out_dir = Path(out_dir) if out_dir is not None else campaign_dir / "report"
+    out_dir = Path(out_dir) if out_dir is not None else campaign_dir / store.REPORT_DIR
     meta, groups, issues = _load(campaign_dir)
     runs = [r for g in groups for r in g.runs]
     metric = metric or _default_metric(groups)

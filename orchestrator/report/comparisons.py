@@ -50,12 +50,6 @@ class Spec:
         return seeds, side(self.base), side(self.other)
 
 
-def parse_contrast(text: str, conditions: Sequence[str]) -> tuple[str, str] | None:
-    """`(A, B)` for "A-B" when exactly one split at a '-' leaves two different known conditions (names may
-    hold '-' themselves), else None."""
-    hits = [(text[:j], text[j + 1:]) for j, ch in enumerate(text) if ch == "-"]
-    hits = [(a, b) for a, b in hits if a in conditions and b in conditions and a != b]
-    return hits[0] if len(hits) == 1 else None
 
 
 def _key(g: _Group) -> str:

@@ -22,6 +22,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from orchestrator import storage as store
+
 
 def _filesystem_from_uri(uri: str):
     """`(pyarrow filesystem, path)` for a URI (a seam for tests: an in-memory filesystem)."""
@@ -226,7 +228,7 @@ def _parse_metrics(text: str) -> tuple[dict[str, np.ndarray] | None, int]:
 
 def _load(campaign_dir: str | Path | CampaignFiles) -> tuple[dict[str, Any], list[_Group], list[TrialIssue]]:
     files = _files(campaign_dir)
-    meta = json.loads(files.read_text("campaign.json"))
+    meta = json.loads(files.read_text(store.CAMPAIGN_FILE))
     trials = meta.get("trials") or []
     any_sweep = any(t.get("sweep") for t in trials)
     groups: dict[tuple, _Group] = {}
@@ -248,7 +250,7 @@ def _load(campaign_dir: str | Path | CampaignFiles) -> tuple[dict[str, Any], lis
         if not files.is_dir(tdir):
             issues.append(TrialIssue(run.name, "not started (no trial directory)"))
             continue
-        mpath = f"{tdir}/metrics.jsonl"
+        mpath = f"{tdir}/{store.METRICS_FILE}"
         if not files.is_file(mpath):
             issues.append(TrialIssue(run.name, "no metrics.jsonl"))
             continue

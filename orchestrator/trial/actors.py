@@ -3,48 +3,17 @@ and learner actor classes, and the placement-group bundles that pack them ([driv
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import ray
 import torch
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.config.trial import ModelConfig, TrialConfig
 from orchestrator.trial.learner_group import LearnerGroup
+from orchestrator.trial.models import resolve_model
 from workers.learner.learner import Learner
 from workers.learner.ranks import Ranks, rendezvous_address
-from workers.models.families import FAMILIES, family_builder
 from workers.models.gpu_runtime import check_gpu_runtime
-from workers.models.loading import build_tiny_model
-from workers.models.reasoner import build_tiny_reasoner
-from workers.models.tiny_agent import TINY_AGENT_VERSION, build_tiny_agent
 from workers.rollout.worker import RolloutWorker
-
-# models built locally (deterministic, cached under the temp dir by name and seed) instead of loaded by name
-LOCAL_MODELS = {"tiny": build_tiny_model, "tiny-agent": build_tiny_agent, "tiny-reasoner": build_tiny_reasoner,
-                **{name: family_builder(name) for name in FAMILIES}}
-# a rebuilt model of a new version gets its own cache directory: an older build in use is never replaced under it
-_CACHE_TAG = {"tiny-agent": f"-v{TINY_AGENT_VERSION}"}
-
-
-def resolve_model(cfg: ModelConfig) -> str:
-    """Hub name / local path as given; a LOCAL_MODELS name is built (once) on whichever node asks."""
-    builder = LOCAL_MODELS.get(cfg.name)
-    if builder is None:
-        return cfg.name
-    root = Path(tempfile.gettempdir()) / f"credit-orchestrator-{cfg.name}-{cfg.tiny_seed}{_CACHE_TAG.get(cfg.name, '')}"
-    return str(builder(root, seed=cfg.tiny_seed))
-
-
-def resolve_model_quietly(cfg: ModelConfig) -> str:
-    """`resolve_model` for the pre-launch checks: a local model built now (first use on this machine) writes its
-    progress bars to a buffer, so the check's answer (or its one-line user error) is all the user sees."""
-    import contextlib
-    import io
-
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        return resolve_model(cfg)
 
 
 def _where() -> dict:
@@ -95,23 +64,8 @@ def _placement(pg, bundle: int) -> dict:
     return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)}
 
 
-def bundle_roles(cfg: TrialConfig) -> list[str]:
-    """What runs in each bundle of `bundles(cfg)`: driver, rollout worker x k, learner rank x N."""
-    return ["driver"] + ["rollout worker"] * cfg.rollout.num_workers + ["learner rank"] * cfg.resources.learner_ranks
 
 
-def bundles(cfg: TrialConfig) -> list[dict[str, float]]:
-    """Placement-group bundles: [driver, worker x k, learner rank x N]."""
-    r = cfg.resources
-
-    # a GPU model is a resource Ray gives each node (accelerator_type:H100 = 1): a sliver of it pins the bundle
-    model = {f"accelerator_type:{r.accelerator_type}": 0.001} if r.accelerator_type else {}
-
-    def b(cpu: float, gpu: float) -> dict[str, float]:
-        return {"CPU": cpu, **({"GPU": gpu, **model} if gpu else {})}
-
-    return [b(r.driver_cpus, 0)] + [b(r.worker_cpus, r.worker_gpus)] * cfg.rollout.num_workers + [
-        b(r.learner_cpus, r.learner_gpus)] * r.learner_ranks
 
 
 def placement_record(pg, workers, learner: LearnerGroup) -> dict:

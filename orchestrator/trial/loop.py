@@ -22,23 +22,22 @@ from ray import tune
 from ray.util import get_current_placement_group
 
 from orchestrator import storage as store
-from orchestrator.config.trial import TrialConfig
+from orchestrator.config.trial import TrialConfig, sepa_settings
+from orchestrator.storage import EVENTS_FILE, METRICS_FILE, PLACEMENT_FILE, STATE_FILE, UNCERTAINTY_DIR
 from orchestrator.tracking.run import TrialTracker
-from orchestrator.trial.actors import placement_record, resolve_model, start_actors
+from orchestrator.trial.actors import placement_record, start_actors
 from orchestrator.trial.evaluation import evaluate
 from orchestrator.trial.learner_group import LearnerGroup
+from orchestrator.trial.models import resolve_model
 from orchestrator.trial.one_step_off import OneStepOff, load_pending
 from orchestrator.trial.sampling import action_ids
-from orchestrator.trial.step import one_step, sepa_settings
+from orchestrator.trial.step import one_step
 from workers.credit import SepaController
 from workers.envs.tokens import turn_format
 from workers.learner.state import BLOB as LEARNER_FILE
 from workers.learner.state import SHARDS
 from workers.models.loading import load_tokenizer
 from workers.tasks import make_task
-
-STATE_FILE, METRICS_FILE = "trial_state.json", "metrics.jsonl"
-EVENTS_FILE, PLACEMENT_FILE = "events.jsonl", "placement.json"
 
 
 def write_uncertainty(out_dir: str, step: int, samples: dict[str, list[float]]) -> None:
@@ -47,7 +46,7 @@ def write_uncertainty(out_dir: str, step: int, samples: dict[str, list[float]]) 
 
     buf = io.BytesIO()
     np.savez_compressed(buf, **{k: np.asarray(v, dtype=np.float32) for k, v in samples.items()})
-    store.write_bytes(store.join(out_dir, "uncertainty", f"step_{step}.npz"), buf.getvalue())
+    store.write_bytes(store.join(out_dir, UNCERTAINTY_DIR, f"step_{step}.npz"), buf.getvalue())
 
 
 @dataclass

@@ -14,17 +14,9 @@ import torch
 from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.episodes import episode_metrics, play_episodes
 from orchestrator.trial.sampling import sample, step_seed
-from workers.credit import SepaConfig, SepaController
+from workers.credit import SepaController
 from workers.envs.tokens import first_prompt_ids
 from workers.objectives.filters import nonfinite_groups, rv_filter
-
-
-def sepa_settings(cfg: TrialConfig) -> SepaConfig:
-    """The schedule that drives lambda: the trial's `sepa:` where SEPA (or a plugin transform) runs, else off,
-    so conditions without SEPA log lambda 0 even when a shared base carries SEPA settings."""
-    c = cfg.credit
-    uses = "sepa" in c.stages or (isinstance(c.transform_mode, str) and "." in c.transform_mode)
-    return c.sepa if (c.sepa is not None and uses) else SepaConfig(steps=0)
 
 
 @dataclass

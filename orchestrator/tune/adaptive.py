@@ -16,32 +16,12 @@ from __future__ import annotations
 import math
 import pickle
 
-import numpy as np
 from ray.tune.search import Searcher
 
 from orchestrator import storage as store
-from orchestrator.campaign.expand import CONTRAST, MEASURE, AdaptiveSeeds
+from orchestrator.campaign.sections import CONTRAST, AdaptiveSeeds, measure_value
 from orchestrator.stats.sequential import nominal_alphas
-from orchestrator.tune.lockstep import EVENTS_FILE
-
-DEFAULT_METRICS = ("eval/success", "eval/pass@1", "train/correct_rate")  # the report's default, in order
-
-
-def measure_value(rows: list[dict], measure: str, metric: str | None) -> float:
-    """One trial's value of `measure` (auc_LO_HI: normalized AUC over steps LO..HI; final: the last row's value)
-    from its metrics rows; NaN when it did not get there."""
-    from orchestrator.stats.paired import normalized_auc
-
-    if metric is None:
-        metric = next((m for m in DEFAULT_METRICS if any(m in r for r in rows)), DEFAULT_METRICS[-1])
-    pts = [(r["step"], r[metric]) for r in rows if metric in r and r[metric] is not None]
-    if not pts:
-        return math.nan
-    m = MEASURE.match(measure)
-    if m.group(2) is None:
-        return float(pts[-1][1])
-    steps, values = np.array(pts, dtype=float).T
-    return normalized_auc(steps, values, (int(m.group(2)), int(m.group(3))))
+from orchestrator.storage import EVENTS_FILE
 
 
 def look(directory: str, names: dict[tuple[str, int], str], seeds: int, cfg: AdaptiveSeeds, level: float) -> dict:
@@ -52,7 +32,7 @@ def look(directory: str, names: dict[tuple[str, int], str], seeds: int, cfg: Ada
 
     def values(cond: str) -> list[float]:
         return [measure_value(store.read_jsonl(store.join(store.trial_dir(directory, names[cond, s]),
-                                                          "metrics.jsonl")), cfg.measure, cfg.metric)
+                                                          store.METRICS_FILE)), cfg.measure, cfg.metric)
                 for s in range(seeds)]
 
     c = paired_comparison(values(base), values(other), confidence=1.0 - level, bootstrap=False)

@@ -20,16 +20,15 @@ from ray import tune
 from orchestrator import storage as store
 from orchestrator.campaign.expand import Campaign
 from orchestrator.config.errors import UserError
+from orchestrator.config.placement import bundles
 from orchestrator.config.trial import TrialConfig
-from orchestrator.jobs.env import wandb_mode, with_wandb_mode
-from orchestrator.jobs.submit import refuse_storage_inside
-from orchestrator.preflight.cluster import PendingOnAutoscaling, check_campaign
+from orchestrator.preflight.cluster import check_campaign
 from orchestrator.preflight.model_limits import check_model_limits
-from orchestrator.trial.actors import bundles
+from orchestrator.preflight.working_dir import refuse_storage_inside
+from orchestrator.tracking.mode import wandb_mode, with_wandb_mode
 from orchestrator.trial.loop import run_trial
+from orchestrator.tune.pending import PendingOnAutoscaling
 from orchestrator.tune.scheduling import scheduling
-
-CAMPAIGN_FILE = "campaign.json"
 
 
 def ensure_ray(min_cpus: float, num_gpus: float | None = None) -> None:
@@ -123,9 +122,10 @@ def _tuner(name: str, storage: str, trials: dict[str, dict], *, max_concurrent: 
 
 def _local_tokenizer(cfg: TrialConfig):
     """The trial model's tokenizer when it is on this machine (local models are built), else None."""
-    from orchestrator.trial.actors import LOCAL_MODELS, resolve_model_quietly
+    from orchestrator.trial.models import resolve_model_quietly
+    from workers.models.local import is_local_model
 
-    if cfg.model.name in LOCAL_MODELS or Path(cfg.model.name).expanduser().is_dir():
+    if is_local_model(cfg.model.name) or Path(cfg.model.name).expanduser().is_dir():
         from workers.models.loading import load_tokenizer
 
         return load_tokenizer(resolve_model_quietly(cfg.model))
@@ -201,7 +201,7 @@ def _without_new_defaults(now: dict, before: dict, default: dict) -> dict:
 def check_same_campaign(campaign: Campaign) -> None:
     """A resumed experiment must be the campaign that started it: same trials, same configs (fields the code
     gained since, at their defaults, excepted)."""
-    text = store.read_text(store.join(campaign.directory, CAMPAIGN_FILE))
+    text = store.read_text(store.join(campaign.directory, store.CAMPAIGN_FILE))
     if text is None:
         return
     before = {t["name"]: _stable(t["config"]) for t in json.loads(text)["trials"]}
@@ -216,7 +216,7 @@ def check_same_campaign(campaign: Campaign) -> None:
 
 
 def write_campaign_file(campaign: Campaign) -> None:
-    store.write_text(store.join(campaign.directory, CAMPAIGN_FILE), json.dumps({
+    store.write_text(store.join(campaign.directory, store.CAMPAIGN_FILE), json.dumps({
         "name": campaign.config.name, "description": campaign.config.description, "source": campaign.source,
         "campaign_id": campaign.directory, "trials": [t.row() for t in campaign.trials],
     }, indent=1))
@@ -305,7 +305,7 @@ def run_single_trial(cfg: TrialConfig, storage: Path, max_failures: int = 0):
     storage.mkdir(parents=True, exist_ok=True)
     if cfg.output_dir is None:
         cfg = cfg.model_copy(update={"output_dir": str(storage / cfg.name / "trial")})
-    saved = storage / cfg.name / "trial_config.json"
+    saved = storage / cfg.name / store.TRIAL_CONFIG_FILE
     now = cfg.model_dump(mode="json")
     before = _stable(json.loads(saved.read_text())) if saved.is_file() else None
     if before is not None and before != _without_new_defaults(_stable(now), before,

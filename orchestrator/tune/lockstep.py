@@ -21,13 +21,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from orchestrator import storage as store
-
-EVENTS_FILE = "events.jsonl"
-
-
-def campaign_events(directory: str) -> list[dict]:
-    """The campaign-level events (lockstep rounds, budget, adaptive-seed looks), oldest first."""
-    return store.read_jsonl(store.join(directory, EVENTS_FILE))
+from orchestrator.storage import EVENTS_FILE, campaign_events
 
 
 class LockstepScheduler(FIFOScheduler):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.campaign.expand import Campaign
-from orchestrator.trial.actors import bundles
+from orchestrator.config.placement import bundles
 
 
 @dataclass

@@ -34,7 +34,7 @@ def stable(row: dict) -> dict:
 def agent_model_dir() -> str:
     """The cached tiny-agent model (the same directory trials resolve `tiny-agent` to)."""
     from orchestrator.config.trial import ModelConfig
-    from orchestrator.trial.actors import resolve_model
+    from orchestrator.trial.models import resolve_model
 
     return resolve_model(ModelConfig(name="tiny-agent"))
 

@@ -100,9 +100,9 @@ class _SleepyLearner(Learner):
 
 
 def test_generation_overlaps_training(ray_local, tiny_model_dir, tmp_path):
+    from orchestrator.config.trial import sepa_settings
     from orchestrator.trial.learner_group import LearnerGroup
     from orchestrator.trial.one_step_off import OneStepOff
-    from orchestrator.trial.step import sepa_settings
     from workers.credit import SepaController
     from workers.models.loading import load_tokenizer
     from workers.rollout.worker import RolloutActor

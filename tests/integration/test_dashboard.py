@@ -12,9 +12,9 @@ from pathlib import Path
 import yaml
 
 from orchestrator.campaign.expand import load_campaign
-from orchestrator.tracking.dashboard import VIEW_FILE, build_workspace, panel_keys
 from orchestrator.tracking.names import family, logged_metrics
 from orchestrator.tracking.offline import read_run
+from orchestrator.tracking.workspace import VIEW_FILE, build_workspace, panel_keys
 from orchestrator.tune.launch import run_campaign
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -171,7 +171,7 @@ def _poisoned(config):
 def test_nonfinite_groups_and_failing_rewards_are_dropped_and_counted(ray_local, tmp_path):
     from ray import tune
 
-    from orchestrator.trial.actors import bundles
+    from orchestrator.config.placement import bundles
 
     cfg = TrialConfig(name="poisoned", output_dir=str(tmp_path / "out"), **{**BASE, "steps": 3})
     cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -34,7 +34,7 @@ BASE = dict(steps=3, seed=5, checkpoint={"every": 1}, model={"name": "tiny"}, ta
 def runs(ray_local, tmp_path_factory) -> dict:
     from ray import tune
 
-    from orchestrator.trial.actors import bundles
+    from orchestrator.config.placement import bundles
 
     storage = tmp_path_factory.mktemp("full")
     plain = TrialConfig(name="plain", output_dir=str(storage / "plain"), **BASE)

@@ -89,7 +89,7 @@ def run_preempted(cfg: TrialConfig, storage: Path, *by_value):
     `by_value`: the calling test modules, pickled by value so Ray workers never import them from disk."""
     from ray import tune
 
-    from orchestrator.trial.actors import bundles
+    from orchestrator.config.placement import bundles
 
     for module in (sys.modules[__name__], *by_value):
         cloudpickle.register_pickle_by_value(module)

@@ -73,8 +73,8 @@ def test_first_turn_that_does_not_fit_is_refused_before_launch(tmp_path):
 
 
 def test_check_episode_fits_measures_the_longest_first_prompt():
-    from orchestrator.trial.actors import resolve_model
     from orchestrator.trial.episodes import check_episode_fits
+    from orchestrator.trial.models import resolve_model
     from workers.envs.tokens import first_prompt_ids
     from workers.models.loading import load_tokenizer
     from workers.tasks import make_task

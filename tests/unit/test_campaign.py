@@ -12,8 +12,8 @@ import yaml
 
 from orchestrator import cli
 from orchestrator.campaign.expand import CampaignConfig, expand, load_campaign, sweep_points
+from orchestrator.config.placement import bundles
 from orchestrator.config.trial import TrialConfig
-from orchestrator.trial.actors import bundles
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = sorted((Path(__file__).parent / "bad_campaigns").glob("*.yaml"))
@@ -245,7 +245,8 @@ def test_fields_added_to_the_code_at_their_defaults_do_not_block_a_resume(tmp_pa
     """A campaign started before the schema grew a field (here: the critic and GAE settings) still resumes; a
     value that differs from the new field's default is still a changed campaign."""
     from orchestrator.config.errors import UserError
-    from orchestrator.tune.launch import CAMPAIGN_FILE, check_same_campaign, write_campaign_file
+    from orchestrator.storage import CAMPAIGN_FILE
+    from orchestrator.tune.launch import check_same_campaign, write_campaign_file
 
     first = _small_campaign(tmp_path)
     write_campaign_file(first)

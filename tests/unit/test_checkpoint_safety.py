@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from orchestrator import storage as store
+from orchestrator.trial.restore import restore_checkpoint
 from workers.checkpoint.blob import CorruptCheckpoint, UnsafeCheckpoint, dump_blob, load_blob
 
 STATE, LEARNER, METRICS = "trial_state.json", "learner.pt", "metrics.jsonl"
@@ -40,7 +41,7 @@ def _restore(trial_dir: Path, *, recorded: bool = True, events: Path | None = No
     """restore_checkpoint as a trial calls it: its Tune directory on a pyarrow filesystem."""
     import pyarrow.fs
 
-    return store.restore_checkpoint(pyarrow.fs.LocalFileSystem(), str(trial_dir), recorded=recorded,
+    return restore_checkpoint(pyarrow.fs.LocalFileSystem(), str(trial_dir), recorded=recorded,
                                     events=None if events is None else str(events))
 
 

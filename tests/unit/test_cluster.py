@@ -10,15 +10,11 @@ import yaml
 
 from orchestrator.campaign.expand import load_campaign
 from orchestrator.config.errors import UserError
-from orchestrator.jobs.submit import env as job_env
-from orchestrator.preflight.cluster import (
-    Capacity,
-    check_storage,
-    check_trials,
-    pending_label,
-    types_from_launcher,
-)
-from workers.models.loading import gpu_runtime as g
+from orchestrator.jobs import env as job_env
+from orchestrator.preflight.cluster import Capacity, check_storage, check_trials, types_from_launcher
+from orchestrator.tracking import mode as wandb_mode_mod
+from orchestrator.tune.pending import pending_label
+from workers.models import gpu_runtime as g
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAD = {"CPU": 8.0, "GPU": 0.0}
@@ -91,16 +87,16 @@ def test_status_says_how_long_a_trial_waits(tmp_path):
 def test_wandb_mode_overrides_the_file(tmp_path, monkeypatch):
     campaign = _campaign(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "online")
-    online = job_env.with_wandb_mode(campaign, job_env.wandb_mode())
+    online = wandb_mode_mod.with_wandb_mode(campaign, wandb_mode_mod.wandb_mode())
     assert campaign.config.wandb.mode == "offline"
     assert online.config.wandb.mode == "online"
     assert all(t.trial.wandb.mode == "online" and t.config["wandb"]["mode"] == "online" for t in online.trials)
     monkeypatch.setenv("WANDB_MODE", "dryrun")
-    assert job_env.wandb_mode() == "offline"  # wandb's older name
+    assert wandb_mode_mod.wandb_mode() == "offline"  # wandb's older name
     monkeypatch.setenv("WANDB_MODE", "shared")
     with pytest.raises(UserError, match=r"^WANDB_MODE: 'shared' is not a W&B mode this runs with; allowed: offline"):
-        job_env.wandb_mode()
-    assert job_env.wandb_mode("disabled") == "disabled" and job_env.os.environ["WANDB_MODE"] == "disabled"
+        wandb_mode_mod.wandb_mode()
+    assert wandb_mode_mod.wandb_mode("disabled") == "disabled" and wandb_mode_mod.os.environ["WANDB_MODE"] == "disabled"
 
 
 def test_a_job_carries_no_secret_and_no_local_path(monkeypatch):
@@ -153,7 +149,7 @@ def test_an_accelerator_type_selects_node_types(tmp_path):
 def test_the_driver_records_which_trials_wait_and_since_when(tmp_path, capsys):
     from types import SimpleNamespace
 
-    from orchestrator.preflight.cluster import PendingOnAutoscaling, pending_since
+    from orchestrator.tune.pending import PendingOnAutoscaling, pending_since
 
     def trial(name, status):
         return SimpleNamespace(config={"trial": name}, trial_id=name, status=status)

@@ -15,9 +15,10 @@ from wandb_workspaces.workspaces import internal
 from orchestrator.campaign.expand import load_campaign
 from orchestrator.cli import main
 from orchestrator.config.trial import TrialConfig
+from orchestrator.tracking import dashboard as dash
+from orchestrator.tracking import workspace as wsp
 from orchestrator.tracking.names import family, logged_metrics, summary_metrics
 from orchestrator.tracking.run import TrialTracker
-from orchestrator.tracking.run import dashboard as dash
 
 ROOT = Path(__file__).resolve().parents[2]
 CAMPAIGNS = ["campaigns/sepa_lean.yaml", "campaigns/ragen/sokoban_kl.yaml", "campaigns/ragen/frozenlake_rv_filter.yaml"]
@@ -30,7 +31,7 @@ def _storage(tmp_path, monkeypatch):
 
 def _view(path: str):
     campaign = load_campaign(ROOT / path)
-    return campaign, dash.build_workspace(campaign, "ent", "proj")
+    return campaign, wsp.build_workspace(campaign, "ent", "proj")
 
 
 def _panels(view) -> dict[str, list]:
@@ -42,7 +43,7 @@ def _titles(view) -> set[str]:
 
 
 def _keys(view) -> list[str]:
-    return [k for s in view.sections for p in s.panels for k in dash.panel_keys(p)]
+    return [k for s in view.sections for p in s.panels for k in wsp.panel_keys(p)]
 
 
 @pytest.mark.parametrize("path", CAMPAIGNS)
@@ -50,7 +51,7 @@ def test_view_is_filtered_grouped_and_names_only_logged_metrics(path):
     campaign, view = _view(path)
     cfg = campaign.config
     assert view.name == cfg.name and (view.entity, view.project) == ("ent", "proj")
-    filters = dash.payload(view)["spec"]["section"]["runSets"][0]["filters"]["filters"]
+    filters = wsp.payload(view)["spec"]["section"]["runSets"][0]["filters"]["filters"]
     assert [(f["key"]["name"], f["op"], f["value"]) for f in filters] == [
         ("group", "=", cfg.name), ("jobType", "IN", list(cfg.conditions))]
     assert [g.name for g in view.runset_settings.groupby] == ["condition", *cfg.sweep]
@@ -64,7 +65,7 @@ def test_view_is_filtered_grouped_and_names_only_logged_metrics(path):
             assert name in (logged | summary if kind == "summary" else logged), key
     assert all(s.panels for s in view.sections)
     assert view.settings.max_runs >= len(campaign.trials)
-    json.dumps(dash.payload(view))  # what the library would send, built offline
+    json.dumps(wsp.payload(view))  # what the library would send, built offline
 
 
 def test_sepa_lean_shows_credit_diagnostics_and_no_interventions_or_sweep():
@@ -92,7 +93,7 @@ def test_a_sweep_section_per_swept_key_with_final_auc_and_parallel_coordinates(p
     assert final.y == wr.SummaryMetric("eval/success") and auc.y == wr.SummaryMetric("auc/eval/success")
     (parallel,) = sections["Sweep: all keys"]
     assert isinstance(parallel, wr.ParallelCoordinatesPlot)
-    assert dash.panel_keys(parallel) == [f"config:{key}", "summary:eval/success", "summary:auc/eval/success"]
+    assert wsp.panel_keys(parallel) == [f"config:{key}", "summary:eval/success", "summary:auc/eval/success"]
     assert "Environment" in sections and "Credit diagnostics" in sections
     assert {"critic explained variance", "value loss", "clip fraction"} <= _titles(view)
     assert "SEPA lambda" not in _titles(view)  # no trial runs SEPA
@@ -111,8 +112,8 @@ def test_panels_follow_the_interventions_the_trials_use():
 
 def test_saving_again_updates_the_same_view(monkeypatch):
     campaign, view = _view("campaigns/ragen/sokoban_kl.yaml")
-    again = dash.build_workspace(campaign, "ent", "proj")
-    other = dash.build_workspace(load_campaign(ROOT / "campaigns/sepa_lean.yaml"), "ent", "proj")
+    again = wsp.build_workspace(campaign, "ent", "proj")
+    other = wsp.build_workspace(load_campaign(ROOT / "campaigns/sepa_lean.yaml"), "ent", "proj")
     assert view._internal_name == again._internal_name != other._internal_name
     assert internal._internal_name_to_url_query_str(view._internal_name).isalnum()
     sent, stored = [], {}
@@ -140,7 +141,7 @@ def test_dry_run_writes_the_view_next_to_the_report(tmp_path, capsys):
     assert main(["dashboard", str(ROOT / "campaigns/ragen/frozenlake_rv_filter.yaml"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "[Sweep: task.success_rate]" in out and "[Environment]" in out and "nothing sent to W&B" in out
-    written = tmp_path / "store" / "frozenlake_rv_filter" / "report" / dash.VIEW_FILE
+    written = tmp_path / "store" / "frozenlake_rv_filter" / "report" / wsp.VIEW_FILE
     spec = json.loads(written.read_text())["spec"]
     names = [s["name"] for s in spec["section"]["panelBankConfig"]["sections"]]
     assert names[:3] == ["Outcome", "Sweep: task.success_rate", "Sweep: all keys"]
@@ -153,7 +154,7 @@ def test_a_missing_campaign_file_is_one_line_and_exit_2(tmp_path, capsys):
 
 
 def test_wandb_report_is_built_offline_from_the_report_dir(tmp_path):
-    from orchestrator.report.publish import build_wandb_report, describe_report, report_payload
+    from orchestrator.tracking.wandb_report import build_wandb_report, describe_report, report_payload
 
     campaign = load_campaign(ROOT / "campaigns/ragen/sokoban_kl.yaml")
     (tmp_path / "report.md").write_text("# Report\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
@@ -237,14 +238,14 @@ def test_a_categorical_sweep_gets_bars_per_value(tmp_path):
     path.write_text(yaml.safe_dump({"name": "cat", "storage": str(tmp_path), "seeds": [0, 1],
                                     "conditions": {"A": {}}, "sweep": {"credit.advantage_mode": ["grpo", "maxrl"],
                                                                         "learner.optim.lr": [0.01, 0.001]}}))
-    view = dash.build_workspace(load_campaign(path), "ent", "proj")
+    view = wsp.build_workspace(load_campaign(path), "ent", "proj")
     sections = _panels(view)
     (bars,) = sections["Sweep: credit.advantage_mode"]
-    assert isinstance(bars, wr.BarPlot) and dash.panel_keys(bars) == [
+    assert isinstance(bars, wr.BarPlot) and wsp.panel_keys(bars) == [
         "summary:eval/pass@1", "summary:auc/eval/pass@1", "config:credit.advantage_mode"]
     assert all(isinstance(p, wr.ScatterPlot) for p in sections["Sweep: learner.optim.lr"])
     (parallel,) = sections["Sweep: all keys"]
-    assert dash.panel_keys(parallel)[:2] == ["config:credit.advantage_mode", "config:learner.optim.lr"]
+    assert wsp.panel_keys(parallel)[:2] == ["config:credit.advantage_mode", "config:learner.optim.lr"]
 
 
 def test_report_publish_dry_run_writes_the_wandb_report_and_logs_nothing(tmp_path, capsys):

@@ -11,14 +11,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from workers.objectives.interventions import EntropyFloorConfig, InterventionsConfig, KLConfig, RVFilterConfig
-from workers.objectives.losses import (
-    KL_ESTIMATORS,
-    aggregate,
-    entropy_floor_penalty,
-    entropy_from_logits,
-    kl_penalty,
-    scheduled_value,
-)
+from workers.objectives.losses import aggregate, entropy_floor_penalty, entropy_from_logits, kl_penalty
+from workers.objectives.settings import KL_ESTIMATORS, scheduled_value
 
 # --- KL -----------------------------------------------------------------------------------------------------------
 

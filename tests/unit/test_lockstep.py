@@ -12,7 +12,8 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
 
 from orchestrator.campaign.expand import BudgetConfig
-from orchestrator.tune.lockstep import LockstepScheduler, campaign_events
+from orchestrator.storage import campaign_events
+from orchestrator.tune.lockstep import LockstepScheduler
 
 
 class Controller:

@@ -15,14 +15,34 @@ Modules: `episode` (GRPO, MaxRL), `token` (SEPA pooling, GTPO weights, HICRA), `
 (composition). See docs/credit.md.
 """
 
-from .config import NAMED_TRANSFORMS, CreditConfig, GaeConfig, SepaConfig
-from .errors import CreditError
-from .gae import gae, masked_whiten, token_rewards
-from .pipeline import CreditResult, compute_advantages, resolve_plugins
-from .planning import DEFAULT_GRAMS, planning_mask, planning_masks
-from .plugins import AlgorithmContext, TransformContext
-from .schedule import SepaController
-from .uncertainty import KINDS, shannon_entropy, surprisal, token_uncertainty, varentropy
+import importlib
+
+# name -> submodule: imported on first use, so reading the configs (the trial schema, `plan`) never imports
+# torch
+_EXPORTS = {
+    "NAMED_TRANSFORMS": "config",
+    "CreditConfig": "config",
+    "GaeConfig": "config",
+    "SepaConfig": "config",
+    "CreditError": "errors",
+    "gae": "gae",
+    "masked_whiten": "gae",
+    "token_rewards": "gae",
+    "CreditResult": "pipeline",
+    "compute_advantages": "pipeline",
+    "resolve_plugins": "plugin_paths",
+    "DEFAULT_GRAMS": "planning",
+    "planning_mask": "planning",
+    "planning_masks": "planning",
+    "AlgorithmContext": "plugins",
+    "TransformContext": "plugins",
+    "SepaController": "schedule",
+    "KINDS": "uncertainty",
+    "shannon_entropy": "uncertainty",
+    "surprisal": "uncertainty",
+    "token_uncertainty": "uncertainty",
+    "varentropy": "uncertainty",
+}
 
 __all__ = [
     "DEFAULT_GRAMS", "KINDS", "NAMED_TRANSFORMS", "AlgorithmContext", "CreditConfig", "CreditError",
@@ -30,3 +50,9 @@ __all__ = [
     "planning_mask", "planning_masks", "resolve_plugins", "shannon_entropy", "surprisal",
     "token_uncertainty", "varentropy", "gae", "masked_whiten", "token_rewards",
 ]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -20,7 +19,8 @@ from torch import Tensor
 from . import episode, token
 from .config import CreditConfig
 from .errors import CreditError
-from .plugins import AlgorithmContext, TransformContext, as_token_tensor, load_plugin, positional_arity
+from .plugin_paths import load_plugin, positional_arity
+from .plugins import AlgorithmContext, TransformContext, as_token_tensor
 
 
 @dataclass(frozen=True)
@@ -227,15 +227,3 @@ def compute_advantages(
     )
 
 
-def resolve_plugins(config: CreditConfig) -> dict[str, Any]:
-    """Import every plugin the config names (to fail early, before a trial starts)."""
-    found: dict[str, Any] = {}
-    if config.advantage_mode not in episode.BUILTIN and not config.uses_critic:
-        found["advantage_mode"] = _plugin(config.advantage_mode, "advantage_mode")
-    if isinstance(config.transform_mode, str) and config.transform_mode != "none" and not config.stages:
-        found["transform_mode"] = _plugin(config.transform_mode, "transform_mode")
-    if config.algorithm_mode:
-        found["algorithm_mode"] = _plugin(config.algorithm_mode, "algorithm_mode")
-    if config.planning_detector:
-        found["planning_detector"] = _plugin(config.planning_detector, "planning_detector")
-    return found

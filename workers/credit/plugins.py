@@ -10,9 +10,6 @@ Plugin interfaces (see docs/credit.md):
 
 from __future__ import annotations
 
-import importlib
-import inspect
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,34 +17,6 @@ import torch
 from torch import Tensor
 
 from .errors import CreditError
-
-
-def load_plugin(path: str, role: str) -> Callable[..., Any]:
-    """Import `path` ('pkg.mod.fn'); any failure becomes a one-line CreditError naming the role."""
-    module_name, _, attr = path.rpartition(".")
-    if not module_name:
-        raise CreditError(f"{role}: {path!r} is not a dotted path like 'package.module.function'")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any import-time failure is the plugin's problem, reported as such
-        raise CreditError(f"{role}: cannot import module {module_name!r} ({type(exc).__name__}: {exc})") from exc
-    fn = getattr(module, attr, None)
-    if fn is None:
-        raise CreditError(f"{role}: module {module_name!r} has no attribute {attr!r}")
-    if not callable(fn):
-        raise CreditError(f"{role}: {path!r} is not callable")
-    return fn
-
-
-def positional_arity(fn: Callable[..., Any]) -> int:
-    """How many positional arguments `fn` accepts (a large number for *args)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return 1
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return 99
-    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from torch import Tensor
 from workers.credit import CreditConfig, compute_advantages, planning_masks, token_uncertainty
 from workers.credit.decomposition import decomposition_metrics
 from workers.credit.gae import gae, token_rewards
-from workers.credit.pipeline import resolve_plugins
+from workers.credit.plugin_paths import resolve_plugins
 from workers.learner.batch import Batch, Scored, collate, micro_batches, sampled_runs
 from workers.learner.critic import ADAPTER as CRITIC_ADAPTER
 from workers.learner.critic import FullCritic, LoraCritic

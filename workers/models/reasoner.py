@@ -88,7 +88,7 @@ def reasoner_dir(seed: int = 0) -> Path:
 
 
 def build_tiny_reasoner(out_dir: str | os.PathLike | None = None, seed: int = 0) -> Path:
-    """The default reasoner of `seed` (the trial loop's `LOCAL_MODELS` builder signature)."""
+    """The default reasoner of `seed` (the builder signature of workers/models/local.py)."""
     return build_reasoner(out_dir if out_dir is not None else reasoner_dir(seed), ReasonerSpec(seed=seed))
 
 

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from workers.objectives.losses import KL_ESTIMATORS, scheduled_value
+from workers.objectives.settings import KL_ESTIMATORS, scheduled_value
 
 FLOOR_CLASSES = ("planning", "execution", "all")
 

@@ -6,15 +6,11 @@ Shapes: `[B, T]` padded completion tokens with a bool `mask`. Pure functions; in
 
 from __future__ import annotations
 
-import math
-from typing import Literal
-
 import torch
 import torch.utils.checkpoint
 from torch import Tensor
 
-Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
-AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+from workers.objectives.settings import AGGREGATIONS, KL_ESTIMATORS
 
 
 def aggregate(values: Tensor, mask: Tensor, mode: str, *, total_tokens: float | None = None,
@@ -110,8 +106,6 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0, chunk_size: in
     return torch.cat(parts).reshape(lead)
 
 
-_KL_BASE = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-KL_ESTIMATORS = _KL_BASE + tuple(f"{name}+" for name in _KL_BASE)
 _K3_CLAMP = 10.0
 
 
@@ -215,19 +209,5 @@ def truncated_importance_weights(learner_lp: Tensor, rollout_lp: Tensor, mask: T
     }
 
 
-SCHEDULES = ("constant", "linear", "cosine")
 
 
-def scheduled_value(start: float, end: float, progress: float, kind: str = "constant") -> float:
-    """Value at training `progress` (clamped to [0, 1]) going from `start` to `end`.
-
-    constant: start throughout; linear: straight line; cosine: half-cosine (slow, fast, slow).
-    """
-    p = min(max(progress, 0.0), 1.0)
-    if kind == "constant":
-        return start
-    if kind == "linear":
-        return start + (end - start) * p
-    if kind == "cosine":
-        return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * p))
-    raise ValueError(f"unknown schedule kind {kind!r}; allowed: {', '.join(SCHEDULES)}")
