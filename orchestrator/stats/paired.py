@@ -13,7 +13,7 @@ Conventions used throughout:
   at 4 seeds that caps coverage at 87.5%; over 400 synthetic no-effect campaigns, BCa and percentile intervals
   excluded zero in 19-22% of them at 4 seeds and 10-12% at 8), while the paired t interval excludes zero
   exactly when the paired t-test rejects, at the nominal rate (4.5-5.3% in the same campaigns; see
-  tests/unit/test_report_calibration.py). The BCa bootstrap CI is still written to the CSVs for reference.
+  tests/unit/report/test_report_calibration.py). The BCa bootstrap CI is still written to the CSVs for reference.
   The report's `*` is not a single interval: it is the Holm-adjusted p within a measure's family
   (`orchestrator.report.comparisons`).
 - Bounded metrics (rates, pass@k, success; `metric_bounds`) get intervals clipped to their range.
@@ -302,7 +302,7 @@ def paired_comparison(base: Sequence[float] | np.ndarray, other: Sequence[float]
 def holm(pvalues: Sequence[float] | np.ndarray) -> np.ndarray:
     """Holm step-down adjusted p-values in the input order, along the last axis (one family per row of a 2-D
     array): the i-th smallest of m p-values times (m - i), made monotone by a running maximum and capped at 1;
-    equal to `statsmodels` `multipletests(method="holm")` (tests/unit/test_report_stats.py). Written out
+    equal to `statsmodels` `multipletests(method="holm")` (tests/unit/stats/test_report_stats.py). Written out
     because statsmodels' Holm runs `gc.collect()` on every call (a third of a second in a loaded process) and
     takes one family at a time. Non-finite entries (NaN: comparison not testable) stay NaN and are not
     counted in the family."""

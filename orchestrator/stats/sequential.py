@@ -10,7 +10,7 @@ where Z_k = S_k / sqrt(n_k) and S is a sum of independent unit-variance incremen
 distribution); the probabilities come from the recursive numerical integration of Armitage, McPherson and Rowe
 (1969) on a grid. Each look then tests the paired t statistic at the nominal level 2 (1 - Phi(c_k)): at a
 handful of pairs the t reference keeps each look's own rate exact, and the simulation in
-tests/unit/test_adaptive_seeds.py checks the whole procedure's false-claim rate.
+tests/unit/tune/test_adaptive_seeds.py checks the whole procedure's false-claim rate.
 """
 
 from __future__ import annotations

@@ -18,14 +18,13 @@ Modules: `episode` (GRPO, MaxRL), `token` (SEPA pooling, GTPO weights, HICRA), `
 import importlib
 
 # name -> submodule: imported on first use, so reading the configs (the trial schema, `plan`) never imports
-# torch
+# torch. The function `gae` is `workers.credit.gae.gae` (the name `gae` here is its module).
 _EXPORTS = {
     "NAMED_TRANSFORMS": "config",
     "CreditConfig": "config",
     "GaeConfig": "config",
     "SepaConfig": "config",
     "CreditError": "errors",
-    "gae": "gae",
     "masked_whiten": "gae",
     "token_rewards": "gae",
     "CreditResult": "pipeline",
@@ -48,7 +47,7 @@ __all__ = [
     "DEFAULT_GRAMS", "KINDS", "NAMED_TRANSFORMS", "AlgorithmContext", "CreditConfig", "CreditError",
     "CreditResult", "GaeConfig", "SepaConfig", "SepaController", "TransformContext", "compute_advantages",
     "planning_mask", "planning_masks", "resolve_plugins", "shannon_entropy", "surprisal",
-    "token_uncertainty", "varentropy", "gae", "masked_whiten", "token_rewards",
+    "token_uncertainty", "varentropy", "masked_whiten", "token_rewards",
 ]
 
 

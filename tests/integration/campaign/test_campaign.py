@@ -1,0 +1,179 @@
+"""Campaigns on the real stack: Tune packs trials onto (logical) GPUs, W&B offline runs per trial, and a
+SIGKILLed campaign driver resumes with the same command."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from orchestrator.campaign.expand import load_campaign
+from orchestrator.tracking.offline import read_run
+from orchestrator.tune.launch import run_campaign
+
+ROOT = Path(__file__).resolve().parents[3]
+SMALL = {"model": {"name": "tiny"}, "task": {"name": "arithmetic"},
+         "rollout": {"prompts_per_step": 4, "n": 4, "max_tokens": 4}, "checkpoint": {"every": 2, "keep": 2}}
+
+
+def _write(tmp_path: Path, **campaign) -> Path:
+    path = tmp_path / f"{campaign['name']}.yaml"
+    path.write_text(yaml.safe_dump({"storage": str(tmp_path / "store"), "seeds": [0], **campaign}))
+    return path
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+
+
+def test_trials_pack_onto_logical_gpus_in_their_own_placement_groups(ray_local, tmp_path):
+    path = _write(
+        tmp_path, name="packing", base={"steps": 2, **SMALL},
+        conditions={"A": {}, "B": {"credit": {"advantage_mode": "maxrl"}}, "C": {}},
+        resources={"rollout_workers": 1, "worker_gpus": 1, "learner_gpus": 1, "worker_cpus": 0.5,
+                   "learner_cpus": 0.5, "driver_cpus": 0.25},
+        wandb={"mode": "disabled"},
+    )
+    campaign = load_campaign(path)
+    assert run_campaign(campaign) == 0
+    spans, placements = {}, {}
+    for t in campaign.trials:
+        tdir = Path(campaign.directory) / "trials" / t.name
+        events = _jsonl(tdir / "events.jsonl")
+        spans[t.name] = (events[0]["time"], events[-1]["time"])
+        placements[t.name] = json.loads((tdir / "placement.json").read_text())
+        assert [r["step"] for r in _jsonl(tdir / "metrics.jsonl")] == [0, 1]
+
+    # 3 trials x 2 GPUs on 4 GPUs: never more than 2 at once, and 2 did run together (CPUs allow 3).
+    def running_at(moment: float) -> int:
+        return sum(start <= moment < end for start, end in spans.values())
+
+    assert max(running_at(start) for start, _ in spans.values()) == 2
+
+    pgs = set()
+    for name, p in placements.items():
+        actors = [p["driver"], *p["workers"], p["learner"]]
+        assert all(a["placement_group"] == p["placement_group"] for a in actors), (name, p)
+        gpus = [g for a in actors for g in a["gpu_ids"]]
+        assert len(gpus) == 2 and len(set(gpus)) == 2, (name, p)  # one GPU for the worker, one for the learner
+        pgs.add(p["placement_group"])
+    assert len(pgs) == 3
+    for a in placements:
+        for b in placements:
+            overlap = spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]
+            if a < b and overlap:
+                ga = {g for x in [*placements[a]["workers"], placements[a]["learner"]] for g in x["gpu_ids"]}
+                gb = {g for x in [*placements[b]["workers"], placements[b]["learner"]] for g in x["gpu_ids"]}
+                assert not ga & gb, (a, b)
+
+
+def _wandb_runs(campaign_dir: Path) -> dict[str, list[dict]]:
+    """run id -> the parsed offline run files of that id (a restored trial adds one file), oldest first."""
+    runs: dict[str, list[dict]] = {}
+    for f in sorted((campaign_dir / "wandb").glob("offline-run-*/run-*.wandb")):
+        run_id = f.stem.removeprefix("run-")
+        runs.setdefault(run_id, []).append(read_run(f))
+    return runs
+
+
+def test_sigkilled_campaign_resumes_with_the_same_command(ray_local, tmp_path):
+    steps = 12
+    path = _write(
+        tmp_path, name="resume",
+        base={"steps": steps, "model": {"name": "tiny"}, "task": {"name": "arithmetic"},
+              "rollout": {"prompts_per_step": 8, "n": 8, "max_tokens": 6}, "checkpoint": {"every": 3, "keep": 2}},
+        conditions={"C1": {"credit": {"advantage_mode": "grpo"}},
+                    "C4": {"credit": {"transform_mode": "gtpo_sepa",
+                                      "sepa": {"steps": 4, "delay_steps": 1}}}},
+        resources={"rollout_workers": 1, "worker_cpus": 1, "learner_cpus": 1, "driver_cpus": 0.5},
+        max_concurrent_trials=1, max_failures=0,
+    )
+    campaign = load_campaign(path)
+    cdir = Path(campaign.directory)
+    env = {**os.environ, "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address}
+    cmd = [sys.executable, "-m", "orchestrator", "run", str(path)]
+    log = (tmp_path / "first.log").open("w")
+    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    second_rows = cdir / "trials" / "C4_s0" / "metrics.jsonl"
+    deadline = time.time() + 600
+    while len(_jsonl(second_rows)) < 4:  # C1 finished, C4 checkpointed after step 2 and ran step 3
+        assert first.poll() is None and time.time() < deadline, (tmp_path / "first.log").read_text()[-3000:]
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    done_at_kill, still = len(_jsonl(second_rows)), time.time()
+    while time.time() - still < 3:  # Ray tears the dead driver's trial actor down within moments, not at once
+        if len(_jsonl(second_rows)) != done_at_kill:
+            done_at_kill, still = len(_jsonl(second_rows)), time.time()
+        time.sleep(0.1)
+    assert done_at_kill < steps, "the campaign finished before the kill; the test needs slower steps"
+    assert _jsonl(cdir / "trials" / "C1_s0" / "metrics.jsonl")[-1]["step"] == steps - 1
+    # What a CI run once hit: the driver killed while Tune copied its experiment snapshot to storage. Tune's own
+    # restore then fails and starts an empty experiment; the campaign must set the torn file aside and go on.
+    snapshot = max(cdir.glob("experiment_state-*.json"))
+    snapshot.write_bytes(snapshot.read_bytes()[: snapshot.stat().st_size // 2])
+
+    status = subprocess.run([sys.executable, "-m", "orchestrator", "status", str(path)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0 and "no driver running" in status.stdout, status.stdout + status.stderr
+
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resuming campaign resume" in again.stdout
+    assert f"Tune's experiment snapshot {snapshot.name} is torn" in again.stdout, again.stdout[-3000:]
+    assert (cdir / f"{snapshot.name}.torn").is_file()
+
+    for t in campaign.trials:
+        tdir = cdir / "trials" / t.name
+        assert [r["step"] for r in _jsonl(tdir / "metrics.jsonl")] == list(range(steps)), t.name  # no gaps/repeats
+        starts = [e["from_step"] for e in _jsonl(tdir / "events.jsonl") if e["event"] == "start"]
+        assert starts[0] == 0 and len(starts) == 2, (t.name, starts)
+        if t.name == "C1_s0":
+            assert starts[1] == steps  # finished before the kill: found its final checkpoint, ran nothing
+        else:
+            # resumed from its newest checkpoint on disk (every 3 steps; the one after step done_at_kill - 1 may
+            # have been cut off by the kill), not from scratch and not from an older one
+            lo, hi = 3 * ((done_at_kill - 1) // 3), 3 * (done_at_kill // 3)
+            assert starts[1] % 3 == 0 and 3 <= lo <= starts[1] <= hi, (starts, done_at_kill)
+
+    status = subprocess.run([sys.executable, "-m", "orchestrator", "status", str(path)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert "2/2 trials finished" in status.stdout, status.stdout
+
+    runs = _wandb_runs(cdir)
+    assert len(runs) == 2
+    for t in campaign.trials:
+        files = runs[t.config["wandb"]["run_id"]]
+        assert len(files) == (1 if t.name == "C1_s0" else 2)
+        for f in files:
+            if not f["history"] and "group" not in f:
+                continue  # the killed attempt's file: its writer died before flushing anything
+            assert f["group"] == "resume" and f["job_type"] == t.condition
+            assert f["config"]["condition"] == t.condition and f["config"]["seed"] == 0
+            assert "api_key_file" not in json.dumps(f["config"])
+        logged = [h["_step"] for f in files for h in f["history"]]
+        assert logged == list(range(steps)), (t.name, logged)  # each step once, in order, across the restore
+        rows = _jsonl(cdir / "trials" / t.name / "metrics.jsonl")
+        by_step = {h["_step"]: h for f in files for h in f["history"]}
+        for r in rows:
+            assert by_step[r["step"]]["train/correct_rate"] == r["train/correct_rate"]
+
+    # the report reads the same storage (offline, no W&B needed) and can log itself as a W&B report run
+    report = subprocess.run([sys.executable, "-m", "orchestrator", "report", str(path), "--window", "0-10",
+                             "--wandb"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-2000:]
+    out = cdir / "report"
+    assert "C4" in report.stdout and (out / "report.md").is_file()
+    for name in ("step_table", "auc", "deltas", "power", "sepa_lambda", "mechanistic"):
+        assert (out / f"{name}.csv").is_file(), name
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert {"learning_curves.png", "auc_forest.png", "sepa_lambda.png", "uncertainty_hist_C4.png"} <= set(pngs)
+    report_runs = [read_run(f) for f in (cdir / "wandb").glob("offline-run-*/run-*.wandb")
+                   if "report" in f.name]
+    assert len(report_runs) == 1 and report_runs[0]["job_type"] == "report" and report_runs[0]["group"] == "resume"

@@ -1,0 +1,103 @@
+"""The dashboard fits the data: a tiny two-condition sweep campaign runs offline on the real stack, its W&B
+offline runs are read back from their files, and every metric and config key the campaign's view references
+exists in those runs, and every logged metric family has a panel."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from orchestrator.campaign.expand import load_campaign
+from orchestrator.tracking.names import family, logged_metrics
+from orchestrator.tracking.offline import read_run
+from orchestrator.tracking.workspace import VIEW_FILE, build_workspace, panel_keys
+from orchestrator.tune.launch import run_campaign
+
+ROOT = Path(__file__).resolve().parents[3]
+STEPS = 3
+
+
+def _config_value(config: dict, path: str):
+    """A nested config value by dotted path, as W&B reads `config:a.b.c` (KeyError when absent)."""
+    node = config
+    for part in path.split("."):
+        node = node[part]
+    return node
+
+
+def test_view_references_only_what_the_offline_runs_hold(ray_local, tmp_path):
+    path = tmp_path / "dash.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "dash", "storage": str(tmp_path / "store"), "seeds": [0], "wandb": {"mode": "offline"},
+        "base": {"steps": STEPS, "model": {"name": "tiny"}, "task": {"name": "arithmetic"},
+                 "rollout": {"prompts_per_step": 4, "n": 4, "max_tokens": 4}, "learner": {"optim": {"lr": 1e-2}},
+                 "eval": {"every": 2, "problems": 4, "n": 2, "k": 2}, "checkpoint": {"every": STEPS}},
+        "conditions": {
+            "grpo": {"credit": {"advantage_mode": "grpo"}},
+            "sepa": {"credit": {"transform_mode": "gtpo_sepa", "log_decomposition": True,
+                                "sepa": {"steps": 2, "delay_steps": 0}},
+                     "interventions": {"rv_filter": {"enabled": True, "value": 0.9}}},
+        },
+        "sweep": {"interventions.kl.coef": [0.0, 0.05]},
+        "resources": {"rollout_workers": 1, "worker_cpus": 0.5, "learner_cpus": 0.5, "driver_cpus": 0.25},
+    }))
+    campaign = load_campaign(path)
+    assert run_campaign(campaign) == 0
+    files = sorted((Path(campaign.directory) / "wandb").glob("offline-run-*/run-*.wandb"))
+    runs = {r["config"]["name"]: r for r in map(read_run, files)}
+    assert sorted(runs) == sorted(t.name for t in campaign.trials)
+
+    view = build_workspace(campaign, "entity", "project")
+    keys = [k for s in view.sections for p in s.panels for k in panel_keys(p)]
+    history = {name: {k for row in r["history"] for k in row if not k.startswith("_")} for name, r in runs.items()}
+    for t in campaign.trials:  # the one list of names agrees with what each trial really logged
+        assert history[t.name] <= logged_metrics(t.trial), (t.name, history[t.name] - logged_metrics(t.trial))
+    logged = set().union(*history.values())
+    for key in keys:
+        kind, _, name = key.rpartition(":")
+        if kind == "config":
+            for r in runs.values():
+                _config_value(r["config"], name)
+        elif kind == "summary":
+            assert any(name in r["summary"] for r in runs.values()), key
+        else:
+            assert name in logged, key
+    shown = {family(k.rpartition(":")[2]) for k in keys}
+    assert {family(k) for k in logged} <= shown, {family(k) for k in logged} - shown
+    for g in view.runset_settings.groupby:  # grouped by condition and the swept key, both in every run's config
+        for r in runs.values():
+            _config_value(r["config"], g.name)
+    assert {r["group"] for r in runs.values()} == {"dash"}
+    assert {r["job_type"] for r in runs.values()} == set(campaign.config.conditions)
+    kl = {n: runs[n]["summary"] for n in runs}
+    assert all(0.0 <= s["auc/eval/pass@1"] <= 1.0 for s in kl.values()), kl  # the sweep panels' AUC
+
+    # the command a user runs: the view's JSON next to the report, no network
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "dashboard", str(path), "--dry-run"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "[Sweep: interventions.kl.coef]" in out.stdout and "KL to the reference" in out.stdout
+    saved = json.loads((Path(campaign.directory) / "report" / VIEW_FILE).read_text())
+    assert saved["displayName"] == "dash" and saved["spec"]["section"]["runSets"][0]["grouping"] == [
+        {"section": "config", "name": "condition.value"},
+        {"section": "config", "name": "interventions.value.kl.coef"}]
+
+    # the report as a W&B Report (offline: its run written for a sync, the Report for the next `dashboard`)
+    out = subprocess.run([sys.executable, "-m", "orchestrator", "report", str(path), "--window", "0-2",
+                          "--publish", "wandb"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "wandb sync" in out.stdout and "orchestrator dashboard" in out.stdout
+    recorded = json.loads((Path(campaign.directory) / "report" / "wandb_report.json").read_text())
+    (report_run,) = [read_run(f) for f in (Path(campaign.directory) / "wandb").glob("offline-run-*/run-*.wandb")
+                     if recorded["report_run"] in f.name]
+    assert report_run["group"] == "dash" and report_run["job_type"] == "report"
+    figure_keys = {k.removesuffix("/_type") for row in report_run["history"] for k in row  # an image's fields
+                   if k.startswith("figures/") and k.endswith("/_type")}
+    blocks = recorded["report"]["spec"]["blocks"]
+    media = [k for b in blocks for p in b.get("metadata", {}).get("panelBankSectionConfig", {}).get("panels", [])
+             if p["viewType"] == "Media Browser" for k in p["config"]["mediaKeys"]]
+    assert len(media) >= 4 and set(media) == figure_keys, (media, figure_keys)

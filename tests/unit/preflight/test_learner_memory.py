@@ -1,0 +1,131 @@
+"""The pre-launch learner memory check: exact parameter counts (against a closed form written from Qwen2's
+architecture, and against the real models and PEFT adapters built here), the per-GPU estimate, and the one-line
+refusal with the number of ranks that would fit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config.errors import UserError
+from orchestrator.config.trial import TrialConfig
+from orchestrator.preflight.learner_memory import GIB, check_learner_memory, learner_memory, model_counts
+
+# Qwen2.5-3B's published config (the fields that shape it); nothing is downloaded
+QWEN25_3B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 2048,
+             "intermediate_size": 11008, "num_hidden_layers": 36, "num_attention_heads": 16,
+             "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
+             "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0}
+
+
+@pytest.fixture(scope="module")
+def qwen3b(tmp_path_factory) -> str:
+    d = tmp_path_factory.mktemp("qwen25_3b")
+    (d / "config.json").write_text(json.dumps(QWEN25_3B))
+    return str(d)
+
+
+def _cfg(model: str, **over) -> TrialConfig:
+    base = {"model": {"name": model, "max_model_len": 4096}, "task": {"name": "sokoban"},
+            "credit": {"advantage_mode": "gae"},
+            "resources": {"learner_gpus": 1, "accelerator_type": "H100"},
+            "learner": {"mode": "full", "gradient_checkpointing": True,
+                        "optim": {"micro_batch_size": 8, "max_tokens_per_micro_batch": 8192}}}
+    for key, value in over.items():
+        base[key] = {**base.get(key, {}), **value}
+    return TrialConfig.model_validate(base)
+
+
+def test_qwen25_3b_count_equals_the_closed_form(qwen3b):
+    c = QWEN25_3B
+    h, i, n, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    hd = h // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    layer = (h * q + q) + 2 * (h * kv + kv) + q * h + 3 * h * i + 2 * h  # q/k/v with bias, o, MLP, 2 norms
+    expected = v * h + n * layer + h  # tied head: the embedding once; final norm
+    counts = model_counts(qwen3b, _cfg(qwen3b))
+    assert counts.params == expected == 3_085_938_688
+    assert counts.decoder == counts.params  # tied: the critic's trunk holds the embedding too
+    assert counts.largest_layer == layer and counts.root == v * h + h
+
+
+def test_counts_equal_the_real_model_and_adapter(tmp_path):
+    from peft import get_peft_model
+
+    from workers.learner.modules import lora_config
+    from workers.models.loading import build_tiny_model, load_model
+
+    d = str(build_tiny_model(tmp_path / "tiny", seed=0))
+    cfg = TrialConfig.model_validate({"model": {"name": d}, "task": {"name": "arithmetic"}})
+    counts = model_counts(d, cfg)
+    model = load_model(d)
+    assert counts.params == sum(p.numel() for p in model.parameters())
+    peft = get_peft_model(model, lora_config(cfg.learner.lora.model_dump()))
+    assert counts.lora == sum(p.numel() for p in peft.parameters() if p.requires_grad)
+
+
+def test_a_3b_policy_and_critic_trained_in_full_need_more_than_one_h100(qwen3b):
+    cfg = _cfg(qwen3b)
+    counts = model_counts(qwen3b, cfg)
+    one, two = learner_memory(cfg, counts, 1), learner_memory(cfg, counts, 2)
+    # 16 bytes per trained parameter (fp32 weights + grads + 2 Adam moments): policy and critic, ~99 GB
+    assert one.weights + one.grads + one.optimizer == pytest.approx(16 * (2 * counts.params + 2049), rel=1e-9)
+    assert one.total / GIB > 80 > two.total / GIB
+    assert two.weights == pytest.approx(one.weights / 2) and two.activations == one.activations
+    with pytest.raises(UserError) as e:
+        check_learner_memory(cfg, qwen3b, "c.yaml", "ppo_s0")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("c.yaml: resources.learner_ranks: trial ppo_s0")
+    assert "raise resources.learner_ranks to 2" in msg and "H100 has 80 GiB" in msg
+    fits = _cfg(qwen3b, resources={"learner_ranks": 2})
+    assert "on 2 rank(s) of 80 GiB" in check_learner_memory(fits, qwen3b, "c.yaml", "ppo_s0")
+
+
+def test_what_shrinks_the_estimate(qwen3b):
+    counts = model_counts(qwen3b, _cfg(qwen3b))
+    base = learner_memory(_cfg(qwen3b), counts)
+    no_ckpt = learner_memory(_cfg(qwen3b, learner={"gradient_checkpointing": False}), counts)
+    assert no_ckpt.activations > 3 * base.activations
+    offload = learner_memory(_cfg(qwen3b, learner={"cpu_offload": True}), counts)
+    assert offload.grads == offload.optimizer == 0 and offload.total < base.total / 4
+    lora = learner_memory(_cfg(qwen3b, learner={"mode": "lora"}), counts)
+    assert lora.optimizer == pytest.approx(8 * (2 * counts.lora + 2049))  # adapters only (policy + critic)
+    lora_critic = learner_memory(_cfg(qwen3b, learner={"critic": {"model": "lora"}}), counts)
+    assert lora_critic.optimizer == pytest.approx(8 * (counts.params + counts.lora + 2049))  # no second model
+    wide = learner_memory(_cfg(qwen3b, learner={"critic": {"model": "lora", "lora": {"rank": 64}}}), counts)
+    assert wide.optimizer - lora_critic.optimizer == pytest.approx(8 * counts.lora * (64 / 8 - 1))
+    kl = learner_memory(_cfg(qwen3b, interventions={"kl": {"coef": 0.01}}), counts)
+    assert kl.weights - base.weights == pytest.approx(2 * counts.params)  # the frozen bf16 reference
+
+
+def test_unknown_gpu_memory_or_no_learner_gpu_refuses_nothing(qwen3b):
+    line = check_learner_memory(_cfg(qwen3b, resources={"accelerator_type": None}), qwen3b, "c.yaml", "t")
+    assert "GPU memory unknown" in line
+    assert check_learner_memory(_cfg(qwen3b, resources={"learner_gpus": 0}), qwen3b, "c.yaml", "t") is None
+    told = _cfg(qwen3b, resources={"accelerator_type": None, "gpu_memory_gb": 141})
+    assert "of 131 GiB" in check_learner_memory(told, qwen3b, "c.yaml", "t")
+
+
+def test_plan_refuses_an_oversize_full_campaign_in_one_line(qwen3b, tmp_path):
+    campaign = tmp_path / "big.yaml"
+    campaign.write_text(f"""name: big
+base:
+  steps: 10
+  model: {{name: {qwen3b}, max_model_len: 4096}}
+  task: {{name: sokoban}}
+  learner: {{mode: full, gradient_checkpointing: true, optim: {{max_tokens_per_micro_batch: 8192}}}}
+  credit: {{advantage_mode: gae}}
+conditions: {{ppo: {{}}}}
+seeds: [0]
+resources: {{rollout_workers: 1, worker_gpus: 1, learner_gpus: 1, accelerator_type: H100}}
+storage: {tmp_path / "out"}
+""")
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", "plan", str(campaign)], capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).resolve().parents[3])
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "raise resources.learner_ranks to 2" in lines[0] and str(campaign) in lines[0]

@@ -1,0 +1,154 @@
+"""`python -m orchestrator plan`: the compute plan of the shipped campaigns, step times from a pilot's measured
+wall times, seeds for an effect of interest from the pilot's paired sd (against statsmodels), the makespan."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from statsmodels.stats.power import TTestPower
+
+from orchestrator import cli
+from orchestrator.campaign.expand import load_campaign
+from orchestrator.preflight.plan import Cluster, make_plan, makespan, paragraph
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _plan_cli(*args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", "plan", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_plan_of_the_lean_campaign():
+    out = _plan_cli("campaigns/sepa_lean.yaml", "--gpus", "16", "--cpus", "128")
+    assert out.startswith("plan for campaign sepa_lean: 20 trials")
+    assert "C4_s3  40     256" in out  # 40 steps x 16 prompts x 16 samples
+    # 20 trials x 40 steps x 256 generations x 2048 tokens at most
+    assert "800 steps, 204,800 generations, <= 419,430,400 generated tokens" in out
+    assert "step time from: cost model" in out
+    assert "cluster: 16 GPUs, 128 CPUs (--gpus/--cpus): 8 trial(s) at once" in out  # 2 GPUs a trial
+
+
+@pytest.mark.parametrize("variant, at_once", [("", 2), ("_lora", 4)])  # 3 GPUs a trial in full, 2 with LoRA
+def test_plan_of_the_sokoban_sweep(variant, at_once):
+    out = _plan_cli(f"campaigns/ragen/sokoban_entropy{variant}.yaml", "--gpus", "8")
+    assert out.startswith(f"plan for campaign sokoban_entropy{variant}: 18 trials")
+    assert "ppo_gae_s2_coeff0.1" in out and f"{at_once} trial(s) at once" in out
+    # 18 trials x 400 steps x 128 episodes x 5 turns x 256 tokens at most
+    assert "7,200 steps, 921,600 generations, <= 1,179,648,000 generated tokens" in out
+
+
+@pytest.mark.parametrize("learner, credit, kl, score, train", [
+    ({}, "grpo", {}, 2, 4),  # LoRA: no weight gradients for the frozen base
+    ({"mode": "full"}, "grpo", {"measure": True}, 4, 6),  # + the frozen reference's forward
+    ({"mode": "full", "gradient_checkpointing": True}, "gae", {"coef": 0.01}, 6, 16),  # full critic, recomputes
+    ({"mode": "full", "critic": {"model": "lora"}}, "gae", {}, 4, 10),  # the LoRA critic's base is frozen
+])
+def test_learner_flops_count_the_passes(learner, credit, kl, score, train):
+    """The step time's learner part from its passes (FLOPs per token in units of P, counted by hand from what
+    workers/learner/learner.py runs): scoring = policy + reference + critic forwards; training = per trained model 6P
+    (weights train) or 4P (frozen base), plus 2P per model under gradient checkpointing."""
+    from orchestrator.config.trial import TrialConfig
+    from orchestrator.preflight.cost_model import EFFICIENCY, PEAK, learner_flops, step_seconds, step_tokens
+
+    cfg = TrialConfig.model_validate({"model": {"name": "Qwen/Qwen2.5-3B"}, "task": {"name": "arithmetic"},
+                                      "learner": learner, "credit": {"advantage_mode": credit},
+                                      "interventions": {"kl": kl}, "resources": {"learner_ranks": 2}})
+    assert learner_flops(cfg) == (score, train)
+    tok, parts = step_tokens(cfg), step_seconds(cfg, "H100")
+    devices = 2 * max(cfg.resources.learner_gpus, 1.0)
+    assert parts["train"] == pytest.approx(tok.trained * train * 3e9 / (PEAK["H100"] * EFFICIENCY["train"] * devices))
+    assert parts["score"] == pytest.approx(tok.scored * score * 3e9 / (PEAK["H100"] * EFFICIENCY["score"] * devices))
+
+
+def test_makespan_is_longest_first_list_scheduling():
+    assert makespan([3, 3, 2, 2, 2], 2) == 7  # {3, 2, 2} and {3, 2}
+    assert makespan([1.0] * 6, 3) == 2
+    assert makespan([1.0], 0) == math.inf
+
+
+def _pilot(tmp_path: Path, sd: float, rng) -> Path:
+    """A pilot campaign directory as `run` leaves it: campaign.json, metrics rows, Tune's result.json."""
+    d = tmp_path / "pilot"
+    trials = []
+    level = rng.normal(0.3, 0.05, 6)
+    for cond, shift in (("C1", 0.0), ("C4", 0.02)):
+        for seed in range(6):
+            name = f"{cond}_s{seed}"
+            trials.append({"name": name, "condition": cond, "seed": seed})
+            (d / "trials" / name).mkdir(parents=True)
+            final = level[seed] + shift + rng.normal(0, sd / math.sqrt(2))
+            rows = [{"step": s, "train/correct_rate": final, "time/generate_s": 1.0} for s in range(20)]
+            (d / "trials" / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            (d / name).mkdir()
+            wall = [30.0] + [4.0 + (0.5 if cond == "C4" else 0.0)] * 19  # first step: actor start-up
+            (d / name / "result.json").write_text("".join(json.dumps({"time_this_iter_s": w}) + "\n"
+                                                          for w in wall))
+    (d / "campaign.json").write_text(json.dumps({"trials": trials}))
+    return d
+
+
+def test_pilot_gives_step_times_and_seeds_for_the_effect(tmp_path):
+    rng = np.random.default_rng(1)
+    pilot = _pilot(tmp_path, 0.03, rng)
+    path = tmp_path / "main.yaml"
+    path.write_text(json.dumps({
+        "name": "main", "seeds": [0, 1, 2], "storage": str(tmp_path / "store"),
+        "base": {"steps": 20, "model": {"name": "tiny"}, "task": {"name": "arithmetic"}},
+        "conditions": {"C1": {}, "C4": {"credit": {"advantage_mode": "maxrl"}}}}))
+    campaign = load_campaign(path)
+    plan = make_plan(campaign, pilot=str(pilot), effect=0.02, measure="final",
+                     cluster=Cluster(0, 8, "test"))
+    by = {t.trial.name: t for t in plan.trials}
+    assert by["C1_s0"].step_s == 4.0 and by["C4_s0"].step_s == 4.5 and by["C1_s0"].source == "pilot"
+    # reference: the paired sd of the pilot's final values, statsmodels' paired t power at alpha 0.05 / 1
+    vals = {(r["condition"], r["seed"]): json.loads((pilot / "trials" / f"{r['name']}" / "metrics.jsonl")
+                                                    .read_text().splitlines()[-1])["train/correct_rate"]
+            for r in json.loads((pilot / "campaign.json").read_text())["trials"]}
+    sd = float(np.std([vals["C4", s] - vals["C1", s] for s in range(6)], ddof=1))
+    n = math.ceil(TTestPower().solve_power(effect_size=0.02 / sd, alpha=0.05, power=0.8))
+    assert any(f"pilot paired sd {sd:.4g} over 6 pairs -> {n} seeds" in line for line in plan.power), plan.power
+    assert "from pilot" in paragraph(plan)
+
+
+def test_plan_without_pilot_says_the_effect_needs_one(capsys):
+    assert cli.main(["plan", str(ROOT / "campaigns/sepa_lean.yaml"), "--gpus", "4", "--effect", "0.05"]) == 0
+    assert "needs --pilot DIR" in capsys.readouterr().out
+
+
+def test_plan_with_a_missing_pilot_is_one_line_exit_2(tmp_path, capsys):
+    assert cli.main(["plan", str(ROOT / "campaigns/sepa_lean.yaml"), "--pilot", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--pilot" in err[0] and "campaign.json" in err[0]
+
+
+@pytest.mark.parametrize("holm", [2, 4])
+def test_multiplicity_lowers_the_planned_alpha(tmp_path, holm):
+    rng = np.random.default_rng(3)
+    pilot = _pilot(tmp_path, 0.03, rng)
+    conds = {"C1": {}, **{f"C{i}": {} for i in range(4, 4 + holm)}}
+    path = tmp_path / "m.yaml"
+    path.write_text(json.dumps({"name": "m", "seeds": [0], "storage": str(tmp_path / "s"), "conditions": conds,
+                                "base": {"steps": 20, "model": {"name": "tiny"}, "task": {"name": "arithmetic"}}}))
+    plan = make_plan(load_campaign(path), pilot=str(pilot), effect=0.02, measure="final",
+                     cluster=Cluster(0, 8, "t"))
+    assert f"Holm over {holm} comparisons" in plan.power[0] and f"alpha 0.05/{holm}" in plan.power[0]
+
+
+def test_run_prints_the_paragraph_before_launching(monkeypatch):
+    import orchestrator.preflight.plan as plan_mod
+
+    monkeypatch.setattr("ray.cluster_resources", lambda: {"GPU": 8.0, "CPU": 64.0})
+    text = plan_mod.run_paragraph(load_campaign(ROOT / "campaigns/sepa_lean.yaml"))
+    assert text.startswith("plan: 20 trials, 800 steps, about 62.6 GPU-hours (step times from cost model); "
+                           "4 trial(s) at once on 8 GPUs, 64 CPUs, makespan about"), text
+    launch = (ROOT / "orchestrator/tune/launch.py").read_text()
+    assert launch.index("print(run_paragraph(campaign)") < launch.index("tuner.fit()")
