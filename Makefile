@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: setup
-	$(BIN)/python -m pytest tests/unit tests/integration
+	$(BIN)/python -m pytest tests/unit tests/integration --durations=25
 
 unit: setup
 	$(BIN)/python -m pytest tests/unit

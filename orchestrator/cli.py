@@ -25,8 +25,9 @@ def _trial(args: argparse.Namespace) -> int:
         resolve_plugins(cfg.credit)
     except CreditError as exc:
         raise UserError(f"{args.config or '<default trial>'}: credit: {exc}") from None
+    from orchestrator.preflight.checks import check_episodes
     from orchestrator.preflight.model_limits import check_model_limits
-    from orchestrator.tune.launch import check_episodes, run_single_trial
+    from orchestrator.tune.launch import run_single_trial
 
     check_model_limits(cfg.model, args.config or "<default trial>")
     from orchestrator.preflight.learner_memory import check_learner_memory

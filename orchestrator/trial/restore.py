@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from orchestrator.storage import CHECKPOINT_MANIFEST, SHARDS_DIR, append_line, sha256_hex
+from workers.checkpoint.blob import CorruptCheckpoint, UnsafeCheckpoint
 
 _CKPT_DIR = re.compile(r"^checkpoint_(\d+)$")
 
@@ -67,7 +68,7 @@ class RestoredCheckpoint:
 
 def _verify(ck: _CheckpointDir, state_file: str, learner_file: str, metrics_file: str):
     """(state, learner blob, rows) of one checkpoint, or raise CheckpointError naming the bad file."""
-    from workers.checkpoint.blob import CorruptCheckpoint, load_blob
+    from workers.checkpoint.blob import load_blob
 
     blobs = {n: ck.read(n) for n in (state_file, learner_file, metrics_file)}
     # The learner blob is checked for code first, whatever the manifest says: a crafted file is refused, not
@@ -129,7 +130,6 @@ def restore_checkpoint(fs, trial_path: str, *, recorded: bool, events: str | Non
     trial starts from step 0. Raises `workers.checkpoint.blob.UnsafeCheckpoint` for a learner blob that would run code
     (never skipped).
     """
-    from workers.checkpoint.blob import CorruptCheckpoint, UnsafeCheckpoint
 
     candidates = _checkpoint_dirs(fs, trial_path, state_file)
     skipped: list[tuple[str, str]] = []

@@ -184,7 +184,7 @@ def _small_campaign(tmp_path, **kw):
 
 def test_cluster_checks_refuse_impossible_asks(tmp_path, monkeypatch):
     from orchestrator.config.errors import UserError
-    from orchestrator.tune.launch import check_cluster
+    from orchestrator.preflight.checks import check_cluster
 
     gpu = _small_campaign(tmp_path, resources={"rollout_workers": 1, "worker_gpus": 1, "learner_gpus": 1})
     _fake_cluster(monkeypatch, cpus=16, gpus=0, nodes=1)

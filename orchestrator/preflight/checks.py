@@ -1,0 +1,75 @@
+"""The checks a campaign (or a single trial) passes before anything launches: the cluster can hold its trials,
+its storage survives a job's upload, every model setting fits its model, every learner its GPUs, every agentic
+trial's first turn its context. Each failure is one UserError line (exit 2), nothing started."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from orchestrator.campaign.expand import Campaign
+from orchestrator.config.errors import UserError
+from orchestrator.config.trial import TrialConfig
+from orchestrator.preflight.cluster import check_campaign
+from orchestrator.preflight.model_limits import check_model_limits
+from orchestrator.preflight.working_dir import refuse_storage_inside
+
+
+def _local_tokenizer(cfg: TrialConfig):
+    """The trial model's tokenizer when it is on this machine (local models are built), else None."""
+    from orchestrator.trial.models import resolve_model_quietly
+    from workers.models.local import is_local_model
+
+    if is_local_model(cfg.model.name) or Path(cfg.model.name).expanduser().is_dir():
+        from workers.models.loading import load_tokenizer
+
+        return load_tokenizer(resolve_model_quietly(cfg.model))
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(cfg.model.name, local_files_only=True)
+    except (OSError, ValueError):
+        return None  # not downloaded here: the trial checks its first prompt itself
+
+
+def check_episodes(source: str, trials: list[tuple[str, TrialConfig]]) -> None:
+    """Before launch: every agentic trial's first turn (longest first prompt + rollout.max_tokens) fits
+    model.max_model_len; UserError (one line, exit 2) naming the file and the trial otherwise."""
+    from orchestrator.trial.episodes import check_episode_fits
+
+    seen: dict[str, str | None] = {}
+    for name, cfg in trials:
+        if not cfg.task.agentic:
+            continue
+        key = json.dumps([cfg.model.model_dump(mode="json"), cfg.task.model_dump(mode="json"), cfg.seed,
+                          cfg.rollout.max_tokens, cfg.rollout.max_actions_per_turn,
+                          cfg.rollout.max_actions_per_episode])
+        if key not in seen:
+            tok = _local_tokenizer(cfg)
+            seen[key] = None if tok is None else check_episode_fits(cfg, tok)
+        if seen[key]:
+            raise UserError(f"{source}: trial {name}: {seen[key]}")
+
+
+def check_cluster(campaign: Campaign) -> None:
+    """User errors a cluster can reveal before anything launches (exit 2, nothing started): resources and storage
+    against what the cluster can grow to (orchestrator/preflight/cluster.py: the autoscaler's node types count)."""
+    check_campaign(campaign)
+    if os.environ.get("RAY_JOB_SUBMISSION_ID"):  # running as a Ray job: cwd is the uploaded working dir
+        refuse_storage_inside(campaign, Path.cwd().resolve())
+
+
+def check_campaign_models(campaign: Campaign) -> None:
+    """Each distinct model setting of the campaign against the model's own config (orchestrator/model_limits),
+    and each learner setup against its GPUs' memory (orchestrator/learner_memory; its estimates are printed)."""
+    from orchestrator.preflight.learner_memory import check_campaign_learners
+
+    seen = set()
+    for t in campaign.trials:
+        key = t.trial.model.model_dump_json()
+        if key not in seen:
+            seen.add(key)
+            check_model_limits(t.trial.model, campaign.source, where=f"trial {t.name}: model")
+    for line in check_campaign_learners(campaign):
+        print(line, flush=True)

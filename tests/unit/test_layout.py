@@ -1,0 +1,160 @@
+"""The architecture as the folder tree promises it (docs/architecture.md): imports read with `ast`, never run.
+
+- no import cycle between modules, nor between folders (subpackages);
+- workers/ never imports orchestrator/ (the data plane knows nothing of the control plane);
+- each orchestrator folder imports only the folders below it in the flow
+  cli -> jobs -> tune -> preflight / report -> trial -> tracking -> campaign -> config -> stats / storage,
+  and only trial/, preflight/ (pure config readers), campaign/ and config/ (the workers' config schemas) reach into
+  workers/;
+- `python -m orchestrator plan` imports neither torch nor vLLM (nor Ray or transformers): a subprocess, so the
+  modules this test process already holds do not count.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("orchestrator", "workers")
+
+# folder -> the folders it may import (besides itself); a module directly under orchestrator/ is its own folder
+ALLOWED = {
+    "orchestrator.__main__": {"orchestrator.cli"},
+    "orchestrator.cli": {"*"},
+    "orchestrator.jobs": {"orchestrator.tune", "orchestrator.preflight", "orchestrator.tracking",
+                          "orchestrator.campaign", "orchestrator.config", "orchestrator.stats",
+                          "orchestrator.storage"},
+    "orchestrator.tune": {"orchestrator.preflight", "orchestrator.trial", "orchestrator.tracking",
+                          "orchestrator.campaign", "orchestrator.config", "orchestrator.stats",
+                          "orchestrator.storage"},
+    "orchestrator.preflight": {"orchestrator.trial", "orchestrator.campaign", "orchestrator.config",
+                               "orchestrator.stats", "orchestrator.storage", "workers.*"},
+    "orchestrator.report": {"orchestrator.tracking", "orchestrator.campaign", "orchestrator.config",
+                            "orchestrator.stats", "orchestrator.storage"},
+    "orchestrator.trial": {"orchestrator.tracking", "orchestrator.campaign", "orchestrator.config",
+                           "orchestrator.stats", "orchestrator.storage", "workers.*"},
+    "orchestrator.tracking": {"orchestrator.campaign", "orchestrator.config", "orchestrator.stats",
+                              "orchestrator.storage"},
+    "orchestrator.campaign": {"orchestrator.config", "orchestrator.stats", "orchestrator.storage",
+                              "workers.credit"},
+    "orchestrator.config": {"orchestrator.stats", "orchestrator.storage", "workers.credit", "workers.objectives",
+                            "workers.tasks", "workers.learner"},
+    "orchestrator.stats": set(),
+    "orchestrator.storage": set(),
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for p in (ROOT / pkg).rglob("*.py"):
+            name = ".".join(p.relative_to(ROOT).with_suffix("").parts)
+            out[name.removesuffix(".__init__")] = p
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules `name` imports (function-level imports too): `from a.b import c` counts a.b.c when
+    that is a module, else a.b."""
+    found = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            for a in node.names:
+                found.add(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
+    return {m for m in found if m in known and m != name}
+
+
+def _folder(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {name: _imports(name, path, set(mods)) for name, path in mods.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` as a path, or None (iterative DFS, colours)."""
+    colour: dict[str, int] = defaultdict(int)
+    for start in sorted(graph):
+        if colour[start]:
+            continue
+        stack = [(start, iter(sorted(graph[start])))]
+        path = [start]
+        colour[start] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                colour[node] = 2
+                stack.pop()
+                path.pop()
+            elif colour[child] == 1:
+                return path[path.index(child):] + [child]
+            elif colour[child] == 0:
+                colour[child] = 1
+                stack.append((child, iter(sorted(graph.get(child, ())))))
+                path.append(child)
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_module_imports_itself_back():
+    assert _cycle(_graph()) is None
+
+
+def test_no_folder_imports_itself_back():
+    folders: dict[str, set[str]] = defaultdict(set)
+    for mod, deps in _graph().items():
+        folders[_folder(mod)].update(_folder(d) for d in deps if _folder(d) != _folder(mod))
+    assert _cycle(dict(folders)) is None
+
+
+def test_workers_never_import_orchestrator():
+    bad = sorted(f"{m} -> {d}" for m, deps in _graph().items() if m.startswith("workers")
+                 for d in deps if d.startswith("orchestrator"))
+    assert not bad
+
+
+def test_each_orchestrator_folder_imports_only_what_lies_below_it():
+    bad = []
+    for mod, deps in _graph().items():
+        src = _folder(mod)
+        if not src.startswith("orchestrator") or src == "orchestrator":
+            continue
+        allowed = ALLOWED[src]  # a new folder must say where it sits
+        for d in deps:
+            dst = _folder(d)
+            if dst == src or dst == "orchestrator" or "*" in allowed or dst in allowed:
+                continue
+            if dst.startswith("workers") and "workers.*" in allowed:
+                continue
+            bad.append(f"{mod} -> {d}")
+    assert not sorted(bad)
+
+
+def test_plan_imports_neither_torch_nor_vllm():
+    code = ("import sys\nfrom orchestrator import cli\n"
+            "code = cli.main(['plan', 'campaigns/sepa_lean.yaml', '--gpus', '8'])\n"
+            "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'vllm', 'ray', 'transformers'})\n"
+            "print('HEAVY', ','.join(heavy), 'EXIT', code)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last == "HEAVY  EXIT 0", proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "plan for campaign sepa_lean" in proc.stdout
