@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from orchestrator import storage as store
-from orchestrator.campaign.expand import Campaign
+from orchestrator.campaign.schema import Campaign
 
 KEY_METRICS = ("train/correct_rate", "eval/pass@1", "credit/sepa_lambda")
 

@@ -12,7 +12,7 @@ import re
 import time
 from pathlib import Path
 
-from orchestrator.campaign.expand import Campaign
+from orchestrator.campaign.schema import Campaign
 from orchestrator.config.errors import UserError
 from orchestrator.jobs.env import job_env, secrets_note
 from orchestrator.preflight.working_dir import refuse_storage_inside

@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from orchestrator.campaign.expand import Campaign
+from orchestrator.campaign.schema import Campaign
 from orchestrator.config.errors import UserError
 from orchestrator.config.trial import TrialConfig
 from orchestrator.preflight.cluster import check_campaign

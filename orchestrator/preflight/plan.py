@@ -19,7 +19,9 @@ import statistics
 from dataclasses import dataclass, field
 
 from orchestrator import storage as store
-from orchestrator.campaign.expand import CONTRAST, MEASURE, Campaign, ExpandedTrial, load_campaign
+from orchestrator.campaign.expand import load_campaign
+from orchestrator.campaign.schema import Campaign, ExpandedTrial
+from orchestrator.campaign.sections import CONTRAST, MEASURE
 from orchestrator.config.errors import UserError
 from orchestrator.config.placement import bundles
 from orchestrator.preflight.cost_model import device_kind, step_seconds, step_tokens

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator import storage as store
-from orchestrator.campaign.expand import Campaign
+from orchestrator.campaign.schema import Campaign
 from orchestrator.config.errors import UserError
 
 

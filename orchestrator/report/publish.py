@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from orchestrator import storage as store
-from orchestrator.campaign.expand import Campaign
+from orchestrator.campaign.schema import Campaign
 from orchestrator.report.build import Report
 from orchestrator.tracking.wandb_report import (
     DRY_RUN_FILE,

@@ -9,7 +9,7 @@ from pathlib import Path
 import wandb_workspaces.workspaces as ws
 
 from orchestrator import storage as store
-from orchestrator.campaign.expand import Campaign
+from orchestrator.campaign.schema import Campaign
 from orchestrator.config.errors import UserError
 from orchestrator.tracking.login import wandb_login, where_to_save
 from orchestrator.tracking.wandb_report import REPORT_FILE

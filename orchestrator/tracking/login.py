@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from orchestrator import storage as store
-from orchestrator.campaign.expand import Campaign
+from orchestrator.campaign.schema import Campaign
 from orchestrator.config.errors import UserError
 
 

@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from orchestrator.campaign.expand import Campaign
+from orchestrator.campaign.schema import Campaign
 
 # ------------------------------------------------------------------ the report as a W&B Report (wandb-workspaces)
 REPORT_FILE = "wandb_report.json"  # what `dashboard` saves after a sync

@@ -17,7 +17,7 @@ import wandb_workspaces.reports.v2 as wr
 import wandb_workspaces.workspaces as ws
 from wandb_workspaces import expr
 
-from orchestrator.campaign.expand import Campaign
+from orchestrator.campaign.schema import Campaign
 from orchestrator.config.trial import sepa_settings
 from orchestrator.tracking.names import AUC_PREFIX, TRAIN_METRIC, logged_metrics, report_metric
 

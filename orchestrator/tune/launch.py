@@ -18,7 +18,7 @@ import ray
 from ray import tune
 
 from orchestrator import storage as store
-from orchestrator.campaign.expand import Campaign
+from orchestrator.campaign.schema import Campaign
 from orchestrator.config.errors import UserError
 from orchestrator.config.placement import bundles
 from orchestrator.config.trial import TrialConfig

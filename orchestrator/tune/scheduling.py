@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.campaign.expand import Campaign
+from orchestrator.campaign.schema import Campaign
 from orchestrator.config.placement import bundles
 
 

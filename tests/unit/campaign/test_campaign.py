@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from orchestrator import cli
-from orchestrator.campaign.expand import CampaignConfig, expand, load_campaign, sweep_points
+from orchestrator.campaign.expand import expand, load_campaign, sweep_points
+from orchestrator.campaign.schema import CampaignConfig
 from orchestrator.config.placement import bundles
 from orchestrator.config.trial import TrialConfig
 

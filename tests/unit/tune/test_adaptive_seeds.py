@@ -12,7 +12,7 @@ import pytest
 from scipy import integrate
 from scipy import stats as sps
 
-from orchestrator.campaign.expand import AdaptiveSeeds
+from orchestrator.campaign.sections import AdaptiveSeeds
 from orchestrator.stats.sequential import (
     nominal_alphas,
     obrien_fleming_spending,

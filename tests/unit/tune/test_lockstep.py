@@ -11,7 +11,7 @@ import pytest
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
 
-from orchestrator.campaign.expand import BudgetConfig
+from orchestrator.campaign.sections import BudgetConfig
 from orchestrator.storage import campaign_events
 from orchestrator.tune.lockstep import LockstepScheduler
 
