@@ -205,13 +205,27 @@ def power_lines(campaign: Campaign, runs: list[dict], effect: float, measure: st
 
 
 # ----------------------------------------------------------------------------------------------- plan
-def make_plan(campaign: Campaign, *, pilot: str | None = None, effect: float | None = None,
-              gpus: float | None = None, cpus: float | None = None, device: str | None = None,
-              measure: str | None = None, metric: str | None = None, cluster: Cluster | None = None) -> Plan:
+@dataclass(frozen=True)
+class PlanRequest:
+    """What `python -m orchestrator plan` is asked: a pilot campaign's directory for measured step times and
+    paired sds, the effect to power for, the cluster's size (else found), the GPU kind for the cost model, and the
+    measure / metric the power lines use."""
+
+    pilot: str | None = None
+    effect: float | None = None
+    gpus: float | None = None
+    cpus: float | None = None
+    device: str | None = None
+    measure: str | None = None
+    metric: str | None = None
+
+
+def make_plan(campaign: Campaign, request: PlanRequest = PlanRequest(), cluster: Cluster | None = None) -> Plan:
+    pilot, effect, measure, metric = request.pilot, request.effect, request.measure, request.metric
     if measure is not None and not MEASURE.match(measure):
         raise UserError(f"--measure: {measure!r}: must be auc_LO_HI (e.g. auc_0_15) or final")
     runs = pilot_runs(pilot) if pilot else []
-    kind = device_kind(device)
+    kind = device_kind(request.device)
     trials = []
     for t in campaign.trials:
         b = bundles(t.trial)
@@ -221,7 +235,7 @@ def make_plan(campaign: Campaign, *, pilot: str | None = None, effect: float | N
             parts = step_seconds(t.trial, kind if g else "cpu")
             step_s, source = (sum(parts.values()), "cost model") if parts else (None, "unknown")
         trials.append(TrialPlan(t, step_s, source, g, c))
-    cluster = cluster or cluster_size(gpus, cpus)
+    cluster = cluster or cluster_size(request.gpus, request.cpus)
     cfg = campaign.config
     at_once = trials_at_once(trials, cluster, cfg.max_concurrent_trials)
     if cfg.schedule.mode == "lockstep":

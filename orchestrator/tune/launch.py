@@ -26,7 +26,7 @@ from orchestrator.preflight.checks import check_campaign_models, check_cluster, 
 from orchestrator.tracking.mode import wandb_mode, with_wandb_mode
 from orchestrator.trial.loop import run_trial
 from orchestrator.tune.pending import PendingOnAutoscaling
-from orchestrator.tune.scheduling import scheduling
+from orchestrator.tune.scheduling import TuneScheduling, scheduling
 
 
 def ensure_ray(min_cpus: float, num_gpus: float | None = None) -> None:
@@ -87,10 +87,11 @@ def _torn_snapshot(directory: str) -> str | None:
     return None
 
 
-def _tuner(name: str, storage: str, trials: dict[str, dict], *, max_concurrent: int | None, max_failures: int,
-           keep: int, callbacks: list | None = None, scheduler=None, search_alg=None) -> tune.Tuner:
-    """search_alg: the campaign's searcher (lockstep / adaptive seeds, orchestrator/tune/scheduling.py) hands Tune the
-    trial names instead of the grid."""
+def _tuner(name: str, storage: str, trials: dict[str, dict], plan: TuneScheduling, *, max_failures: int,
+           keep: int, callbacks: list | None = None) -> tune.Tuner:
+    """plan.search_alg: the campaign's searcher (lockstep / adaptive seeds, orchestrator/tune/scheduling.py) hands
+    Tune the trial names instead of the grid."""
+    scheduler, search_alg, max_concurrent = plan.scheduler, plan.search_alg, plan.max_concurrent
     directory = store.join(storage, name)
     trainable = _trainable(trials)
     param_space = {"trial": tune.grid_search(list(trials))} if search_alg is None else None
@@ -215,10 +216,8 @@ def run_campaign(campaign: Campaign) -> int:
 
         save_at_start(campaign)  # online: the campaign's W&B workspace, saved now
         plan = scheduling(campaign)
-        tuner = _tuner(cfg.name, campaign.storage, {t.name: t.config for t in campaign.trials},
-                       max_concurrent=plan.max_concurrent, max_failures=cfg.max_failures, keep=keep,
-                       callbacks=[PendingOnAutoscaling(campaign.directory)], scheduler=plan.scheduler,
-                       search_alg=plan.search_alg)
+        tuner = _tuner(cfg.name, campaign.storage, {t.name: t.config for t in campaign.trials}, plan,
+                       max_failures=cfg.max_failures, keep=keep, callbacks=[PendingOnAutoscaling(campaign.directory)])
         results = tuner.fit()
     failed = [r for r in results if r.error]
     ended = "stopped by the budget at a round boundary" if getattr(plan.scheduler, "stopped", False) else "finished"
@@ -261,7 +260,7 @@ def run_single_trial(cfg: TrialConfig, storage: Path, max_failures: int = 0):
     saved.parent.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps(now, indent=1))
     ensure_ray(sum(b.get("CPU", 0) for b in bundles(cfg)))
-    tuner = _tuner(cfg.name, str(storage), {cfg.name: cfg.model_dump(mode="json")}, max_concurrent=None,
+    tuner = _tuner(cfg.name, str(storage), {cfg.name: cfg.model_dump(mode="json")}, TuneScheduling(),
                    max_failures=max_failures, keep=cfg.checkpoint.keep)
     result = tuner.fit()[0]
     if result.error:
