@@ -1,6 +1,6 @@
 """The one list of the metric names a trial logs, and which trial config logs which.
 
-The producers are spread over the step (orchestrator/trial/step.py, episodes.py, evaluation.py, pipeline.py) and the
+The producers are spread over the step (orchestrator/trial/step.py, episodes.py, evaluation.py, one_step_off.py) and the
 learner (workers/learner/metrics.py, objectives.py, filters.py, credit/); this module names what they write so
 that the tracker can flag a key nobody listed and the dashboard (orchestrator/tracking/dashboard.py) never draws a panel
 over a metric no trial logs. `logged_metrics(cfg)` is the exact set of history keys a trial of `cfg` writes
@@ -36,7 +36,7 @@ def report_metric(cfg: TrialConfig) -> str:
 
 
 def _step(cfg: TrialConfig) -> set[str]:
-    """Every step's row (orchestrator/trial/step.py: prepare, one_step; pipeline.py; filters.nonfinite_groups)."""
+    """Every step's row (orchestrator/trial/step.py: prepare, one_step; one_step_off.py; filters.nonfinite_groups)."""
     names = {"train/correct_rate", "train/reward_mean", "train/groups_kept", "train/groups_skipped_all_correct",
              "train/groups_skipped_all_wrong", "train/completion_len", "rollout/tokens_per_s",
              "rollout/adapter_version", "credit/sepa_lambda", "credit/sepa_gate_open", "train/nonfinite_groups",
