@@ -35,7 +35,7 @@ class Stack:
         import ray
 
         from orchestrator.config.trial import sepa_settings
-        from orchestrator.trial.actors import _LearnerActor, _RolloutActor, rollout_engine
+        from orchestrator.trial.actors import _LearnerActor, _RolloutActor, rollout_settings
         from orchestrator.trial.learner_group import LearnerGroup
         from orchestrator.trial.models import resolve_model
         from orchestrator.trial.one_step_off import OneStepOff
@@ -47,9 +47,7 @@ class Stack:
         self.cfg = cfg
         model_cfg = cfg.model.model_dump()
         self.workers = [
-            _RolloutActor.options(num_cpus=cpus).remote(
-                model_cfg, dtype=cfg.model.dtype, seed=cfg.seed, max_model_len=cfg.model.max_model_len,
-                max_lora_rank=cfg.learner.lora.rank, engine=rollout_engine(cfg))
+            _RolloutActor.options(num_cpus=cpus).remote(model_cfg, rollout_settings(cfg))
             for _ in range(cfg.rollout.num_workers)
         ]
         self.learner = LearnerGroup([_LearnerActor.options(num_cpus=cpus).remote(
@@ -88,8 +86,7 @@ class Stack:
         return time.perf_counter() - t0, row
 
     def close(self) -> None:
-        import ray
+        from orchestrator.trial.actors import shutdown_actors
 
-        for a in [*self.workers, self.learner]:
-            ray.kill(a)
+        shutdown_actors(self.workers, self.learner)
         self.task.close()

@@ -11,6 +11,8 @@ not the GPU gain. On a GPU machine (worker and learner on their own GPUs) this i
 report +23-40% for one-step-off at scale. Measured on 2 cores: 0.79-0.93 with vLLM in its own processes (the
 one_step_off default, orchestrator/trial/actors.py:rollout_engine); 0.24 with vLLM inside the rollout actor, whose CPU
 worker and the learner then fight over the same cores. Prints the ratio one_step_off / sync steps/s last.
+
+    python benchmarks/async.py [--steps 4] [--blocks 2] [--prompts 16] [--n 16] [--max-tokens 48] [--model tiny]
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ from benchmarks._stack import Stack, init_ray  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=4, help="measured steps per block")
     ap.add_argument("--blocks", type=int, default=2, help="sync + one_step_off block pairs")
     ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--n", type=int, default=16)
+    ap.add_argument("--n", type=int, default=16, help="samples per prompt")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--model", default="tiny")
     args = ap.parse_args()

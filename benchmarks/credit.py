@@ -3,10 +3,13 @@
 Batch: 256 completions x 2048 tokens (16 groups x 16 rollouts), maxrl + sepa_gtpo_hicra.
 Also measures the planning mask on the same batch (target >= 2M tokens/s on one core).
 Prints tokens/s of each and the vectorised/reference ratio last (target >= 100).
+
+    python benchmarks/credit.py [--groups 16] [--group 16] [--tokens 2048] [--repeats 5]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import sys
@@ -51,23 +54,30 @@ def best_of(fn, repeats: int) -> float:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--groups", type=int, default=N, help="prompt groups in the batch")
+    ap.add_argument("--group", type=int, default=G, help="rollouts per group")
+    ap.add_argument("--tokens", type=int, default=T, help="tokens per completion")
+    ap.add_argument("--repeats", type=int, default=5, help="vectorised timings (best of); the mask: best of 3")
+    args = ap.parse_args()
+    n, g, t = args.groups, args.group, args.tokens
     if "BENCH_THREADS" in os.environ:  # default: torch's own choice (all cores); BENCH_THREADS=1 for one core
         torch.set_num_threads(int(os.environ["BENCH_THREADS"]))
     print(f"torch threads: {torch.get_num_threads()} (the reference and the planning mask are single-threaded Python)")
     rng = random.Random(0)
     gen = torch.Generator().manual_seed(0)
-    n_tok = N * G * T
-    rewards = (torch.rand(N, G, generator=gen) < 0.4).float()
-    signals = torch.rand(N, G, T, generator=gen) * 2
-    mask = torch.ones(N, G, T, dtype=torch.bool)
-    pieces = [make_pieces(rng, T) for _ in range(N * G)]
+    n_tok = n * g * t
+    rewards = (torch.rand(n, g, generator=gen) < 0.4).float()
+    signals = torch.rand(n, g, t, generator=gen) * 2
+    mask = torch.ones(n, g, t, dtype=torch.bool)
+    pieces = [make_pieces(rng, t) for _ in range(n * g)]
 
-    t_plan = best_of(lambda: planning_masks(pieces, T), 3)
-    planning = planning_masks(pieces, T).reshape(N, G, T)
+    t_plan = best_of(lambda: planning_masks(pieces, t), min(3, args.repeats))
+    planning = planning_masks(pieces, t).reshape(n, g, t)
     print(f"planning mask:  {n_tok / t_plan / 1e6:8.2f} M tokens/s  (planning fraction {planning.float().mean():.3f})")
 
     cfg = CreditConfig(advantage_mode="maxrl", transform_mode="sepa_gtpo_hicra", sepa=SepaConfig())
-    t_vec = best_of(lambda: compute_advantages(rewards, signals, mask, cfg, planning=planning, sepa_lambda=0.5), 5)
+    t_vec = best_of(lambda: compute_advantages(rewards, signals, mask, cfg, planning=planning, sepa_lambda=0.5), args.repeats)
 
     r_list, s_list, p_list = rewards.tolist(), signals.tolist(), planning.tolist()
     t0 = time.perf_counter()

@@ -5,10 +5,13 @@ Each rep starts one actor of each kind (order alternating, so both see the same 
 from `.remote()` to a finished first `generate` (16 prompts x n=8 x 32 tokens): actor process start, vLLM import,
 engine build and the first batch, which is what every trial pays before its first step. The two engines must
 sample the same tokens (checked). Prints each time, then the ratio separate / in-process of the medians last.
+
+    python benchmarks/engine_start.py [--reps 3] [--prompts 16] [--n 8] [--max-tokens 32]
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import tempfile
@@ -20,41 +23,52 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 REPS, PROMPTS, N, MAX_TOKENS, SEED = 3, 16, 8, 32, 7
 
 
-def _start(actor_cls, model_dir: str, in_process: bool, prompts: list[list[int]]) -> tuple[float, list]:
+def _start(model_dir: str, in_process: bool, prompts: list[list[int]], n: int, max_tokens: int
+           ) -> tuple[float, list]:
     import ray
 
+    from orchestrator.trial.actors import shutdown_actors
+    from workers.rollout.worker import RolloutActor, RolloutWorkerSettings
+
     t0 = time.perf_counter()
-    actor = actor_cls.options(num_cpus=1).remote(model_dir, seed=0, max_model_len=256,
-                                                 engine={"in_process": in_process})
-    out = ray.get(actor.generate.remote(prompts, n=N, temperature=1.0, max_tokens=MAX_TOKENS, seed=SEED))
+    actor = RolloutActor.options(num_cpus=1).remote(
+        model_dir, RolloutWorkerSettings(seed=0, max_model_len=256, engine={"in_process": in_process}))
+    out = ray.get(actor.generate.remote(prompts, n=n, temperature=1.0, max_tokens=max_tokens, seed=SEED))
     elapsed = time.perf_counter() - t0
-    ray.kill(actor)
+    shutdown_actors([actor])
     time.sleep(2)  # let the killed actor's processes go before the next start
     return elapsed, [[c["token_ids"] for c in g] for g in out["completions"]]
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description="Rollout-worker start-up, vLLM in-process vs in its own processes.")
+    ap.add_argument("--reps", type=int, default=REPS, help="starts of each kind")
+    ap.add_argument("--prompts", type=int, default=PROMPTS)
+    ap.add_argument("--n", type=int, default=N, help="samples per prompt")
+    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    args = ap.parse_args()
     import ray
 
     from workers.models.loading import build_tiny_model, load_tokenizer
-    from workers.rollout.worker import RolloutActor
 
     model_dir = str(build_tiny_model(Path(tempfile.gettempdir()) / "credit-orchestrator-tiny-0", seed=0))
     tok = load_tokenizer(model_dir)
     prompts = [[tok.bos_token_id] + tok.encode(f"what is {i} + {i} ?", add_special_tokens=False)
-               for i in range(PROMPTS)]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+               for i in range(args.prompts)]
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}})
     times: dict[bool, list[float]] = {True: [], False: []}
     samples: dict[bool, list] = {}
-    for rep in range(REPS):
-        for in_process in ((True, False) if rep % 2 == 0 else (False, True)):
-            t, ids = _start(RolloutActor, model_dir, in_process, prompts)
-            times[in_process].append(t)
-            samples[in_process] = ids
-            print(f"rep {rep} {'in-process' if in_process else 'separate  '}: {t:.1f} s to the first batch",
-                  flush=True)
-    ray.shutdown()
+    try:
+        for rep in range(args.reps):
+            for in_process in ((True, False) if rep % 2 == 0 else (False, True)):
+                t, ids = _start(model_dir, in_process, prompts, args.n, args.max_tokens)
+                times[in_process].append(t)
+                samples[in_process] = ids
+                print(f"rep {rep} {'in-process' if in_process else 'separate  '}: {t:.1f} s to the first batch",
+                      flush=True)
+    finally:
+        ray.shutdown()
     print(f"same tokens from both engines: {samples[True] == samples[False]}")
     sep, inp = statistics.median(times[False]), statistics.median(times[True])
     print(f"median start to first batch: separate processes {sep:.1f} s, in-process {inp:.1f} s")

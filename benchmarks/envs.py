@@ -65,7 +65,7 @@ def frozen_lake_rows(n: int, levels: str, rate: float = 0.8) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--levels", type=int, default=200)
+    ap.add_argument("--levels", type=int, default=200, help="levels per generator")
     n = ap.parse_args().levels
     sok = sokoban_rows(n)
     print(f"Sokoban 6x6, 1 box, levels: ragen ({n} levels, seeds 0..{n - 1}); RAGEN's generator in brackets")
@@ -93,7 +93,7 @@ def main() -> None:
         print(f"  best success, 10 actions  {fl['best_0.8']:.1%} at 0.8{br('best_0.8', '.0%')}, "
               f"{fl['best_0.98']:.1%} at 0.98")
     r = RAGEN["sokoban"]
-    print(f"ours/RAGEN (Sokoban): one-move share {sok['one'] / r['one']:.2f}, random success "
+    print(f"ratio ours/RAGEN (Sokoban): one-move share {sok['one'] / r['one']:.2f}, random success "
           f"{sok['random'] / r['random']:.2f}, mean optimal moves {sok['moves_mean'] / r['moves_mean']:.2f}")
 
 

@@ -7,10 +7,13 @@ result transport included); the bare engine lives in this process beside it, bot
 same background load.
 One warm-up call each, then REPS timed pairs; the ratio is the median over pairs of bare_time / worker_time.
 Prints tokens/s of each and the worker/bare ratio last (target >= 0.95).
+
+    python benchmarks/rollout.py [--prompts 16] [--n 16] [--max-tokens 32] [--reps 10]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
@@ -25,24 +28,25 @@ TEXTS = ["what is 1 + 2 ?", "what is 3 * 4 ?", "let me think", "the answer is", 
          "so the key insight is", "what is 7 - 5 ?", "notice that 2 + 2 = 4"]  # fmt: skip
 
 
-def _prompts(tok) -> list[list[int]]:
+def _prompts(tok, count: int) -> list[list[int]]:
     return [
         [tok.bos_token_id] + tok.encode(TEXTS[i % len(TEXTS)] + " " + str(i), add_special_tokens=False)
-        for i in range(N_PROMPTS)
+        for i in range(count)
     ]
 
 
-def _engine_kwargs() -> dict:
-    return dict(dtype="float32", seed=0, max_model_len=256, enforce_eager=True, max_lora_rank=8)
+ENGINE = dict(dtype="float32", seed=0, max_model_len=256, max_lora_rank=8)  # both sides
 
 
-def main(model_dir: str, prompts: list[list[int]]) -> None:
+def main(model_dir: str, prompts: list[list[int]], args: argparse.Namespace) -> None:
     import ray
     from vllm import LLM, SamplingParams
 
-    from workers.rollout.worker import RolloutActor
+    from orchestrator.trial.actors import shutdown_actors
+    from workers.rollout.worker import RolloutActor, RolloutWorkerSettings
 
-    actor = RolloutActor.options(num_cpus=2).remote(model_dir, **_engine_kwargs())
+    n, max_tokens = args.n, args.max_tokens
+    actor = RolloutActor.options(num_cpus=2).remote(model_dir, RolloutWorkerSettings(**ENGINE, enforce_eager=True))
     ray.get(actor.ready.remote())
     # same engine settings as the worker builds (LoRA on, processed log-probs, `rollout.engine` defaults, vLLM in
     # this process as in the actor on the CPU build: a bare engine in its own processes busy-polls for a second
@@ -54,11 +58,10 @@ def main(model_dir: str, prompts: list[list[int]]) -> None:
     cuda = torch.cuda.is_available()
     in_process = engine_in_process(None, cuda=cuda, own_process=True)
     use_engine_processes(in_process)
-    kwargs = {k: v for k, v in _engine_kwargs().items() if k != "enforce_eager"}
-    llm = LLM(model=model_dir, enable_lora=True, max_loras=1, logprobs_mode="processed_logprobs", **kwargs,
+    llm = LLM(model=model_dir, enable_lora=True, max_loras=1, logprobs_mode="processed_logprobs", **ENGINE,
               **engine_settings(None, cuda=cuda, in_process=in_process))
-    kw = dict(n=N, temperature=TEMPERATURE, max_tokens=MAX_TOKENS, seed=SEED)
-    params = [SamplingParams(n=N, temperature=TEMPERATURE, top_p=1.0, max_tokens=MAX_TOKENS, seed=SEED + i,
+    kw = dict(n=n, temperature=TEMPERATURE, max_tokens=max_tokens, seed=SEED)
+    params = [SamplingParams(n=n, temperature=TEMPERATURE, top_p=1.0, max_tokens=max_tokens, seed=SEED + i,
                              logprobs=0) for i in range(len(prompts))]
     inputs = [{"prompt_token_ids": p} for p in prompts]
 
@@ -74,14 +77,14 @@ def main(model_dir: str, prompts: list[list[int]]) -> None:
 
     run_worker(), run_bare()  # warm-up each
     w, b = [], []
-    for rep in range(REPS):  # interleaved (order alternating), so both see the same background load
+    for rep in range(args.reps):  # interleaved (order alternating), so both see the same background load
         if rep % 2:
             b.append(run_bare())
             w.append(run_worker())
         else:
             w.append(run_worker())
             b.append(run_bare())
-    ray.kill(actor)
+    shutdown_actors([actor])
     w_tok, b_tok = w[-1][1], b[-1][1]
     w_t, b_t = statistics.median(x[0] for x in w), statistics.median(x[0] for x in b)
     print(f"worker: {w_tok} tokens, median {w_t:.3f} s (inside actor {statistics.median(x[2] for x in w):.3f} s), "
@@ -96,6 +99,12 @@ def main(model_dir: str, prompts: list[list[int]]) -> None:
 
 
 if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description="Rollout worker actor vs bare vLLM generate (see the module docstring).")
+    ap.add_argument("--prompts", type=int, default=N_PROMPTS)
+    ap.add_argument("--n", type=int, default=N, help="samples per prompt")
+    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    ap.add_argument("--reps", type=int, default=REPS, help="timed worker/bare pairs (after one warm-up each)")
+    cli = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import ray
@@ -104,11 +113,11 @@ if __name__ == "__main__":
 
     with tempfile.TemporaryDirectory() as d:
         model_dir = str(build_tiny_model(Path(d) / "tiny", seed=0))
-        prompts = _prompts(load_tokenizer(model_dir))
+        prompts = _prompts(load_tokenizer(model_dir), cli.prompts)
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": os.environ["VLLM_CPU_KVCACHE_SPACE"],
                                            "TOKENIZERS_PARALLELISM": "false"}})
         try:
-            main(model_dir, prompts)
+            main(model_dir, prompts, cli)
         finally:
             ray.shutdown()

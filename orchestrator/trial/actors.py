@@ -3,6 +3,8 @@ and learner actor classes, and the placement-group bundles that pack them ([driv
 
 from __future__ import annotations
 
+import dataclasses
+
 import ray
 import torch
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -13,7 +15,7 @@ from orchestrator.trial.models import resolve_model
 from workers.learner.learner import Learner
 from workers.learner.ranks import Ranks, rendezvous_address
 from workers.models.gpu_runtime import check_gpu_runtime
-from workers.rollout.worker import RolloutWorker
+from workers.rollout.worker import RolloutWorker, RolloutWorkerSettings
 
 
 def _where() -> dict:
@@ -30,9 +32,13 @@ def _engine_dtype(dtype: str) -> str:
 
 @ray.remote
 class _RolloutActor(RolloutWorker):
-    def __init__(self, model_cfg: dict, dtype: str, **kw):
+    """A rollout worker whose model is a trial's `model` config (resolved where the actor runs) and whose dtype
+    may be "auto" (`_engine_dtype`)."""
+
+    def __init__(self, model_cfg: dict, settings: RolloutWorkerSettings):
         check_gpu_runtime()
-        super().__init__(resolve_model(ModelConfig(**model_cfg)), dtype=_engine_dtype(dtype), **kw)
+        super().__init__(resolve_model(ModelConfig(**model_cfg)),
+                         dataclasses.replace(settings, dtype=_engine_dtype(settings.dtype)))
 
     def placement(self) -> dict:
         return _where()
@@ -94,16 +100,33 @@ def rollout_engine(cfg: TrialConfig) -> dict:
     return engine
 
 
+def rollout_settings(cfg: TrialConfig) -> RolloutWorkerSettings:
+    """How the trial's rollout workers build their engines. Full mode: no LoRA in the engine, the weights
+    themselves are reloaded."""
+    return RolloutWorkerSettings(
+        dtype=cfg.model.dtype, seed=cfg.seed, max_model_len=cfg.model.max_model_len,
+        max_lora_rank=cfg.learner.lora.rank, engine=rollout_engine(cfg), enable_lora=cfg.learner.mode == "lora")
+
+
+def shutdown_actors(workers: list, learner: LearnerGroup | None = None) -> None:
+    """End a trial's actors: every rollout worker and every learner rank; the one way benchmarks and tests
+    tear them down (a `LearnerGroup` is not an actor: `ray.kill` on it fails). A trial run by Tune needs none:
+    its actors end with the trial. Killing an actor that is already dead is a no-op."""
+    for w in workers:
+        ray.kill(w)
+    if learner is not None:
+        learner.shutdown()
+
+
 def start_actors(cfg: TrialConfig, pg) -> tuple[list, LearnerGroup]:
     """The trial's rollout workers and learner group, each actor in its bundle of the trial's placement group `pg`
     (None: no group). Returns at once; `ready` on each says when it has built its model."""
     k, r = cfg.rollout.num_workers, cfg.resources
     model_cfg = cfg.model.model_dump()
-    lora = cfg.learner.mode == "lora"  # full mode: no LoRA in the engine, the weights themselves are reloaded
+    settings = rollout_settings(cfg)
     workers = [
         _RolloutActor.options(num_cpus=r.worker_cpus, num_gpus=r.worker_gpus, **_placement(pg, 1 + i)).remote(
-            model_cfg, dtype=cfg.model.dtype, seed=cfg.seed, max_model_len=cfg.model.max_model_len,
-            max_lora_rank=cfg.learner.lora.rank, engine=rollout_engine(cfg), enable_lora=lora)
+            model_cfg, settings)
         for i in range(k)
     ]
     ranks = [
@@ -113,4 +136,4 @@ def start_actors(cfg: TrialConfig, pg) -> tuple[list, LearnerGroup]:
             interventions=cfg.interventions.model_dump())
         for i in range(r.learner_ranks)
     ]
-    return workers, LearnerGroup(ranks, full=not lora)
+    return workers, LearnerGroup(ranks, full=not settings.enable_lora)

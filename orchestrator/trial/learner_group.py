@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ray
 
+from workers.sync.policy import push
+
 
 class LearnerGroup:
     """`ranks`: the learner actors (orchestrator/trial/actors.py:_LearnerActor), rank order, built but not started; or
@@ -43,15 +45,10 @@ class LearnerGroup:
 
     # -- the policy on the rollout workers ------------------------------------------------------------
     def push_policy(self, workers: list, version: int) -> int:
-        """The learner's policy as `version` on every worker: the LoRA adapter, or the full weights checked by
-        checksum on each worker. Returns `version` once every worker holds it."""
-        policy = ray.get([r.export_policy.remote(version) for r in self.ranks])[0]
-        files = ray.put(policy["files"])
-        if policy["kind"] == "adapter":
-            ray.get([w.load_adapter.remote(files, version) for w in workers])
-        else:
-            ray.get([w.load_weights.remote(files, version, policy["checksum"]) for w in workers])
-        return version
+        """The learner's policy as `version` on every worker (workers/sync/: the LoRA adapter, or the full
+        weights checked by checksum on each worker). Returns `version` once every worker holds it."""
+        update = ray.get([r.export_policy.remote(version) for r in self.ranks])[0]
+        return push(workers, update)
 
     # -- checkpoints ----------------------------------------------------------------------------------
     def write_checkpoint(self, directory: str) -> list[str]:
@@ -80,6 +77,12 @@ class LearnerGroup:
 
     def placements(self) -> list[dict]:
         return ray.get([r.placement.remote() for r in self.ranks])
+
+    def shutdown(self) -> None:
+        """Kill every rank actor (their models and process group go with them). Idempotent. Use
+        orchestrator/trial/actors.py:shutdown_actors to end a trial's actors together."""
+        for r in self.ranks:
+            ray.kill(r)
 
 
 

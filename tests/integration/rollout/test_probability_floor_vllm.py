@@ -64,9 +64,9 @@ def model(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def worker(tiny_model_dir):
-    from workers.rollout.worker import RolloutWorker
+    from workers.rollout.worker import RolloutWorker, RolloutWorkerSettings
 
-    w = RolloutWorker(tiny_model_dir, seed=0)
+    w = RolloutWorker(tiny_model_dir, RolloutWorkerSettings(seed=0))
     yield w
     try:
         w._llm.llm_engine.engine_core.shutdown()

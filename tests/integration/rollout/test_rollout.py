@@ -51,12 +51,13 @@ def prompt_ids(tok) -> list[list[int]]:
 def worker(ray_local, tiny_model_dir):
     import ray
 
-    from workers.rollout.worker import RolloutActor
+    from orchestrator.trial.actors import shutdown_actors
+    from workers.rollout.worker import RolloutActor, RolloutWorkerSettings
 
-    actor = RolloutActor.options(num_cpus=1).remote(tiny_model_dir, seed=0)
+    actor = RolloutActor.options(num_cpus=1).remote(tiny_model_dir, RolloutWorkerSettings(seed=0))
     assert ray.get(actor.ready.remote(), timeout=600)
     yield actor
-    ray.kill(actor)
+    shutdown_actors([actor])
 
 
 @pytest.fixture(scope="module")
@@ -178,15 +179,17 @@ def test_in_process_engine_samples_what_a_separate_process_engine_does(worker, p
     start-up saving: the same seeds give the same tokens and log-probs as vLLM's own multi-process engine."""
     import ray
 
-    from workers.rollout.worker import RolloutActor
+    from orchestrator.trial.actors import shutdown_actors
+    from workers.rollout.worker import RolloutActor, RolloutWorkerSettings
 
     assert ray.get(worker.settings.remote())["distributed_executor_backend"] == "uni"
-    separate = RolloutActor.options(num_cpus=1).remote(tiny_model_dir, seed=0, engine={"in_process": False})
+    separate = RolloutActor.options(num_cpus=1).remote(
+        tiny_model_dir, RolloutWorkerSettings(seed=0, engine={"in_process": False}))
     try:
         assert "distributed_executor_backend" not in ray.get(separate.settings.remote(), timeout=600)
         a, b = _gen(worker, prompt_ids, seed=21), _gen(separate, prompt_ids, seed=21)
     finally:
-        ray.kill(separate)
+        shutdown_actors([separate])
     for ga, gb in zip(a["completions"], b["completions"], strict=True):
         for ca, cb in zip(ga, gb, strict=True):
             assert ca["token_ids"] == cb["token_ids"]

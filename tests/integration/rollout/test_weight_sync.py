@@ -24,21 +24,22 @@ class Engines:
     def get(self, model_dir: str, **kw):
         import ray
 
-        from workers.rollout.worker import RolloutActor
+        from workers.rollout.worker import RolloutActor, RolloutWorkerSettings
 
         key = (model_dir, tuple(sorted(kw.items())))
         if key != self.key:
             self.close()
-            actor = RolloutActor.options(num_cpus=1).remote(model_dir, seed=0, enable_lora=False, **kw)
+            actor = RolloutActor.options(num_cpus=1).remote(
+                model_dir, RolloutWorkerSettings(seed=0, enable_lora=False, **kw))
             assert ray.get(actor.ready.remote(), timeout=600)
             self.key, self.actor = key, actor
         return self.actor
 
     def close(self):
-        import ray
+        from orchestrator.trial.actors import shutdown_actors
 
         if self.actor is not None:
-            ray.kill(self.actor)
+            shutdown_actors([self.actor])
         self.key, self.actor = None, None
 
 

@@ -40,21 +40,22 @@ def agent_model_dir() -> str:
 
 
 def test_multi_turn_batch_is_token_exact_and_matches_the_learner(ray_local, agent_model_dir, monkeypatch):
-    import ray
 
     import orchestrator.trial.episodes as episodes
+    from orchestrator.trial.actors import shutdown_actors
     from workers.envs import EnvTask
     from workers.envs.tokens import first_prompt_ids, observation_ids
     from workers.learner.batch import collate
     from workers.learner.learner import Learner
     from workers.models.loading import load_tokenizer
-    from workers.rollout.worker import RolloutActor
+    from workers.rollout.worker import RolloutActor, RolloutWorkerSettings
 
     cfg = TrialConfig(model=AGENT, task={"name": "sokoban"}, rollout={"max_tokens": 16, "max_turns": 4})
     assert cfg.task.protocol == "ragen"  # system message + <think> prefill
     tok = load_tokenizer(agent_model_dir)
     think = tok.convert_tokens_to_ids("<think>")
-    worker = RolloutActor.options(num_cpus=1).remote(agent_model_dir, seed=0, max_model_len=cfg.model.max_model_len)
+    worker = RolloutActor.options(num_cpus=1).remote(
+        agent_model_dir, RolloutWorkerSettings(seed=0, max_model_len=cfg.model.max_model_len))
     raw: list[list[dict]] = []  # what vLLM returned, per turn, in request order
     real_sample = episodes.sample
 
@@ -68,7 +69,7 @@ def test_multi_turn_batch_is_token_exact_and_matches_the_learner(ray_local, agen
     eps = [task.episode(level, g, cfg.rollout) for level in task.next_levels(3) for g in range(2)]
     prompts = [(ep.prompt(), ep.system()) for ep in eps]
     trajs, info = episodes.play_episodes(cfg, [worker], tok, eps, seed=0, step=0, temperature=1.0)
-    ray.kill(worker)
+    shutdown_actors([worker])
     assert info["turns"] >= 2 and any(len(t.observations) >= 2 for t in trajs)
 
     # per trajectory: the samples vLLM gave it, turn by turn (an episode drops out of later turns when done)

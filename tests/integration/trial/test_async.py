@@ -101,24 +101,26 @@ class _SleepyLearner(Learner):
 
 def test_generation_overlaps_training(ray_local, tiny_model_dir, tmp_path):
     from orchestrator.config.trial import sepa_settings
+    from orchestrator.trial.actors import shutdown_actors
     from orchestrator.trial.learner_group import LearnerGroup
     from orchestrator.trial.one_step_off import OneStepOff
     from workers.credit import SepaController
     from workers.models.loading import load_tokenizer
-    from workers.rollout.worker import RolloutActor
+    from workers.rollout.worker import RolloutActor, RolloutWorkerSettings
     from workers.tasks import make_task
 
     cfg = _cfg("overlap", tmp_path, "one_step_off", steps=3)
     sleep_s = 3.0
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    worker = RolloutActor.options(num_cpus=1).remote(tiny_model_dir, seed=0, max_model_len=cfg.model.max_model_len)
+    worker = RolloutActor.options(num_cpus=1).remote(
+        tiny_model_dir, RolloutWorkerSettings(seed=0, max_model_len=cfg.model.max_model_len))
     learner = ray.remote(_SleepyLearner).options(num_cpus=1).remote(
         tiny_model_dir, learner=cfg.learner.model_dump(), credit=cfg.credit.model_dump(), seed=0,
         total_steps=cfg.steps, sleep_s=sleep_s)
+    group = LearnerGroup([learner], full=False, started=True)
     try:
         ray.get([worker.ready.remote(), learner.ready.remote()])
         task = make_task(cfg.task, cfg.seed)
-        group = LearnerGroup([learner], full=False, started=True)
         pipe = OneStepOff(cfg, [worker], group, load_tokenizer(tiny_model_dir), task, None)
         sepa, version, checked = SepaController(sepa_settings(cfg)), 0, 0
         for step in range(cfg.steps):
@@ -136,5 +138,4 @@ def test_generation_overlaps_training(ray_local, tiny_model_dir, tmp_path):
                 checked += 1
         assert checked >= 1
     finally:
-        ray.kill(worker)
-        ray.kill(learner)
+        shutdown_actors([worker], group)

