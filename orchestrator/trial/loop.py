@@ -30,6 +30,7 @@ from orchestrator.trial.context import TrialContext
 from orchestrator.trial.learner_group import LearnerGroup
 from orchestrator.trial.models import resolve_model
 from orchestrator.trial.one_step_off import OneStepOff, load_pending
+from orchestrator.trial.restore import restore_checkpoint
 from orchestrator.trial.sampling import action_ids
 from orchestrator.trial.sources import rollout_source
 from orchestrator.trial.step import one_step
@@ -69,10 +70,10 @@ def _resume(cfg: TrialConfig, out_dir: str) -> Resume:
     than Tune knows of. Damaged ones are skipped, said in events.jsonl; none usable while Tune recorded one, or a
     crafted one: one line naming the file."""
     storage = tune.get_context().get_storage()
-    restored = store.restore_checkpoint(storage.storage_filesystem, storage.trial_fs_path,
-                                        recorded=tune.get_checkpoint() is not None,
-                                        events=store.join(out_dir, EVENTS_FILE), state_file=STATE_FILE,
-                                        learner_file=LEARNER_FILE, metrics_file=METRICS_FILE)
+    restored = restore_checkpoint(storage.storage_filesystem, storage.trial_fs_path,
+                                  recorded=tune.get_checkpoint() is not None,
+                                  events=store.join(out_dir, EVENTS_FILE), state_file=STATE_FILE,
+                                  learner_file=LEARNER_FILE, metrics_file=METRICS_FILE)
     if restored is None:
         return Resume()
     pending = None
