@@ -21,21 +21,21 @@ from orchestrator import storage as store
 from orchestrator.campaign.sections import parse_contrast
 from orchestrator.report import figures as figs
 from orchestrator.report.comparisons import all_specs
-from orchestrator.report.load import TrialIssue, _load
-from orchestrator.report.render import _render, _slug
+from orchestrator.report.load import TrialIssue, load
+from orchestrator.report.render import render, slug
 from orchestrator.report.sections import extra_sections
 from orchestrator.report.tables import (
     COLUMNS,
     CSV_FILES,
-    _auc_tables,
-    _choose_step,
-    _comparisons,
-    _default_metric,
-    _mechanistic,
-    _sepa_tables,
-    _step_table,
-    _window_label,
+    auc_tables,
+    choose_step,
+    comparisons,
+    default_metric,
     default_windows,
+    mechanistic,
+    sepa_tables,
+    step_table,
+    window_label,
 )
 
 __all__ = ["CSV_FILES", "Report", "TrialIssue", "build_report"]
@@ -98,10 +98,10 @@ def build_report(campaign_dir: Path | str, *, metric: str | None = None, step: i
     else:
         campaign_dir = Path(campaign_dir)
     out_dir = Path(out_dir) if out_dir is not None else campaign_dir / store.REPORT_DIR
-    meta, groups, issues = _load(campaign_dir)
+    meta, groups, issues = load(campaign_dir)
     runs = [r for g in groups for r in g.runs]
-    metric = metric or _default_metric(groups)
-    k = _choose_step(runs, metric, step)
+    metric = metric or default_metric(groups)
+    k = choose_step(runs, metric, step)
 
     base = None
     if groups:
@@ -116,21 +116,21 @@ def build_report(campaign_dir: Path | str, *, metric: str | None = None, step: i
 
     pairs = _contrast_pairs(contrasts, list(dict.fromkeys(g.condition for g in groups)))
     windows = [(int(lo), int(hi)) for lo, hi in (default_windows(runs, metric) if windows is None else windows)]
-    step_table, step_values = _step_table(groups, metric, k)
-    auc, auc_runs, auc_dropped, auc_values, reached, skipped = _auc_tables(groups, metric, windows,
+    step_tab, step_values = step_table(groups, metric, k)
+    auc, auc_runs, auc_dropped, auc_values, reached, skipped = auc_tables(groups, metric, windows,
                                                                            interpolate=interpolate)
     measures = []
     if k is not None:
         measures.append((f"step {k}", k + 1, step_values))
-    measures += [(f"AUC {_window_label(w)}", w[1] + 1, auc_values[w]) for w in reached]
-    deltas, power = _comparisons(groups, all_specs(groups, base, pairs), measures, metric=metric,
+    measures += [(f"AUC {window_label(w)}", w[1] + 1, auc_values[w]) for w in reached]
+    deltas, power = comparisons(groups, all_specs(groups, base, pairs), measures, metric=metric,
                                  effect=effect) if base is not None else (
         pd.DataFrame(columns=COLUMNS["deltas"]), pd.DataFrame(columns=COLUMNS["power"]))
-    sepa, sepa_max, lambda_curves = _sepa_tables(groups)
-    mech, token_samples, notes = _mechanistic(campaign_dir, groups)
+    sepa, sepa_max, lambda_curves = sepa_tables(groups)
+    mech, token_samples, notes = mechanistic(campaign_dir, groups)
     if any(r.started for r in runs) and not any(r.series(metric)[0].size for r in runs):
         notes.insert(0, f"metric `{metric}` was not found in any trial's metrics.jsonl")
-    tables = {"step_table": step_table, "auc": auc, "auc_runs": auc_runs, "auc_dropped": auc_dropped,
+    tables = {"step_table": step_tab, "auc": auc, "auc_runs": auc_runs, "auc_dropped": auc_dropped,
               "deltas": deltas, "power": power,
               "sepa_lambda": sepa, "sepa_lambda_max": sepa_max, "mechanistic": mech}
 
@@ -150,7 +150,7 @@ def build_report(campaign_dir: Path | str, *, metric: str | None = None, step: i
         if curves:
             written.append(figs.learning_curves(curves, out_dir / "learning_curves.png", metric=metric))
         if len(auc) and auc["n_seeds"].sum():
-            intervals = {f"steps {_window_label(w)}": {r.group: (r["mean"], r.ci_low, r.ci_high)
+            intervals = {f"steps {window_label(w)}": {r.group: (r["mean"], r.ci_low, r.ci_high)
                                                      for _, r in auc[(auc.lo == w[0]) & (auc.hi == w[1])].iterrows()
                                                      if r.n_seeds}
                          for w in reached}
@@ -160,9 +160,9 @@ def build_report(campaign_dir: Path | str, *, metric: str | None = None, step: i
         for label, (tok, kind) in token_samples.items():
             written.append(figs.uncertainty_histograms(
                 tok["exec_before"], tok["plan_before"], tok["exec_after"], tok["plan_after"],
-                out_dir / f"uncertainty_hist_{_slug(label)}.png", kind=kind, title=f"{label}: {kind}"))
+                out_dir / f"uncertainty_hist_{slug(label)}.png", kind=kind, title=f"{label}: {kind}"))
 
-    markdown, headline = _render(meta, metric, k, base, tables, issues, reached, skipped, written, out_dir,
+    markdown, headline = render(meta, metric, k, base, tables, issues, reached, skipped, written, out_dir,
                                  notes, len(runs), sum(r.started for r in runs), extra=extra_md,
                                  effect=effect, interpolate=interpolate)
     written += extra_figs

@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from orchestrator.report.load import TrialIssue, _Group
-from orchestrator.report.tables import ALPHA, CSV_FILES, MIN_PAIRS, MIN_SEEDS, POWER_TARGET, _window_label
+from orchestrator.report.load import Group, TrialIssue
+from orchestrator.report.tables import ALPHA, CSV_FILES, MIN_PAIRS, MIN_SEEDS, POWER_TARGET, window_label
 from orchestrator.stats import paired as stats
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "group"
 
 
@@ -119,7 +119,7 @@ STEP_HEADERS = ["Group", "Seeds", "Mean", "Std"]
 DELTA_HEADERS = ["Comparison", "Against", "Measure", "Pairs", "Delta", "95% CI", "p", "p (Holm)", "*"]
 
 
-def _deltas_section(deltas: pd.DataFrame, baseline: _Group | None, rows: list[list[str]]) -> list[str]:
+def _deltas_section(deltas: pd.DataFrame, baseline: Group | None, rows: list[list[str]]) -> list[str]:
     sizes = ", ".join(f"{f}: {int(n)}" for f, n in deltas.groupby("family", sort=False)["family_size"].first().items())
     md = ["", f"## Paired deltas (baseline `{baseline.label if baseline else 'n/a'}`, contrasts, main effects)", "",
           "Paired by seed (only seeds every group of the comparison has); delta = comparison - against. "
@@ -156,7 +156,7 @@ def _power_section(power: pd.DataFrame, fmt: _Fmt, effect: float | None) -> list
                              "Generations/arm", "MDE now"], rows)] if rows else ["No comparison."])
 
 
-def _render(meta: dict, metric: str, k: int | None, baseline: _Group | None, tables: dict[str, pd.DataFrame],
+def render(meta: dict, metric: str, k: int | None, baseline: Group | None, tables: dict[str, pd.DataFrame],
             issues: list[TrialIssue], windows: list[tuple[int, int]], skipped: list[tuple[int, int]],
             figures: list[Path], out_dir: Path, notes: list[str], n_trials: int,
             n_started: int, extra: Sequence[str] = (), effect: float | None = None,
@@ -228,7 +228,7 @@ def _render(meta: dict, metric: str, k: int | None, baseline: _Group | None, tab
     if windows:
         head += ["", _text_table(auc_headers, auc_rows)]
     if skipped:
-        head.append("skipped windows: " + ", ".join(_window_label(w) for w in skipped))
+        head.append("skipped windows: " + ", ".join(window_label(w) for w in skipped))
     if delta_rows:
         head += ["", _text_table(DELTA_HEADERS, delta_rows)]
     return "\n".join(md) + "\n", "\n".join(head)
