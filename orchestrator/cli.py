@@ -61,11 +61,12 @@ def _run(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from orchestrator.campaign.expand import load_campaign
     from orchestrator.preflight.learner_memory import check_campaign_learners
-    from orchestrator.preflight.plan import make_plan, render
+    from orchestrator.preflight.plan import PowerQuestion, make_plan, render
 
     campaign = load_campaign(args.file)
-    print(render(make_plan(campaign, pilot=args.pilot, effect=args.effect, gpus=args.gpus,
-                           cpus=args.cpus, device=args.device, measure=args.measure, metric=args.metric)))
+    power = PowerQuestion(effect=args.effect, measure=args.measure, metric=args.metric)
+    print(render(make_plan(campaign, pilot=args.pilot, power=power, gpus=args.gpus, cpus=args.cpus,
+                           device=args.device)))
     # refuses (exit 2) a learner that cannot fit its GPUs; planning reads configs already on this machine only
     for line in check_campaign_learners(campaign, local_only=True):
         print(line)

@@ -203,9 +203,20 @@ def power_lines(campaign: Campaign, runs: list[dict], effect: float, measure: st
 
 
 # ----------------------------------------------------------------------------------------------- plan
-def make_plan(campaign: Campaign, *, pilot: str | None = None, effect: float | None = None,
+@dataclass(frozen=True)
+class PowerQuestion:
+    """`plan --effect X [--measure M] [--metric K]`: how many seeds detect an effect of X on measure M (auc_LO_HI
+    or final) of metric K, from a pilot's paired sd. effect None: the plan sizes no seeds."""
+
+    effect: float | None = None
+    measure: str | None = None
+    metric: str | None = None
+
+
+def make_plan(campaign: Campaign, *, pilot: str | None = None, power: PowerQuestion = PowerQuestion(),
               gpus: float | None = None, cpus: float | None = None, device: str | None = None,
-              measure: str | None = None, metric: str | None = None, cluster: Cluster | None = None) -> Plan:
+              cluster: Cluster | None = None) -> Plan:
+    effect, measure, metric = power.effect, power.measure, power.metric
     if measure is not None and not MEASURE.match(measure):
         raise UserError(f"--measure: {measure!r}: must be auc_LO_HI (e.g. auc_0_15) or final")
     runs = pilot_runs(pilot) if pilot else []

@@ -28,7 +28,7 @@ from orchestrator.preflight.working_dir import refuse_storage_inside
 from orchestrator.tracking.mode import wandb_mode, with_wandb_mode
 from orchestrator.trial.loop import run_trial
 from orchestrator.tune.pending import PendingOnAutoscaling
-from orchestrator.tune.scheduling import scheduling
+from orchestrator.tune.scheduling import TuneScheduling, scheduling
 
 
 def ensure_ray(min_cpus: float, num_gpus: float | None = None) -> None:
@@ -89,10 +89,13 @@ def _torn_snapshot(directory: str) -> str | None:
     return None
 
 
-def _tuner(name: str, storage: str, trials: dict[str, dict], *, max_concurrent: int | None, max_failures: int,
-           keep: int, callbacks: list | None = None, scheduler=None, search_alg=None) -> tune.Tuner:
-    """search_alg: the campaign's searcher (lockstep / adaptive seeds, orchestrator/tune/scheduling.py) hands Tune the
-    trial names instead of the grid."""
+def _tuner(name: str, storage: str, trials: dict[str, dict], *, max_failures: int, keep: int,
+           callbacks: list | None = None, schedule: TuneScheduling | None = None) -> tune.Tuner:
+    """schedule: the campaign's scheduling (orchestrator/tune/scheduling.py; default FIFO over the grid, no limit
+    on concurrent trials); its searcher (lockstep / adaptive seeds) hands Tune the trial names instead of the
+    grid."""
+    schedule = schedule or TuneScheduling()
+    max_concurrent, scheduler, search_alg = schedule.max_concurrent, schedule.scheduler, schedule.search_alg
     directory = store.join(storage, name)
     trainable = _trainable(trials)
     param_space = {"trial": tune.grid_search(list(trials))} if search_alg is None else None
@@ -270,9 +273,8 @@ def run_campaign(campaign: Campaign) -> int:
         save_at_start(campaign)  # online: the campaign's W&B workspace, saved now
         plan = scheduling(campaign)
         tuner = _tuner(cfg.name, campaign.storage, {t.name: t.config for t in campaign.trials},
-                       max_concurrent=plan.max_concurrent, max_failures=cfg.max_failures, keep=keep,
-                       callbacks=[PendingOnAutoscaling(campaign.directory)], scheduler=plan.scheduler,
-                       search_alg=plan.search_alg)
+                       max_failures=cfg.max_failures, keep=keep,
+                       callbacks=[PendingOnAutoscaling(campaign.directory)], schedule=plan)
         results = tuner.fit()
     failed = [r for r in results if r.error]
     ended = "stopped by the budget at a round boundary" if getattr(plan.scheduler, "stopped", False) else "finished"
@@ -315,8 +317,8 @@ def run_single_trial(cfg: TrialConfig, storage: Path, max_failures: int = 0):
     saved.parent.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps(now, indent=1))
     ensure_ray(sum(b.get("CPU", 0) for b in bundles(cfg)))
-    tuner = _tuner(cfg.name, str(storage), {cfg.name: cfg.model_dump(mode="json")}, max_concurrent=None,
-                   max_failures=max_failures, keep=cfg.checkpoint.keep)
+    tuner = _tuner(cfg.name, str(storage), {cfg.name: cfg.model_dump(mode="json")}, max_failures=max_failures,
+                   keep=cfg.checkpoint.keep)
     result = tuner.fit()[0]
     if result.error:
         print(f"trial {cfg.name} failed: {failure_line(result.error)}")

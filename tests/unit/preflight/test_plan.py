@@ -15,7 +15,7 @@ from statsmodels.stats.power import TTestPower
 
 from orchestrator import cli
 from orchestrator.campaign.expand import load_campaign
-from orchestrator.preflight.plan import Cluster, make_plan, makespan, paragraph
+from orchestrator.preflight.plan import Cluster, PowerQuestion, make_plan, makespan, paragraph
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -105,7 +105,7 @@ def test_pilot_gives_step_times_and_seeds_for_the_effect(tmp_path):
         "base": {"steps": 20, "model": {"name": "tiny"}, "task": {"name": "arithmetic"}},
         "conditions": {"C1": {}, "C4": {"credit": {"advantage_mode": "maxrl"}}}}))
     campaign = load_campaign(path)
-    plan = make_plan(campaign, pilot=str(pilot), effect=0.02, measure="final",
+    plan = make_plan(campaign, pilot=str(pilot), power=PowerQuestion(effect=0.02, measure="final"),
                      cluster=Cluster(0, 8, "test"))
     by = {t.trial.name: t for t in plan.trials}
     assert by["C1_s0"].step_s == 4.0 and by["C4_s0"].step_s == 4.5 and by["C1_s0"].source == "pilot"
@@ -138,7 +138,7 @@ def test_multiplicity_lowers_the_planned_alpha(tmp_path, holm):
     path = tmp_path / "m.yaml"
     path.write_text(json.dumps({"name": "m", "seeds": [0], "storage": str(tmp_path / "s"), "conditions": conds,
                                 "base": {"steps": 20, "model": {"name": "tiny"}, "task": {"name": "arithmetic"}}}))
-    plan = make_plan(load_campaign(path), pilot=str(pilot), effect=0.02, measure="final",
+    plan = make_plan(load_campaign(path), pilot=str(pilot), power=PowerQuestion(effect=0.02, measure="final"),
                      cluster=Cluster(0, 8, "t"))
     assert f"Holm over {holm} comparisons" in plan.power[0] and f"alpha 0.05/{holm}" in plan.power[0]
 
