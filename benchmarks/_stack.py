@@ -1,7 +1,7 @@
 """A trial's actors and loop body outside Tune, for the step-level benchmarks (step.py, async.py).
 
 `Stack` builds exactly what `orchestrator.trial.loop.run_trial` builds (rollout worker actors, the learner actor,
-tokenizer, task, SEPA controller, action ids) on a local Ray without a placement group, and runs the loop body
+tokenizer, task, SEPA controller, action ids: its `TrialContext`, and the rollout source) on a local Ray without a placement group, and runs the loop body
 of either mode (`orchestrator.trial.step.one_step` or `OneStepOff.step`) plus the metrics write run_trial does after every step.
 """
 
@@ -36,10 +36,12 @@ class Stack:
 
         from orchestrator.config.trial import sepa_settings
         from orchestrator.trial.actors import _LearnerActor, _RolloutActor, rollout_settings
+        from orchestrator.trial.context import TrialContext
         from orchestrator.trial.learner_group import LearnerGroup
         from orchestrator.trial.models import resolve_model
         from orchestrator.trial.one_step_off import OneStepOff
         from orchestrator.trial.sampling import action_ids
+        from orchestrator.trial.sources import rollout_source
         from workers.credit import SepaController
         from workers.models.loading import load_tokenizer
         from workers.tasks import make_task
@@ -62,7 +64,9 @@ class Stack:
         self.learner.ready()
         ray.get([w.ready.remote() for w in self.workers])
         self.version, self.step_idx, self.rows = 0, 0, []
-        self.pipe = OneStepOff(cfg, self.workers, self.learner, self.tokenizer, self.task, self.actions)
+        self.ctx = TrialContext(cfg, self.workers, self.learner, self.tokenizer, self.task, self.actions)
+        self.source = rollout_source(self.ctx)  # as run_trial: chosen once from the task
+        self.pipe = OneStepOff(self.ctx, self.source)
         self.metrics_file = Path(tempfile.mkdtemp(prefix="bench-step-")) / "metrics.jsonl"
 
     def step(self, mode: str) -> tuple[float, dict]:
@@ -76,8 +80,7 @@ class Stack:
         else:
             if self.pipe.pending is not None:  # a sync step after async ones: drop the prefetched batch
                 self.pipe.pending = None
-            row = one_step(self.cfg, self.step_idx, self.workers, self.learner, self.tokenizer, self.task,
-                            self.sepa, self.version, self.actions)
+            row = one_step(self.ctx, self.source, self.step_idx, self.sepa, self.version)
         self.version = int(row.pop("_version"))
         row.pop("_uncertainty", None)
         self.rows.append(row)

@@ -115,7 +115,7 @@ def _effect(text: str) -> float:
 def _report(args: argparse.Namespace) -> int:
     from orchestrator import storage as store
     from orchestrator.campaign.expand import load_campaign
-    from orchestrator.report import build_report
+    from orchestrator.report import ReportOptions, build_report
 
     if args.dry_run and not args.publish:
         raise UserError("report: --dry-run goes with --publish wandb")
@@ -135,11 +135,12 @@ def _report(args: argparse.Namespace) -> int:
     settings = campaign.config.report
     windows = args.window or settings.auc_windows  # None: from the metric's logging cadence
     try:
-        report = build_report(campaign.directory if uri else Path(campaign.directory), metric=args.metric,
-                              step=args.step, windows=windows, baseline=args.baseline, out_dir=out_dir,
-                              effect=args.effect if args.effect is not None else settings.effect_of_interest,
-                              contrasts=settings.contrast_pairs(list(campaign.config.conditions), args.file),
-                              interpolate=args.interpolate or settings.auc_interpolate)
+        options = ReportOptions(
+            metric=args.metric, step=args.step, windows=windows, baseline=args.baseline, out_dir=out_dir,
+            effect=args.effect if args.effect is not None else settings.effect_of_interest,
+            contrasts=settings.contrast_pairs(list(campaign.config.conditions), args.file),
+            interpolate=args.interpolate or settings.auc_interpolate)
+        report = build_report(campaign.directory if uri else Path(campaign.directory), options)
     except ValueError as exc:  # e.g. an unknown baseline
         raise UserError(f"{args.file}: {exc}") from None
     published = None

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from orchestrator.report.load import _Group
+from orchestrator.report.load import Group
 from orchestrator.stats import paired as stats
 
 FACTORS = (("advantage", "advantage_mode"), ("transform", "transform_mode"))  # keys of the credit config
@@ -52,16 +52,16 @@ class Spec:
 
 
 
-def _key(g: _Group) -> str:
+def _key(g: Group) -> str:
     return g.sweep_text
 
 
-def baseline_specs(groups: Sequence[_Group], base: _Group) -> list[Spec]:
+def baseline_specs(groups: Sequence[Group], base: Group) -> list[Spec]:
     return [Spec("vs baseline", g.label, base.label, ((g.label, 1.0),), ((base.label, 1.0),))
             for g in groups if g is not base]
 
 
-def contrast_specs(groups: Sequence[_Group], pairs: Sequence[tuple[str, str]]) -> list[Spec]:
+def contrast_specs(groups: Sequence[Group], pairs: Sequence[tuple[str, str]]) -> list[Spec]:
     """"A-B" at every sweep point where both conditions have a group."""
     out = []
     for a, b in pairs:
@@ -74,13 +74,13 @@ def contrast_specs(groups: Sequence[_Group], pairs: Sequence[tuple[str, str]]) -
     return out
 
 
-def _level(g: _Group, key: str) -> str | None:
+def _level(g: Group, key: str) -> str | None:
     cfg = next((r.config for r in g.runs if r.config), {})
     v = (cfg.get("credit") or {}).get(key)
     return None if v is None else (v if isinstance(v, str) else json.dumps(v))
 
 
-def factorial_specs(groups: Sequence[_Group]) -> list[Spec]:
+def factorial_specs(groups: Sequence[Group]) -> list[Spec]:
     """Main effects of advantage and transform at each sweep point whose conditions cross them: the levels of
     transform every advantage level has (e.g. the lean campaign's C1, C4, C5, C8: {grpo, maxrl} x {none,
     gtpo_sepa}; C3 has no MaxRL twin and is left out). Each non-reference level (the reference is the first in
@@ -88,7 +88,7 @@ def factorial_specs(groups: Sequence[_Group]) -> list[Spec]:
     conditions or either factor has fewer than two levels."""
     out = []
     for point in dict.fromkeys(_key(g) for g in groups):
-        cells: dict[tuple[str, str], _Group] = {}
+        cells: dict[tuple[str, str], Group] = {}
         for g in (g for g in groups if _key(g) == point):
             lv = tuple(_level(g, key) for _, key in FACTORS)
             if None in lv or lv in cells:
@@ -115,7 +115,7 @@ def factorial_specs(groups: Sequence[_Group]) -> list[Spec]:
     return out
 
 
-def all_specs(groups: Sequence[_Group], base: _Group, contrasts: Sequence[tuple[str, str]] = ()) -> list[Spec]:
+def all_specs(groups: Sequence[Group], base: Group, contrasts: Sequence[tuple[str, str]] = ()) -> list[Spec]:
     """Baseline comparisons, then contrasts and main effects; a contrast that repeats a baseline comparison
     (the same two groups) is kept once."""
     specs = baseline_specs(groups, base)

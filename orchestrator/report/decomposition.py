@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from orchestrator.report.load import _Group, _Run
+from orchestrator.report.load import Group, Run
 from orchestrator.stats import paired as stats
 
 PREFIX = "credit/decomp_"
@@ -64,7 +64,7 @@ def pooled(n: np.ndarray, parts: dict[str, np.ndarray]) -> dict[str, float]:
     return out
 
 
-def _run_rows(r: _Run, cls: str, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+def _run_rows(r: Run, cls: str, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """(steps, tokens per step, {part: values per step}) of one run and class."""
     steps, n = r.series(f"{PREFIX}{cls}_n")
     parts = {}
@@ -74,7 +74,7 @@ def _run_rows(r: _Run, cls: str, keys: Sequence[str]) -> tuple[np.ndarray, np.nd
     return steps, n, parts
 
 
-def decomposition_tables(groups: Sequence[_Group]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def decomposition_tables(groups: Sequence[Group]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per-step table pooled over the group's runs, per-group summary over runs) of the `credit/decomp_*`
     metrics; `tokens` is the class's tokens per step (steps) or per run (summary)."""
     step_rows, summary_rows = [], []
@@ -160,11 +160,11 @@ def figure(steps: pd.DataFrame, path: Path | str) -> Path | None:
     """Three panels across training: (a) execution-token noise share per group (planning dashed), (b) the
     execution surprisal variance split into entropy part and noise part (all groups pooled), (c) for SEPA groups,
     the variance removed per step split into entropy and noise parts."""
-    from orchestrator.report.figures import _new_figure, _save
+    from orchestrator.report.figures import new_figure, save
 
     if not len(steps):
         return None
-    fig, (a, b, c) = _new_figure(15.0, 4.2, ncols=3)
+    fig, (a, b, c) = new_figure(15.0, 4.2, ncols=3)
     for i, (label, df) in enumerate(steps.groupby("group", sort=False)):
         color = f"C{i % 10}"
         ex, pl = df[df.token_class == "exec"], df[df.token_class == "plan"]
@@ -202,4 +202,4 @@ def figure(steps: pd.DataFrame, path: Path | str) -> Path | None:
     c.set_xlabel("step")
     c.set_ylabel("variance removed (nats^2)")
     c.grid(alpha=0.3)
-    return _save(fig, path)
+    return save(fig, path)

@@ -21,14 +21,14 @@ Curve = tuple[Sequence[float] | np.ndarray, Sequence[float] | np.ndarray]  # (st
 EXEC_COLOR, PLAN_COLOR = "tab:blue", "tab:orange"
 
 
-def _new_figure(width: float, height: float, ncols: int = 1) -> tuple[Figure, list]:
+def new_figure(width: float, height: float, ncols: int = 1) -> tuple[Figure, list]:
     fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
     axes = [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
     return fig, axes
 
 
-def _save(fig: Figure, path: Path | str) -> Path:
+def save(fig: Figure, path: Path | str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")
@@ -69,7 +69,7 @@ def learning_curves(curves: Mapping[str, Sequence[Curve]], path: Path | str, *, 
     `curves` maps a group label to its runs, each run a `(steps, values)` pair."""
     if bounds == "auto":
         bounds = metric_bounds(metric)
-    fig, (ax,) = _new_figure(7.5, 4.5)
+    fig, (ax,) = new_figure(7.5, 4.5)
     for i, (label, runs) in enumerate(curves.items()):
         steps, mean, lo, hi, n = mean_band(runs, confidence, bounds=bounds)
         if steps.size == 0:
@@ -92,7 +92,7 @@ def learning_curves(curves: Mapping[str, Sequence[Curve]], path: Path | str, *, 
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=7, loc="best")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def auc_forest(intervals: Mapping[str, Mapping[str, tuple[float, float, float]]], path: Path | str, *,
@@ -101,7 +101,7 @@ def auc_forest(intervals: Mapping[str, Mapping[str, tuple[float, float, float]]]
 
     `intervals` maps a window label (e.g. "steps 0-10") to `{group label: (mean, ci_low, ci_high)}`."""
     windows = list(intervals)
-    fig, axes = _new_figure(max(6.0, 4.2 * len(windows)), 1.2 + 0.45 * max(
+    fig, axes = new_figure(max(6.0, 4.2 * len(windows)), 1.2 + 0.45 * max(
         (len(v) for v in intervals.values()), default=1), ncols=max(1, len(windows)))
     for ax, window in zip(axes, windows, strict=False):
         rows = list(intervals[window].items())
@@ -118,7 +118,7 @@ def auc_forest(intervals: Mapping[str, Mapping[str, tuple[float, float, float]]]
         if rows:
             ax.set_ylim(-0.7, len(rows) - 0.3)
     fig.suptitle(title or f"Normalized AUC per group\nmean and 95% t CI over seeds (from {MIN_SEEDS} seeds)", fontsize=10)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def sepa_lambda_curves(curves: Mapping[str, Sequence[Curve]], path: Path | str, *,
@@ -126,7 +126,7 @@ def sepa_lambda_curves(curves: Mapping[str, Sequence[Curve]], path: Path | str, 
     """SEPA lambda per step for each group (mean across runs, min-max range shaded).
 
     `curves` maps a group label to its runs' `(steps, lambda)` pairs."""
-    fig, (ax,) = _new_figure(7.0, 4.0)
+    fig, (ax,) = new_figure(7.0, 4.0)
     for i, (label, runs) in enumerate(curves.items()):
         by_step: dict[float, list[float]] = {}
         for steps, values in runs:
@@ -148,7 +148,7 @@ def sepa_lambda_curves(curves: Mapping[str, Sequence[Curve]], path: Path | str, 
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=7, loc="best")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _var(x: np.ndarray) -> float:
@@ -168,7 +168,7 @@ def uncertainty_histograms(exec_before: np.ndarray, plan_before: np.ndarray, exe
     if not hi > lo:
         hi = lo + 1.0
     edges = np.linspace(lo, hi, bins + 1)
-    fig, axes = _new_figure(10.0, 3.8, ncols=2)
+    fig, axes = new_figure(10.0, 3.8, ncols=2)
     panels = (("(a) before", arrays[0], arrays[1]), ("(b) after", arrays[2], arrays[3]))
     for ax, (name, ex, pl) in zip(axes, panels, strict=True):
         for data, color, label in ((ex, EXEC_COLOR, "execution"), (pl, PLAN_COLOR, "planning")):
@@ -181,4 +181,4 @@ def uncertainty_histograms(exec_before: np.ndarray, plan_before: np.ndarray, exe
         if ax.patches:
             ax.legend(fontsize=7)
     fig.suptitle(title or f"{kind} before vs after the token stages", fontsize=10)
-    return _save(fig, path)
+    return save(fig, path)

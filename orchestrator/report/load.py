@@ -1,8 +1,8 @@
-"""Reading a campaign directory: the trials as runs (`_Run`) grouped by condition and sweep values (`_Group`),
+"""Reading a campaign directory: the trials as runs (`Run`) grouped by condition and sweep values (`Group`),
 their metrics.jsonl columns, the npz token samples of SEPA conditions, and the trials missing or short
 (`TrialIssue`).
 
-Layout read (see `_load` and `_load_tokens`):
+Layout read (see `load` and `load_tokens`):
     <campaign_dir>/campaign.json
     <campaign_dir>/trials/<trial>/metrics.jsonl
     <campaign_dir>/trials/<trial>/uncertainty/step_<k>.npz    (optional; SEPA conditions)
@@ -98,7 +98,7 @@ class TrialIssue(NamedTuple):
 
 
 @dataclass
-class _Run:
+class Run:
     name: str
     condition: str
     seed: int
@@ -158,23 +158,23 @@ class _Run:
 
 
 @dataclass
-class _Group:
+class Group:
     label: str
     condition: str
     sweep: dict[str, Any]
     uses_sepa: bool
-    runs: list[_Run] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
 
     @property
     def sweep_text(self) -> str:
-        return ", ".join(f"{k}={_fmt_value(v)}" for k, v in self.sweep.items())
+        return ", ".join(f"{k}={fmt_value(v)}" for k, v in self.sweep.items())
 
 
 def _short_key(key: str) -> str:
     return ".".join(key.split(".")[-2:])
 
 
-def _fmt_value(v: Any) -> str:
+def fmt_value(v: Any) -> str:
     return json.dumps(v) if isinstance(v, (list, dict)) else str(v)
 
 
@@ -226,12 +226,12 @@ def _parse_metrics(text: str) -> tuple[dict[str, np.ndarray] | None, int]:
     return data, bad
 
 
-def _load(campaign_dir: str | Path | CampaignFiles) -> tuple[dict[str, Any], list[_Group], list[TrialIssue]]:
+def load(campaign_dir: str | Path | CampaignFiles) -> tuple[dict[str, Any], list[Group], list[TrialIssue]]:
     files = _files(campaign_dir)
     meta = json.loads(files.read_text(store.CAMPAIGN_FILE))
     trials = meta.get("trials") or []
     any_sweep = any(t.get("sweep") for t in trials)
-    groups: dict[tuple, _Group] = {}
+    groups: dict[tuple, Group] = {}
     issues: list[TrialIssue] = []
     for t in trials:
         cond, sweep = str(t["condition"]), dict(t.get("sweep") or {})
@@ -241,9 +241,9 @@ def _load(campaign_dir: str | Path | CampaignFiles) -> tuple[dict[str, Any], lis
             label = cond
             if any_sweep and sweep:
                 # the last two key segments keep labels short (the full paths are in the `sweep` column)
-                label = f"{cond} [{', '.join(f'{_short_key(k)}={_fmt_value(v)}' for k, v in sweep.items())}]"
-            groups[key] = _Group(label, cond, sweep, _uses_sepa(config))
-        run = _Run(str(t["name"]), cond, int(t.get("seed", 0)), sweep, config, groups[key].label)
+                label = f"{cond} [{', '.join(f'{_short_key(k)}={fmt_value(v)}' for k, v in sweep.items())}]"
+            groups[key] = Group(label, cond, sweep, _uses_sepa(config))
+        run = Run(str(t["name"]), cond, int(t.get("seed", 0)), sweep, config, groups[key].label)
         groups[key].runs.append(run)
         tdir = f"trials/{run.name}"
         planned = config.get("steps")
@@ -266,8 +266,8 @@ def _load(campaign_dir: str | Path | CampaignFiles) -> tuple[dict[str, Any], lis
     return meta, list(groups.values()), issues
 
 
-def _load_tokens(campaign_dir: str | Path | CampaignFiles,
-                 group: _Group) -> tuple[dict[str, np.ndarray], int, list[str]]:
+def load_tokens(campaign_dir: str | Path | CampaignFiles,
+                 group: Group) -> tuple[dict[str, np.ndarray], int, list[str]]:
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("exec_before", "exec_after", "plan_before", "plan_after")}
     n_files, problems = 0, []
     files = _files(campaign_dir)

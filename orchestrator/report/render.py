@@ -5,18 +5,19 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from orchestrator.report.load import TrialIssue, _Group
-from orchestrator.report.tables import ALPHA, CSV_FILES, MIN_PAIRS, MIN_SEEDS, POWER_TARGET, _window_label
+from orchestrator.report.load import Group, TrialIssue
+from orchestrator.report.tables import ALPHA, CSV_FILES, MIN_PAIRS, MIN_SEEDS, POWER_TARGET, window_label
 from orchestrator.stats import paired as stats
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "group"
 
 
@@ -119,7 +120,7 @@ STEP_HEADERS = ["Group", "Seeds", "Mean", "Std"]
 DELTA_HEADERS = ["Comparison", "Against", "Measure", "Pairs", "Delta", "95% CI", "p", "p (Holm)", "*"]
 
 
-def _deltas_section(deltas: pd.DataFrame, baseline: _Group | None, rows: list[list[str]]) -> list[str]:
+def _deltas_section(deltas: pd.DataFrame, baseline: Group | None, rows: list[list[str]]) -> list[str]:
     sizes = ", ".join(f"{f}: {int(n)}" for f, n in deltas.groupby("family", sort=False)["family_size"].first().items())
     md = ["", f"## Paired deltas (baseline `{baseline.label if baseline else 'n/a'}`, contrasts, main effects)", "",
           "Paired by seed (only seeds every group of the comparison has); delta = comparison - against. "
@@ -156,11 +157,38 @@ def _power_section(power: pd.DataFrame, fmt: _Fmt, effect: float | None) -> list
                              "Generations/arm", "MDE now"], rows)] if rows else ["No comparison."])
 
 
-def _render(meta: dict, metric: str, k: int | None, baseline: _Group | None, tables: dict[str, pd.DataFrame],
-            issues: list[TrialIssue], windows: list[tuple[int, int]], skipped: list[tuple[int, int]],
-            figures: list[Path], out_dir: Path, notes: list[str], n_trials: int,
-            n_started: int, extra: Sequence[str] = (), effect: float | None = None,
-            interpolate: bool = False) -> tuple[str, str]:
+@dataclass
+class Scope:
+    """What the report is about, stated in its header and used throughout: the campaign (`campaign.json`'s
+    meta), the metric, the step of the step-k table (None: no data), the baseline group, the effect of interest
+    of the power table, and the trials (all of them, those with data, those missing or short)."""
+
+    meta: dict
+    metric: str
+    step: int | None
+    baseline: Group | None
+    effect: float | None
+    issues: list[TrialIssue]
+    n_trials: int
+    n_started: int
+
+
+@dataclass
+class AucWindows:
+    """The AUC windows as the tables computed them: those some run reached, those skipped (no run reaches both
+    ends), and whether a run's missing interior step was bridged (`report.auc_interpolate`)."""
+
+    reached: list[tuple[int, int]]
+    skipped: list[tuple[int, int]]
+    interpolate: bool = False
+
+
+def render(scope: Scope, tables: dict[str, pd.DataFrame], auc: AucWindows, figures: list[Path], out_dir: Path,
+           notes: list[str], extra: Sequence[str] = ()) -> tuple[str, str]:
+    """The `report.md` markdown and the terminal headline. `figures` are linked relative to `out_dir`; `extra`:
+    the sections of sections.py, after the mechanistic diagnostic."""
+    meta, metric, k, baseline = scope.meta, scope.metric, scope.step, scope.baseline
+    issues, windows, skipped = scope.issues, auc.reached, auc.skipped
     fmt = _Fmt(metric)
     step_rows, (auc_headers, auc_rows), delta_rows = _summary_rows(tables, fmt, windows)
     name = meta.get("name", "campaign")
@@ -168,8 +196,8 @@ def _render(meta: dict, metric: str, k: int | None, baseline: _Group | None, tab
     md = [f"# Campaign report: {name}", ""]
     if meta.get("campaign_id"):
         md.append(f"Campaign id: `{meta['campaign_id']}`  ")
-    md += [f"Metric: `{metric}`. Step-k table taken at **{where}**. Trials: {n_trials} in the campaign, "
-           f"{n_started} with data, {len(issues)} missing or short."]
+    md += [f"Metric: `{metric}`. Step-k table taken at **{where}**. Trials: {scope.n_trials} in the campaign, "
+           f"{scope.n_started} with data, {len(issues)} missing or short."]
     md += ["", "## Missing or short trials", ""]
     md += [f"- `{i.name}`: {i.reason}" for i in issues] or ["None: every trial has all its planned steps."]
     md += ["", f"## Step-{k if k is not None else 'k'} table", "",
@@ -184,7 +212,7 @@ def _render(meta: dict, metric: str, k: int | None, baseline: _Group | None, tab
         md += ["", "Skipped windows (no run reaches both ends): "
                + ", ".join(f"steps {lo}-{hi}" for lo, hi in skipped) + "."]
     md += ["", "A run needs a value at both ends of a window and at every step it logs the metric at inside it; "
-           + ("a missing interior step is bridged linearly (report.auc_interpolate)." if interpolate else
+           + ("a missing interior step is bridged linearly (report.auc_interpolate)." if auc.interpolate else
               "a run missing an interior step is dropped (set report.auc_interpolate to bridge it).")]
     dropped = tables["auc_dropped"]
     dropped = dropped[[(lo, hi) in set(windows) for lo, hi in zip(dropped.lo, dropped.hi, strict=True)]]
@@ -192,7 +220,7 @@ def _render(meta: dict, metric: str, k: int | None, baseline: _Group | None, tab
         md += ["", "Runs dropped from a window (`auc_dropped.csv`):", ""]
         md += [f"- `{r.trial}`, steps {r.window}: {r.reason}" for _, r in dropped.iterrows()]
     md += _deltas_section(tables["deltas"], baseline, delta_rows)
-    md += _power_section(tables["power"], fmt, effect)
+    md += _power_section(tables["power"], fmt, scope.effect)
     md += ["", "## SEPA", ""]
     lam = tables["sepa_lambda_max"]
     if len(lam):
@@ -228,7 +256,7 @@ def _render(meta: dict, metric: str, k: int | None, baseline: _Group | None, tab
     if windows:
         head += ["", _text_table(auc_headers, auc_rows)]
     if skipped:
-        head.append("skipped windows: " + ", ".join(_window_label(w) for w in skipped))
+        head.append("skipped windows: " + ", ".join(window_label(w) for w in skipped))
     if delta_rows:
         head += ["", _text_table(DELTA_HEADERS, delta_rows)]
     return "\n".join(md) + "\n", "\n".join(head)

@@ -14,12 +14,12 @@ from pathlib import Path
 import pandas as pd
 
 from orchestrator.report import decomposition, sweeps, trajectories
-from orchestrator.report.load import _Group
+from orchestrator.report.load import Group
 
 TRAIN_METRIC = "train/correct_rate"
 
 
-def extra_sections(groups: Sequence[_Group], base: _Group | None, metric: str, out_dir: Path,
+def extra_sections(groups: Sequence[Group], base: Group | None, metric: str, out_dir: Path,
                    figures: bool = True, *, step: int | None = None,
                    interpolate: bool = False) -> tuple[dict[str, pd.DataFrame], list[str], list[Path]]:
     """(tables by CSV stem, markdown lines, PNGs written). `step`: the report's step k (the sweeps' "final");

@@ -6,7 +6,7 @@ Seeds are shared across swept values (the same seed at every value), so the anal
 least-squares slope of the measure over the swept values (`numpy.polyfit`; x is the value where every value is
 a number, else its position in the sweep list), and a one-sample t-test of the slopes (`scipy.stats.ttest_1samp`)
 is the trend test; per swept value, `stats.paired_comparison` against the first value. "Final" is the value at
-one common step, the report's step k (`tables._choose_step`: the latest step every started trial reached), and
+one common step, the report's step k (`tables.choose_step`: the latest step every started trial reached), and
 the AUC runs from the metric's first logged step to k, so every run is measured at the same point.
 
 Panels for the figure: with several conditions the x axis is the condition and each sweep point a line; with one
@@ -28,7 +28,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from orchestrator.report.comparisons import family_marks
-from orchestrator.report.load import _fmt_value, _Group
+from orchestrator.report.load import Group, fmt_value
 from orchestrator.stats import paired as stats
 
 COLUMNS = ["panel", "x", "x_value", "series", "n_seeds", "step", "final_mean", "final_ci_low", "final_ci_high",
@@ -41,7 +41,7 @@ AGENTIC = ("frozen_lake", "sokoban")
 ALPHA = 0.05
 
 
-def applies(groups: Sequence[_Group]) -> bool:
+def applies(groups: Sequence[Group]) -> bool:
     runs = [r for g in groups for r in g.runs]
     return len(groups) > 1 and (any(g.sweep for g in groups) or any(
         (r.config.get("task") or {}).get("name") in AGENTIC for r in runs))
@@ -51,22 +51,22 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _points(groups: Sequence[_Group]) -> list[tuple[str, Any, str, _Group]]:
+def _points(groups: Sequence[Group]) -> list[tuple[str, Any, str, Group]]:
     """(panel, x value, series, group) for every group."""
     conditions = list(dict.fromkeys(g.condition for g in groups))
     out = []
     for g in groups:
         if len(conditions) > 1:
-            series = ", ".join(f"{k}={_fmt_value(v)}" for k, v in g.sweep.items()) or "all"
+            series = ", ".join(f"{k}={fmt_value(v)}" for k, v in g.sweep.items()) or "all"
             out.append(("condition", g.condition, series, g))
         else:
             for key, value in g.sweep.items():
-                others = ", ".join(f"{k}={_fmt_value(v)}" for k, v in g.sweep.items() if k != key) or "all"
+                others = ", ".join(f"{k}={fmt_value(v)}" for k, v in g.sweep.items() if k != key) or "all"
                 out.append((key, value, others, g))
     return out
 
 
-def run_measures(group: _Group, metric: str, step: int | None, interpolate: bool = False) -> dict[str, dict]:
+def run_measures(group: Group, metric: str, step: int | None, interpolate: bool = False) -> dict[str, dict]:
     """{"final": {seed: value at `step`}, "auc": {seed: normalised AUC from the first logged step to `step`}};
     runs without a value there are left out (the AUC's reasons are the main AUC table's)."""
     final, auc = {}, {}
@@ -88,7 +88,7 @@ def run_measures(group: _Group, metric: str, step: int | None, interpolate: bool
     return {"final": final, "auc": auc}
 
 
-def sweep_table(groups: Sequence[_Group], metric: str, step: int | None, interpolate: bool = False) -> pd.DataFrame:
+def sweep_table(groups: Sequence[Group], metric: str, step: int | None, interpolate: bool = False) -> pd.DataFrame:
     bounds = stats.metric_bounds(metric)
     rows = []
     for panel, x, series, g in _points(groups):
@@ -96,7 +96,7 @@ def sweep_table(groups: Sequence[_Group], metric: str, step: int | None, interpo
         finals, aucs = list(m["final"].values()), list(m["auc"].values())
         f_lo, f_hi = stats.group_ci(finals, bounds=bounds)
         a_lo, a_hi = stats.group_ci(aucs, bounds=bounds)
-        rows.append({"panel": panel, "x": _fmt_value(x), "x_value": float(x) if _is_number(x) else math.nan,
+        rows.append({"panel": panel, "x": fmt_value(x), "x_value": float(x) if _is_number(x) else math.nan,
                      "series": series, "n_seeds": len(finals), "step": step,
                      "final_mean": float(np.mean(finals)) if finals else math.nan, "final_ci_low": f_lo,
                      "final_ci_high": f_hi, "auc_mean": float(np.mean(aucs)) if aucs else math.nan,
@@ -104,16 +104,16 @@ def sweep_table(groups: Sequence[_Group], metric: str, step: int | None, interpo
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _series(groups: Sequence[_Group]) -> list[tuple[str, str, str, list[tuple[Any, _Group]]]]:
+def _series(groups: Sequence[Group]) -> list[tuple[str, str, str, list[tuple[Any, Group]]]]:
     """(condition, key, other keys' values, [(value, group)] in sweep order) for every condition, swept key
     with at least two values, and combination of the other keys."""
     out = []
     for cond in dict.fromkeys(g.condition for g in groups):
         mine = [g for g in groups if g.condition == cond and g.sweep]
         for key in dict.fromkeys(k for g in mine for k in g.sweep):
-            lines: dict[str, list[tuple[Any, _Group]]] = {}
+            lines: dict[str, list[tuple[Any, Group]]] = {}
             for g in mine:
-                others = ", ".join(f"{k}={_fmt_value(v)}" for k, v in g.sweep.items() if k != key) or "all"
+                others = ", ".join(f"{k}={fmt_value(v)}" for k, v in g.sweep.items() if k != key) or "all"
                 lines.setdefault(others, []).append((g.sweep.get(key), g))
             out += [(cond, key, others, pts) for others, pts in lines.items() if len(pts) >= 2]
     return out
@@ -155,7 +155,7 @@ def _holm_in(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     return df.drop(columns="_zero")
 
 
-def trend_tables(groups: Sequence[_Group], metric: str, step: int | None,
+def trend_tables(groups: Sequence[Group], metric: str, step: int | None,
                  interpolate: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(trend tests, per-value paired deltas against the first value) for every sweep series and measure."""
     trend_rows, delta_rows = [], []
@@ -169,14 +169,14 @@ def trend_tables(groups: Sequence[_Group], metric: str, step: int | None,
             per_value = [m[what] for m in measures]
             trend_rows.append({"condition": cond, "key": key, "series": others, "measure": label,
                                "x_kind": "value" if numeric else "position in the sweep list",
-                               "values": ", ".join(_fmt_value(v) for v in values), **_trend(xs, per_value)})
+                               "values": ", ".join(fmt_value(v) for v in values), **_trend(xs, per_value)})
             first = per_value[0]
             for v, other in zip(values[1:], per_value[1:], strict=True):
                 seeds = sorted(set(first) & set(other))
                 c = stats.paired_comparison([first[s] for s in seeds], [other[s] for s in seeds], bounds=bounds,
                                             bootstrap=False)
                 delta_rows.append({"condition": cond, "key": key, "series": others, "measure": label,
-                                   "x": _fmt_value(v), "against": _fmt_value(values[0]), "n_pairs": c.n,
+                                   "x": fmt_value(v), "against": fmt_value(values[0]), "n_pairs": c.n,
                                    "delta": c.delta, "ci_low": c.ci_low, "ci_high": c.ci_high,
                                    "p_value": c.p_value, "note": c.note})
     trend = pd.DataFrame(trend_rows, columns=[c for c in TREND_COLUMNS if c not in ("p_holm", "mark")])
@@ -242,12 +242,12 @@ def _p(p: float) -> str:
 def figure(table: pd.DataFrame, path: Path | str, metric: str) -> Path | None:
     """One row per panel, two columns (final, AUC); x numeric where the panel's values are numbers, else
     categorical in campaign order; one line per series."""
-    from orchestrator.report.figures import _new_figure, _save
+    from orchestrator.report.figures import new_figure, save
 
     if table.empty:
         return None
     panels = list(dict.fromkeys(table.panel))
-    fig, _ = _new_figure(10.0, 3.4 * len(panels), ncols=0)
+    fig, _ = new_figure(10.0, 3.4 * len(panels), ncols=0)
     axes = fig.subplots(len(panels), 2, squeeze=False)
     step = table.step.iloc[0]
     for row, panel in enumerate(panels):
@@ -272,4 +272,4 @@ def figure(table: pd.DataFrame, path: Path | str, metric: str) -> Path | None:
                 ax.set_ylim(-0.02, 1.02)
             ax.grid(alpha=0.3)
         axes[row][0].legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)

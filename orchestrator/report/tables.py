@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.report.comparisons import Spec, mark_families
-from orchestrator.report.load import _Group, _load_tokens, _Run
+from orchestrator.report.load import Group, Run, load_tokens
 from orchestrator.stats import paired as stats
 from orchestrator.stats import power
 
@@ -48,7 +48,7 @@ CSV_FILES = ("step_table", "auc", "auc_runs", "auc_dropped", "deltas", "power", 
              "mechanistic")
 
 
-def _default_metric(groups: Sequence[_Group]) -> str:
+def default_metric(groups: Sequence[Group]) -> str:
     """eval/success for agentic campaigns, else eval/pass@1 when any trial logged it, else train/correct_rate."""
     if any(r.series(ENV_METRIC)[0].size for g in groups for r in g.runs):
         return ENV_METRIC
@@ -59,14 +59,14 @@ def _default_metric(groups: Sequence[_Group]) -> str:
     return TRAIN_METRIC
 
 
-def _is_sparse(runs: Sequence[_Run], metric: str) -> bool:
+def _is_sparse(runs: Sequence[Run], metric: str) -> bool:
     """Whether the metric is logged on only some steps (an eval metric)."""
     if metric.startswith("eval/"):
         return True
     return any(r.started and r.series(metric)[0].size < r.n_rows for r in runs)
 
 
-def _choose_step(runs: Sequence[_Run], metric: str, step: int | None) -> int | None:
+def choose_step(runs: Sequence[Run], metric: str, step: int | None) -> int | None:
     """The step of the step-k table. Default k: the latest step every started trial reached. For a sparse
     (eval) metric absent at exactly k in some run, the latest step <= k present in the most runs (= common to
     all runs when such a step exists)."""
@@ -93,7 +93,7 @@ def _sd(x: np.ndarray) -> float:
     return float(np.std(x, ddof=1)) if x.size >= 2 else math.nan
 
 
-def _step_table(groups: Sequence[_Group], metric: str, k: int | None) -> tuple[pd.DataFrame, dict]:
+def step_table(groups: Sequence[Group], metric: str, k: int | None) -> tuple[pd.DataFrame, dict]:
     rows, per_seed = [], {}
     for g in groups:
         vals = {r.seed: r.value_at(metric, k) for r in g.runs if r.started and k is not None}
@@ -107,11 +107,11 @@ def _step_table(groups: Sequence[_Group], metric: str, k: int | None) -> tuple[p
     return pd.DataFrame(rows, columns=COLUMNS["step_table"]), per_seed
 
 
-def _window_label(w: tuple[int, int]) -> str:
+def window_label(w: tuple[int, int]) -> str:
     return f"{w[0]}-{w[1]}"
 
 
-def _grid(runs: Sequence[_Run], metric: str) -> np.ndarray:
+def _grid(runs: Sequence[Run], metric: str) -> np.ndarray:
     """The steps `metric` is logged at: the union of the runs' planned steps (from their configs), else of the
     steps any run logged it at."""
     planned = [p for r in runs if (p := r.planned_steps(metric)) is not None]
@@ -121,7 +121,7 @@ def _grid(runs: Sequence[_Run], metric: str) -> np.ndarray:
     return np.unique(np.concatenate(logged)) if logged else np.zeros(0)
 
 
-def default_windows(runs: Sequence[_Run], metric: str) -> list[tuple[int, int]]:
+def default_windows(runs: Sequence[Run], metric: str) -> list[tuple[int, int]]:
     """AUC windows from the metric's logging cadence: from its first step to its last planned step, and to the
     logged step nearest two thirds of the way (an eval every 5 steps over 16 steps: 0-10 and 0-15)."""
     grid = _grid(runs, metric)
@@ -135,7 +135,7 @@ def default_windows(runs: Sequence[_Run], metric: str) -> list[tuple[int, int]]:
     return [(lo, mid), (lo, hi)]
 
 
-def _auc_tables(groups: Sequence[_Group], metric: str, windows: Sequence[tuple[int, int]], *,
+def auc_tables(groups: Sequence[Group], metric: str, windows: Sequence[tuple[int, int]], *,
                 interpolate: bool = False):
     """Per run and window the normalized AUC, or the reason the run was dropped from the window (auc_dropped);
     per group the mean with a t CI over seeds. A run missing a step of its planned logging grid inside the
@@ -149,7 +149,7 @@ def _auc_tables(groups: Sequence[_Group], metric: str, windows: Sequence[tuple[i
         for g in groups:
             values[g.label] = {}
             for r in g.runs:
-                where = {"trial": r.name, "group": g.label, "seed": r.seed, "window": _window_label((lo, hi)),
+                where = {"trial": r.name, "group": g.label, "seed": r.seed, "window": window_label((lo, hi)),
                          "lo": lo, "hi": hi}
                 if not r.started:
                     dropped.append({**where, "reason": "no data (not started or no metrics.jsonl)"})
@@ -178,7 +178,7 @@ def _auc_tables(groups: Sequence[_Group], metric: str, windows: Sequence[tuple[i
                                                             seed=BOOT_SEED), bounds)
                     if x.size >= MIN_SEEDS else (math.nan, math.nan))
             group_rows.append({"group": g.label, "condition": g.condition, "sweep": g.sweep_text,
-                               "metric": metric, "window": _window_label((lo, hi)), "lo": lo, "hi": hi,
+                               "metric": metric, "window": window_label((lo, hi)), "lo": lo, "hi": hi,
                                "n_seeds": int(x.size), "mean": float(np.mean(x)) if x.size else math.nan,
                                "ci_low": ci[0], "ci_high": ci[1], "std": _sd(x), "ci_boot_low": boot[0],
                                "ci_boot_high": boot[1]})
@@ -209,7 +209,7 @@ def _power_row(spec: Spec, cmp: stats.PairedComparison, name: str, steps_used: i
             if ok else math.nan, "note": note}
 
 
-def _comparisons(groups: Sequence[_Group], specs: Sequence[Spec], measures: list[tuple[str, int, dict]],
+def comparisons(groups: Sequence[Group], specs: Sequence[Spec], measures: list[tuple[str, int, dict]],
                  metric: str | None = None, *, effect: float | None = None, bootstrap: bool = True):
     """Deltas and power rows for every comparison `spec` and measure. `measures`: (name, steps consumed to
     reach the measure, {group label: {seed: value}}). `metric` (its name) clips the CIs of a bounded metric's
@@ -243,7 +243,7 @@ def _comparisons(groups: Sequence[_Group], specs: Sequence[Spec], measures: list
     return deltas, pd.DataFrame(power_rows, columns=COLUMNS["power"])
 
 
-def _sepa_tables(groups: Sequence[_Group]) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+def sepa_tables(groups: Sequence[Group]) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     rows, max_rows, curves = [], [], {}
     for g in groups:
         if not g.uses_sepa:
@@ -266,7 +266,7 @@ def _sepa_tables(groups: Sequence[_Group]) -> tuple[pd.DataFrame, pd.DataFrame, 
             pd.DataFrame(max_rows, columns=COLUMNS["sepa_lambda_max"]), curves)
 
 
-def _detect_kind(group: _Group) -> str | None:
+def _detect_kind(group: Group) -> str | None:
     """The uncertainty kind of a group's `credit/exec_<kind>_var` metrics (config's kind preferred)."""
     cols = set()
     for r in group.runs:
@@ -287,7 +287,7 @@ def _reduction(before: float, after: float) -> float:
     return 100.0 * (1.0 - after / before) if math.isfinite(before) and before > 0 and math.isfinite(after) else math.nan
 
 
-def _mechanistic(campaign_dir: Path | str, groups: Sequence[_Group]):
+def mechanistic(campaign_dir: Path | str, groups: Sequence[Group]):
     rows, samples, notes = [], {}, []
     for g in groups:
         if not g.uses_sepa:
@@ -312,7 +312,7 @@ def _mechanistic(campaign_dir: Path | str, groups: Sequence[_Group]):
                              "token_class": cls, "n": n, "mean_before": float(mb.mean()) if mb.size else math.nan,
                              "mean_after": float(ma.mean()) if ma.size else math.nan, "var_before": var_b,
                              "var_after": var_a, "variance_reduction_pct": _reduction(var_b, var_a)})
-        tokens, n_files, problems = _load_tokens(campaign_dir, g)
+        tokens, n_files, problems = load_tokens(campaign_dir, g)
         notes.extend(problems)
         if n_files and any(a.size for a in tokens.values()):
             samples[g.label] = (tokens, kind or "uncertainty")

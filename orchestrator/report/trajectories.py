@@ -20,13 +20,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from orchestrator.report.load import _Group
+from orchestrator.report.load import Group
 
 COLUMNS = ["group", "baseline", "metric", "step", "n_pairs", "mean_diff", "min_diff", "max_diff", "mean_abs_diff"]
 CSV_FILES = ("trajectory_distance",)
 
 
-def distance_table(groups: Sequence[_Group], base: _Group | None, metrics: Sequence[str]) -> pd.DataFrame:
+def distance_table(groups: Sequence[Group], base: Group | None, metrics: Sequence[str]) -> pd.DataFrame:
     """Paired differences (group - baseline, same seed) per step, for every non-baseline group and metric."""
     rows = []
     if base is None:
@@ -54,7 +54,7 @@ def distance_table(groups: Sequence[_Group], base: _Group | None, metrics: Seque
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def crn_check(groups: Sequence[_Group], metric: str = "train/correct_rate") -> tuple[int, int, list[str]]:
+def crn_check(groups: Sequence[Group], metric: str = "train/correct_rate") -> tuple[int, int, list[str]]:
     """Step-0 identity across conditions sharing a seed: (seeds checked, seeds identical, mismatches)."""
     by_seed: dict[int, list[tuple[str, float]]] = {}
     for g in groups:
@@ -75,7 +75,7 @@ def crn_check(groups: Sequence[_Group], metric: str = "train/correct_rate") -> t
     return checked, same, bad
 
 
-def markdown(table: pd.DataFrame, groups: Sequence[_Group], base: _Group | None, metrics: Sequence[str]) -> list[str]:
+def markdown(table: pd.DataFrame, groups: Sequence[Group], base: Group | None, metrics: Sequence[str]) -> list[str]:
     md = ["", "## Paired design and distance from the baseline", "",
           "Conditions that share a seed share the prompt order and the sampling seeds (common random numbers): "
           "a paired design, which is why the deltas above pair runs by seed. At step 0 every condition samples from "
@@ -109,12 +109,12 @@ def markdown(table: pd.DataFrame, groups: Sequence[_Group], base: _Group | None,
 
 def figure(table: pd.DataFrame, path: Path | str, metrics: Sequence[str]) -> Path | None:
     """One panel per metric: mean paired difference to the baseline per step (min-max over seeds shaded)."""
-    from orchestrator.report.figures import _new_figure, _save
+    from orchestrator.report.figures import new_figure, save
 
     metrics = [m for m in metrics if (table.metric == m).any()] if len(table) else []
     if not metrics:
         return None
-    fig, axes = _new_figure(6.5 * len(metrics), 4.0, ncols=len(metrics))
+    fig, axes = new_figure(6.5 * len(metrics), 4.0, ncols=len(metrics))
     base = table.baseline.iloc[0]
     for ax, metric in zip(axes, metrics, strict=True):
         sub = table[table.metric == metric]
@@ -129,4 +129,4 @@ def figure(table: pd.DataFrame, path: Path | str, metrics: Sequence[str]) -> Pat
         ax.set_title(f"{metric}: distance from {base}\nmean paired difference, min-max over seeds", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save(fig, path)

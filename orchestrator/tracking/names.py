@@ -1,6 +1,6 @@
 """The one list of the metric names a trial logs, and which trial config logs which.
 
-The producers are spread over the step (orchestrator/trial/step.py, episodes.py, evaluation.py, one_step_off.py) and the
+The producers are spread over the step (orchestrator/trial/step.py, sources.py, episodes.py, one_step_off.py) and the
 learner (workers/learner/metrics.py, objectives.py, filters.py, credit/); this module names what they write so
 that the tracker can flag a key nobody listed and the dashboard (orchestrator/tracking/dashboard.py) never draws a panel
 over a metric no trial logs. `logged_metrics(cfg)` is the exact set of history keys a trial of `cfg` writes

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from orchestrator.config.trial import TrialConfig
+from orchestrator.trial.context import TrialContext
 from orchestrator.trial.sampling import sample, step_seed
 from workers.envs import TextEpisode
 from workers.envs.tokens import first_prompt_ids, observation_ids
@@ -53,9 +54,10 @@ class Trajectory:
         return self.episode.done or self.truncated
 
 
-def play_episodes(cfg: TrialConfig, workers, tokenizer, episodes: list[TextEpisode], *, seed: int, step: int,
+def play_episodes(ctx: TrialContext, episodes: list[TextEpisode], *, seed: int, step: int,
                   temperature: float) -> tuple[list[Trajectory], dict]:
     """Play `episodes` to the end; returns their trajectories and {"num_tokens", "versions", "turns"}."""
+    cfg, workers, tokenizer = ctx.cfg, ctx.workers, ctx.tokenizer
     ro, limit = cfg.rollout, cfg.model.max_model_len
     trajs = [Trajectory(first_prompt_ids(tokenizer, ep.prompt(), system=ep.system(), prefill=ep.prefill), ep)
              for ep in episodes]
@@ -67,8 +69,7 @@ def play_episodes(cfg: TrialConfig, workers, tokenizer, episodes: list[TextEpiso
     while active := [t for t in trajs if not t.done]:
         histories = [t.prompt_ids + t.response_ids for t in active]
         seeds = [step_seed(seed, step, j, turn) for j in range(len(workers))]
-        results = sample(cfg, workers, histories, n=1, temperature=temperature, seeds=seeds, tokenizer=tokenizer,
-                         actions=None)
+        results = sample(ctx, histories, n=1, temperature=temperature, seeds=seeds, floor=False)
         versions |= {res["adapter_version"] for res in results}
         samples = [group[0] for res in results for group in res["completions"]]
         for t, s in zip(active, samples, strict=True):

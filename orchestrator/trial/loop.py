@@ -26,11 +26,13 @@ from orchestrator.config.trial import TrialConfig, sepa_settings
 from orchestrator.storage import EVENTS_FILE, METRICS_FILE, PLACEMENT_FILE, STATE_FILE, UNCERTAINTY_DIR
 from orchestrator.tracking.run import TrialTracker
 from orchestrator.trial.actors import placement_record, start_actors
-from orchestrator.trial.evaluation import evaluate
+from orchestrator.trial.context import TrialContext
 from orchestrator.trial.learner_group import LearnerGroup
 from orchestrator.trial.models import resolve_model
 from orchestrator.trial.one_step_off import OneStepOff, load_pending
+from orchestrator.trial.restore import restore_checkpoint
 from orchestrator.trial.sampling import action_ids
+from orchestrator.trial.sources import rollout_source
 from orchestrator.trial.step import one_step
 from workers.credit import SepaController
 from workers.envs.tokens import turn_format
@@ -68,10 +70,10 @@ def _resume(cfg: TrialConfig, out_dir: str) -> Resume:
     than Tune knows of. Damaged ones are skipped, said in events.jsonl; none usable while Tune recorded one, or a
     crafted one: one line naming the file."""
     storage = tune.get_context().get_storage()
-    restored = store.restore_checkpoint(storage.storage_filesystem, storage.trial_fs_path,
-                                        recorded=tune.get_checkpoint() is not None,
-                                        events=store.join(out_dir, EVENTS_FILE), state_file=STATE_FILE,
-                                        learner_file=LEARNER_FILE, metrics_file=METRICS_FILE)
+    restored = restore_checkpoint(storage.storage_filesystem, storage.trial_fs_path,
+                                  recorded=tune.get_checkpoint() is not None,
+                                  events=store.join(out_dir, EVENTS_FILE), state_file=STATE_FILE,
+                                  learner_file=LEARNER_FILE, metrics_file=METRICS_FILE)
     if restored is None:
         return Resume()
     pending = None
@@ -99,11 +101,12 @@ def _restore_actors(resume: Resume, learner: LearnerGroup, workers, task, sepa: 
         learner.push_policy(workers, resume.version)
 
 
-def _checkpoint(cfg: TrialConfig, step: int, version: int, row: dict, rows: list[dict], learner: LearnerGroup,
-                task, sepa: SepaController, pipe) -> None:
+def _checkpoint(ctx: TrialContext, step: int, version: int, row: dict, rows: list[dict], sepa: SepaController,
+                pipe) -> None:
     """Report `row` with a sealed checkpoint of everything needed to continue after `step`."""
+    cfg, task = ctx.cfg, ctx.task
     with tempfile.TemporaryDirectory() as d:
-        learner.write_checkpoint(d)  # the blob, and every rank's shards
+        ctx.learner.write_checkpoint(d)  # the blob, and every rank's shards
         (Path(d) / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
         if pipe is not None:
             pipe.save(d)  # the prefetched batch of step + 1
@@ -149,17 +152,17 @@ def run_trial(config: dict) -> None:
     for row in rows:  # steps before the checkpoint that no earlier attempt got written (killed writer)
         tracker.log(row)
 
-    actions = action_ids(cfg, task, tokenizer)
-    pipe = OneStepOff(cfg, workers, learner, tokenizer, task, actions, resume.pending) \
-        if cfg.rollout.mode == "one_step_off" else None
+    ctx = TrialContext(cfg, workers, learner, tokenizer, task, action_ids(cfg, task, tokenizer))
+    source = rollout_source(ctx)  # single-turn or episodes, chosen once from the task
+    pipe = OneStepOff(ctx, source, resume.pending) if cfg.rollout.mode == "one_step_off" else None
     for step in range(resume.start, cfg.steps):
         row = {}
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps - 1):
-            row.update(evaluate(cfg, step, workers, tokenizer, task, actions))
+            row.update(source.evaluate(step))
         if pipe is not None:  # generates step + 1 while the learner trains on step
             row = {**pipe.step(step, sepa, version), **row}
         else:
-            row = {**one_step(cfg, step, workers, learner, tokenizer, task, sepa, version, actions), **row}
+            row = {**one_step(ctx, source, step, sepa, version), **row}
         version = int(row.pop("_version"))
         samples = row.pop("_uncertainty", None)
         if samples is not None:
@@ -171,7 +174,7 @@ def run_trial(config: dict) -> None:
               f"reward {row['train/reward_mean']:.3f} lambda {row['credit/sepa_lambda']:.3f} "
               f"gen {row['time/generate_s']:.1f}s train {row['time/train_s']:.1f}s", flush=True)
         if (step + 1) % cfg.checkpoint.every == 0 or step + 1 == cfg.steps:
-            _checkpoint(cfg, step, version, row, rows, learner, task, sepa, pipe)
+            _checkpoint(ctx, step, version, row, rows, sepa, pipe)
         else:
             tune.report(row)
     tracker.finish()

@@ -20,8 +20,9 @@ import json
 import time
 from pathlib import Path
 
-from orchestrator.config.trial import TrialConfig
-from orchestrator.trial.step import Rollouts, absorb, collect, prepare, push_policy
+from orchestrator.trial.context import TrialContext
+from orchestrator.trial.sources import Rollouts, RolloutSource
+from orchestrator.trial.step import absorb, collect, prepare, push_policy
 from workers.credit import SepaController
 
 PREFETCH_FILE = "prefetch.json"
@@ -51,36 +52,34 @@ class OneStepOff:
     """The one_step_off step loop body; `step` replaces `orchestrator.trial.step.one_step` (same row, plus
     `rollout/staleness`, `time/prefetch_s`, `time/learner_wait_s` and the learner's `tis/*`)."""
 
-    def __init__(self, cfg: TrialConfig, workers, learner, tokenizer, task, actions: list[int] | None,
-                 pending: tuple[Rollouts, int] | None = None):
-        self.cfg, self.workers, self.learner, self.tokenizer, self.task = cfg, workers, learner, tokenizer, task
-        self.actions = actions
+    def __init__(self, ctx: TrialContext, source: RolloutSource, pending: tuple[Rollouts, int] | None = None):
+        self.ctx, self.source = ctx, source
         self.pending = pending  # (batch of the next step, adapter version it was sampled with)
         self.timeline: list[dict] = []  # driver-side intervals of the latest steps (tests, benchmarks)
 
     def _collect(self, step: int) -> Rollouts:
-        return collect(self.cfg, step, self.workers, self.tokenizer, self.task, self.actions)
+        return collect(self.source, step)
 
     def step(self, step: int, sepa: SepaController, version: int) -> dict:
         """Train on step `step` (prefetched, or generated now on the first step of this process) while
         generating step + 1; returns the row with `_version` like `one_step`."""
-        cfg = self.cfg
+        cfg, learner = self.ctx.cfg, self.ctx.learner
         if self.pending is None:
             self.pending = (self._collect(step), version)
         roll, gen_version = self.pending
         self.pending = None
-        row, batch, correct_rate = prepare(cfg, step, roll, sepa, gen_version, self.actions)
+        row, batch, correct_rate = prepare(self.ctx, step, roll, sepa, gen_version)
         row["rollout/staleness"] = version - gen_version
         t0 = time.perf_counter()
         future = None
         if batch is not None:
-            future = self.learner.submit_train_step({**batch, "tis_cap": cfg.rollout.tis_cap})
+            future = learner.submit_train_step({**batch, "tis_cap": cfg.rollout.tis_cap})
         t1, w1 = time.perf_counter(), time.time()
         if step + 1 < cfg.steps:  # overlaps the learner: sampled with the adapter the workers hold (`version`)
             self.pending = (self._collect(step + 1), version)
         t2, w2 = time.perf_counter(), time.time()
         t_pre = t2 - t1
-        out = self.learner.result(future) if future is not None else None
+        out = learner.result(future) if future is not None else None
         t_end = time.perf_counter()
         absorb(row, out, sepa, correct_rate)
         row["time/train_s"] = t_end - t0  # submit -> result, the next step's generation ran inside it
@@ -91,7 +90,7 @@ class OneStepOff:
 
         t0 = time.perf_counter()
         if batch is not None:
-            version = push_policy(self.learner, self.workers, version + 1)
+            version = push_policy(self.ctx, version + 1)
         row["time/sync_s"] = time.perf_counter() - t0
         row["_version"] = version
         return row

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from orchestrator.storage import CHECKPOINT_MANIFEST, SHARDS_DIR, append_line, sha256_hex
+from workers.checkpoint.blob import CheckpointError as CheckpointError  # re-exported: tune/launch.py names it
 from workers.checkpoint.blob import CorruptCheckpoint, UnsafeCheckpoint
 
 _CKPT_DIR = re.compile(r"^checkpoint_(\d+)$")

@@ -9,6 +9,7 @@ import numpy as np
 import ray
 
 from orchestrator.config.trial import TrialConfig
+from orchestrator.trial.context import TrialContext
 from workers.envs.tokens import stop_token_ids
 from workers.rollout.worker import shard
 
@@ -31,16 +32,18 @@ def action_ids(cfg: TrialConfig, task, tokenizer) -> list[int] | None:
     return list(ids)
 
 
-def sample(cfg: TrialConfig, workers, prompt_ids: list[list[int]], *, n: int, temperature: float, seeds: list[int],
-           tokenizer, actions: list[int] | None) -> list[dict]:
-    """Shard prompts over the workers and sample; one result dict per non-empty shard."""
+def sample(ctx: TrialContext, prompt_ids: list[list[int]], *, n: int, temperature: float, seeds: list[int],
+           floor: bool = True) -> list[dict]:
+    """Shard prompts over the workers and sample; one result dict per non-empty shard. `floor`: apply the
+    probability floor on the trial's action ids (`ctx.actions`; multi-turn episodes sample without it)."""
+    cfg, workers, actions = ctx.cfg, ctx.workers, ctx.actions if floor else None
     parts = shard(list(range(len(prompt_ids))), len(workers))
-    floor = {"action_token_ids": actions, "action_min_prob": cfg.interventions.probability_floor.min_prob} \
+    floor_kw = {"action_token_ids": actions, "action_min_prob": cfg.interventions.probability_floor.min_prob} \
         if actions else {}
     futures = [
         w.generate.remote([prompt_ids[i] for i in idx], n=n, temperature=temperature, top_p=cfg.rollout.top_p,
                           max_tokens=cfg.rollout.max_tokens, seed=seeds[j],
-                          stop_token_ids=stop_token_ids(tokenizer), **floor)
+                          stop_token_ids=stop_token_ids(ctx.tokenizer), **floor_kw)
         for j, (w, idx) in enumerate(zip(workers, parts, strict=True)) if idx
     ]
     return ray.get(futures)

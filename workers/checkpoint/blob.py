@@ -36,7 +36,7 @@ _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 _OPCODE = re.compile(r"Unsupported operand (\d+)")
 
 
-def _one_line(text: str, limit: int = 160) -> str:
+def one_line(text: str, limit: int = 160) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -58,12 +58,12 @@ def load_blob(blob: bytes, source: str) -> dict[str, Any]:
     except pickle.UnpicklingError as exc:
         glob, op = _GLOBAL.search(str(exc)), _OPCODE.search(str(exc))
         detail = (f"it would load {glob.group(1)}" if glob else f"it uses pickle opcode {op.group(1)}" if op
-                  else _one_line(str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
+                  else one_line(str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
         raise UnsafeCheckpoint(f"{source}: refused: not a weights-only checkpoint ({detail}); it may have been "
                                "crafted to run code. Delete it or replace it with a trusted copy") from None
     except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile, KeyError, IndexError) as exc:
         raise CorruptCheckpoint(f"{source}: unreadable checkpoint ({type(exc).__name__}: "
-                                f"{_one_line(str(exc).splitlines()[0] if str(exc) else '')})") from None
+                                f"{one_line(str(exc).splitlines()[0] if str(exc) else '')})") from None
     if not isinstance(state, dict):
         raise CorruptCheckpoint(f"{source}: unreadable checkpoint (expected a mapping, got {type(state).__name__})")
     return state

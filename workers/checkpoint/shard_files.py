@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from workers.checkpoint.blob import CorruptCheckpoint, UnsafeCheckpoint, _one_line
+from workers.checkpoint.blob import CorruptCheckpoint, UnsafeCheckpoint, one_line
 
 METADATA_FILE = ".metadata"
 
@@ -123,9 +123,9 @@ def read_metadata(files: Mapping[str, bytes] | CheckpointFiles, source: str, *, 
             raise UnsafeCheckpoint(f"{where}: refused: it would load {str(exc)[7:]}, which is not DCP metadata; it "
                                    "may have been crafted to run code. Delete it or replace it with a trusted copy"
                                    ) from None
-        raise CorruptCheckpoint(f"{where}: unreadable metadata ({_one_line(str(exc))})") from None
+        raise CorruptCheckpoint(f"{where}: unreadable metadata ({one_line(str(exc))})") from None
     except (EOFError, ValueError, TypeError, AttributeError, KeyError, IndexError, RuntimeError) as exc:
-        raise CorruptCheckpoint(f"{where}: unreadable metadata ({type(exc).__name__}: {_one_line(str(exc))})"
+        raise CorruptCheckpoint(f"{where}: unreadable metadata ({type(exc).__name__}: {one_line(str(exc))})"
                                 ) from None
     if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict) \
             or not isinstance(md.storage_data, dict):

@@ -58,9 +58,9 @@ from workers.checkpoint.blob import (
     CheckpointError,
     CorruptCheckpoint,
     UnsafeCheckpoint,
-    _one_line,
     dump_blob,
     load_blob,
+    one_line,
 )
 from workers.checkpoint.shard_files import (
     METADATA_FILE,
@@ -202,7 +202,7 @@ def _classify(err: BaseException, where: str) -> CheckpointError:
                                 "to run code. Delete it or replace it with a trusted copy")
     lines = [ln for ln in text.splitlines() if ln.strip()]
     return CorruptCheckpoint(f"{where}: unreadable shard ({type(err).__name__}: "
-                             f"{_one_line(lines[-1] if lines else '')})")
+                             f"{one_line(lines[-1] if lines else '')})")
 
 
 def _raise_from(exc: CheckpointException, files: CheckpointFiles, chunks: dict[str, list[tuple[int, int]]],

@@ -43,6 +43,7 @@ def test_multi_turn_batch_is_token_exact_and_matches_the_learner(ray_local, agen
 
     import orchestrator.trial.episodes as episodes
     from orchestrator.trial.actors import shutdown_actors
+    from orchestrator.trial.context import TrialContext
     from workers.envs import EnvTask
     from workers.envs.tokens import first_prompt_ids, observation_ids
     from workers.learner.batch import collate
@@ -68,7 +69,8 @@ def test_multi_turn_batch_is_token_exact_and_matches_the_learner(ray_local, agen
     task = EnvTask(cfg.task, seed=0)
     eps = [task.episode(level, g, cfg.rollout) for level in task.next_levels(3) for g in range(2)]
     prompts = [(ep.prompt(), ep.system()) for ep in eps]
-    trajs, info = episodes.play_episodes(cfg, [worker], tok, eps, seed=0, step=0, temperature=1.0)
+    ctx = TrialContext(cfg, [worker], None, tok, task, None)
+    trajs, info = episodes.play_episodes(ctx, eps, seed=0, step=0, temperature=1.0)
     shutdown_actors([worker])
     assert info["turns"] >= 2 and any(len(t.observations) >= 2 for t in trajs)
 

@@ -102,8 +102,10 @@ class _SleepyLearner(Learner):
 def test_generation_overlaps_training(ray_local, tiny_model_dir, tmp_path):
     from orchestrator.config.trial import sepa_settings
     from orchestrator.trial.actors import shutdown_actors
+    from orchestrator.trial.context import TrialContext
     from orchestrator.trial.learner_group import LearnerGroup
     from orchestrator.trial.one_step_off import OneStepOff
+    from orchestrator.trial.sources import rollout_source
     from workers.credit import SepaController
     from workers.models.loading import load_tokenizer
     from workers.rollout.worker import RolloutActor, RolloutWorkerSettings
@@ -121,7 +123,8 @@ def test_generation_overlaps_training(ray_local, tiny_model_dir, tmp_path):
     try:
         ray.get([worker.ready.remote(), learner.ready.remote()])
         task = make_task(cfg.task, cfg.seed)
-        pipe = OneStepOff(cfg, [worker], group, load_tokenizer(tiny_model_dir), task, None)
+        ctx = TrialContext(cfg, [worker], group, load_tokenizer(tiny_model_dir), task, None)
+        pipe = OneStepOff(ctx, rollout_source(ctx))
         sepa, version, checked = SepaController(sepa_settings(cfg)), 0, 0
         for step in range(cfg.steps):
             row = pipe.step(step, sepa, version)

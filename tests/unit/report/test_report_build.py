@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.report import build_report
+from orchestrator.report import ReportOptions, build_report
 from orchestrator.report.build import CSV_FILES
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -92,7 +92,7 @@ def _delta(report, group: str, measure: str) -> pd.Series:
 def test_planted_effect_is_detected_and_needs_fewer_seeds_as_it_grows(tmp_path):
     for i, effect in enumerate((0.02, 0.04)):
         rep = build_report(write_campaign(tmp_path / f"c{i}", effects={"C1": 0.0, "C2": effect}, seeds=range(8)),
-                           figures=False)
+                           ReportOptions(figures=False))
         assert rep.baseline == "C1" and rep.step == 15 and rep.missing == []
         assert rep.tables["power"].seeds_per_arm.isna().all()  # no effect of interest: no seeds claimed
         for measure in ("AUC 0-10", "AUC 0-15", "step 15"):
@@ -104,7 +104,7 @@ def test_planted_effect_is_detected_and_needs_fewer_seeds_as_it_grows(tmp_path):
     camp = tmp_path / "c0"
     seeds_needed = []
     for interest in (0.005, 0.01, 0.02, 0.04):
-        power = build_report(camp, figures=False, effect=interest).tables["power"]
+        power = build_report(camp, ReportOptions(figures=False, effect=interest)).tables["power"]
         seeds_needed.append(int(power[(power.group == "C2") & (power.measure == "AUC 0-15")].seeds_per_arm.iloc[0]))
     assert seeds_needed == sorted(seeds_needed, reverse=True) and len(set(seeds_needed)) == 4, seeds_needed
     assert seeds_needed[-1] >= 3 and seeds_needed[0] > 10
@@ -118,7 +118,7 @@ def test_no_effect_false_positive_rate_is_near_nominal(tmp_path):
     hits, total = 0, 0
     for i in range(40):
         rep = build_report(write_campaign(tmp_path / f"n{i}", effects={"C1": 0.0, "C2": 0.0}, seeds=range(10),
-                                          steps=11, rng_seed=100 + i), windows=((0, 10),), figures=False)
+                                          steps=11, rng_seed=100 + i), ReportOptions(windows=((0, 10),), figures=False))
         row = _delta(rep, "C2", "AUC 0-10")
         hits += bool(row.ci_excludes_zero)
         total += 1
@@ -135,7 +135,7 @@ def test_running_and_partly_failed_campaign(tmp_path):
         fh.write('{"step": 20, "train/corr')  # a partly written last line
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        rep = build_report(camp, windows=((0, 10), (0, 15), (0, 50)))
+        rep = build_report(camp, ReportOptions(windows=((0, 10), (0, 15), (0, 50))))
     missing = {m.name: m.reason for m in rep.missing}
     assert set(missing) == {"C2_s1", "C1_s2", "C4_s2", "C2_s2", "C1_s0"}
     assert missing["C2_s2"].startswith("not started") and "no metrics.jsonl" in missing["C4_s2"]
@@ -170,7 +170,7 @@ def test_empty_campaign_renders(tmp_path):
 def test_figures_and_mechanistic_diagnostic(tmp_path):
     camp = write_campaign(tmp_path / "fig", effects={"C1": 0.0, "C4": 0.01}, seeds=range(3), sepa=("C4",),
                           kind="entropy", npz=True)
-    rep = build_report(camp, out_dir=tmp_path / "out")
+    rep = build_report(camp, ReportOptions(out_dir=tmp_path / "out"))
     names = {p.name for p in rep.figures}
     assert names == {"learning_curves.png", "auc_forest.png", "sepa_lambda.png", "uncertainty_hist_C4.png",
                      "trajectory_distance.png"}  # no decomposition.png: these trials log no credit/decomp_*
@@ -199,7 +199,7 @@ def test_eval_metric_default_step_and_sweep_groups(tmp_path):
     sweeps = {c: [{"learner.loss.entropy_coeff": 0.0}, {"learner.loss.entropy_coeff": 0.01}] for c in ("C1", "C2")}
     camp = write_campaign(tmp_path / "ev", effects={"C1": 0.0, "C2": 0.03}, seeds=range(4), steps=16,
                           eval_every=5, sweeps=sweeps, rows={"C2_entropy_coeff0.01_s3": 14})
-    rep = build_report(camp, figures=False)
+    rep = build_report(camp, ReportOptions(figures=False))
     assert rep.metric == "eval/pass@1"
     assert rep.step == 10  # every started trial reached step 13; the latest eval step <= 13 common to all is 10
     assert rep.groups == ["C1 [loss.entropy_coeff=0.0]", "C1 [loss.entropy_coeff=0.01]",
@@ -211,8 +211,8 @@ def test_eval_metric_default_step_and_sweep_groups(tmp_path):
     auc = rep.tables["auc"]
     assert auc.query("hi == 15").n_seeds.tolist() == [4, 4, 4, 3]
     assert len(rep.tables["deltas"]) == 3 * 3  # 3 groups x (step, AUC 0-10, AUC 0-15)
-    rep2 = build_report(camp, metric="train/correct_rate", baseline="C2", step=7, figures=False)
+    rep2 = build_report(camp, ReportOptions(metric="train/correct_rate", baseline="C2", step=7, figures=False))
     assert rep2.step == 7 and rep2.baseline == "C2 [loss.entropy_coeff=0.0]"
     assert (rep2.tables["step_table"].step == 7).all()
     with pytest.raises(ValueError, match="baseline"):
-        build_report(camp, baseline="C9", figures=False)
+        build_report(camp, ReportOptions(baseline="C9", figures=False))

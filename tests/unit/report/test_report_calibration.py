@@ -19,8 +19,8 @@ from scipy.integrate import trapezoid
 from statsmodels.stats.power import TTestPower
 
 from orchestrator.report.comparisons import all_specs, baseline_specs, family_marks
-from orchestrator.report.load import _Group, _Run
-from orchestrator.report.tables import _comparisons
+from orchestrator.report.load import Group, Run
+from orchestrator.report.tables import comparisons
 from orchestrator.stats import paired as stats
 
 R = 400  # campaigns per setting (the issue asks for at least 200)
@@ -89,16 +89,16 @@ def test_detection_rate_rises_with_the_effect_as_the_t_test_power_says(record_pr
 
 
 def test_the_report_tables_use_the_calibrated_comparison():
-    """`_comparisons` (what build_report writes) gives the same CI and p-value as `paired_comparison` on the
+    """`comparisons` (what build_report writes) gives the same CI and p-value as `paired_comparison` on the
     same values, and claims nothing below three pairs."""
     rng = np.random.default_rng(3)
-    base_g, other_g = _Group("C1", "C1", {}, False), _Group("C2", "C2", {}, False)
+    base_g, other_g = Group("C1", "C1", {}, False), Group("C2", "C2", {}, False)
     specs = baseline_specs([base_g, other_g], base_g)
     for n_seeds in (2, 4, 8):
         base, other = _campaign_aucs(rng, n_seeds, 0.004)
         for a, b in list(zip(base, other, strict=True))[:10]:
             values = {"C1": dict(enumerate(a)), "C2": dict(enumerate(b))}
-            deltas, power = _comparisons([base_g, other_g], specs, [("AUC 0-10", 11, values)],
+            deltas, power = comparisons([base_g, other_g], specs, [("AUC 0-10", 11, values)],
                                          metric="train/correct_rate", effect=0.01)
             row = deltas.iloc[0]
             ref = sps.ttest_rel(b, a)
@@ -122,11 +122,11 @@ N_CAMPAIGNS, LEAN_STEPS, EVAL_STEPS = 2000, 16, np.array([0, 5, 10, 15])
 RHO, AR_SD = 0.8, 0.02  # AR(1) per-run deviation from the seed's curve (autocorrelated across steps)
 
 
-def _lean_groups() -> list[_Group]:
+def _lean_groups() -> list[Group]:
     groups = []
     for cond, (adv, transform) in CONDITIONS.items():
-        g = _Group(cond, cond, {}, "sepa" in transform)
-        g.runs.append(_Run(f"{cond}_s0", cond, 0, {}, {"credit": {"advantage_mode": adv,
+        g = Group(cond, cond, {}, "sepa" in transform)
+        g.runs.append(Run(f"{cond}_s0", cond, 0, {}, {"credit": {"advantage_mode": adv,
                                                                   "transform_mode": transform}}))
         groups.append(g)
     return groups
@@ -183,7 +183,7 @@ def test_no_effect_campaigns_rarely_show_any_mark_in_a_measure_family(n_seeds, r
         # the report's own tables mark the same comparisons on the first campaigns
         for r in range(5):
             per_seed = {c: dict(enumerate(values[r, i])) for i, c in enumerate(CONDITIONS)}
-            deltas, _ = _comparisons(groups, specs, [(name, 16, per_seed)], bootstrap=False)
+            deltas, _ = comparisons(groups, specs, [(name, 16, per_seed)], bootstrap=False)
             np.testing.assert_allclose(deltas.p_value.to_numpy(float), p[r], rtol=1e-9)
             assert list(deltas.mark == "*") == list(marked[r])
     record_property("any_mark_share", shares)
@@ -212,7 +212,7 @@ def test_rate_bands_stay_in_0_1_and_few_seeds_are_drawn_faintly(tmp_path, monkey
         drawn["fig"] = fig
         return path
 
-    monkeypatch.setattr(figures, "_save", capture)
+    monkeypatch.setattr(figures, "save", capture)
     many = [(steps, np.full(6, 0.5) + 0.01 * k) for k in range(6)]
     figures.learning_curves({"A": near_zero, "B": near_one, "C": many}, tmp_path / "x.png",
                             metric="train/correct_rate")

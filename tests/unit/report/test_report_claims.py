@@ -20,7 +20,7 @@ from statsmodels.stats.multitest import multipletests
 from orchestrator import cli
 from orchestrator.campaign.expand import load_campaign
 from orchestrator.config.errors import UserError
-from orchestrator.report import build_report
+from orchestrator.report import ReportOptions, build_report
 from orchestrator.stats.power import seeds_for_power
 
 LEAN = {"C1": ("grpo", "none"), "C3": ("grpo", "gtpo_hicra"), "C4": ("grpo", "gtpo_sepa"),
@@ -84,7 +84,7 @@ def test_mark_follows_the_holm_adjusted_p_within_the_measure_family(tmp_path):
     assert 0.0125 < p["C2"] < 0.05  # raw p significant; Holm over 4 tests is not
     curves = {("C1", s): np.full(3, base[s]) for s in range(5)}
     curves |= {(c, s): np.full(3, base[s] + d[s]) for c, d in diffs.items() for s in range(5)}
-    rep = build_report(write_runs(tmp_path / "c", curves), windows=[], figures=False)
+    rep = build_report(write_runs(tmp_path / "c", curves), ReportOptions(windows=[], figures=False))
     d = rep.tables["deltas"]
     row = _row(d, group="C2")
     assert row.mark == ""  # raw p < 0.05, Holm-adjusted above: no mark
@@ -98,7 +98,7 @@ def test_mark_follows_the_holm_adjusted_p_within_the_measure_family(tmp_path):
     assert "Holm-adjusted p < 0.05 within the measure's family" in rep.markdown
     # a clear effect keeps its mark after the adjustment
     curves |= {("C2", s): np.full(3, base[s] + 0.05 + 0.002 * s) for s in range(5)}
-    d = build_report(write_runs(tmp_path / "c2", curves), windows=[], figures=False).tables["deltas"]
+    d = build_report(write_runs(tmp_path / "c2", curves), ReportOptions(windows=[], figures=False)).tables["deltas"]
     assert _row(d, group="C2").mark == "*" and _row(d, group="C2").p_holm < 0.05
 
 
@@ -110,7 +110,7 @@ def test_zero_variance_differences_are_reported_as_such_and_never_marked(tmp_pat
     curves = {("C1", s): np.full(4, base[s]) for s in range(4)}
     curves |= {("C2", s): np.full(4, base[s] + 0.05) for s in range(4)}  # every seed: exactly +5pp
     curves |= {("C3", s): np.full(4, base[s] + 0.01 * s) for s in range(4)}
-    rep = build_report(write_runs(tmp_path / "c", curves), windows=[], figures=False)
+    rep = build_report(write_runs(tmp_path / "c", curves), ReportOptions(windows=[], figures=False))
     row = _row(rep.tables["deltas"], group="C2")
     assert row.mark == "" and not row.ci_excludes_zero
     assert row.zero_variance
@@ -134,7 +134,8 @@ def test_power_comes_from_the_effect_of_interest_not_the_observed_effect(tmp_pat
         curves = {("C1", s): np.full(3, base[s]) for s in range(6)}
         curves |= {("C2", s): np.full(3, base[s] + planted + noise[s]) for s in range(6)}
         curves |= {("C3", s): np.full(3, base[s] - noise[s]) for s in range(6)}
-        rep = build_report(write_runs(tmp_path / f"c{i}", curves), windows=[], figures=False, effect=0.01)
+        rep = build_report(write_runs(tmp_path / f"c{i}", curves),
+                           ReportOptions(windows=[], figures=False, effect=0.01))
         tables.append(rep.tables["power"])
         row = _row(rep.tables["power"], group="C2")
         sd = np.std(noise, ddof=1)
@@ -145,10 +146,10 @@ def test_power_comes_from_the_effect_of_interest_not_the_observed_effect(tmp_pat
     assert tables[0].seeds_per_arm.tolist() == tables[1].seeds_per_arm.tolist()
     assert tables[0].power_now.tolist() == pytest.approx(tables[1].power_now.tolist())
     # no effect of interest: no seeds per arm at all; below three pairs: nothing either
-    rep = build_report(tmp_path / "c1", windows=[], figures=False)
+    rep = build_report(tmp_path / "c1", ReportOptions(windows=[], figures=False))
     assert rep.tables["power"].seeds_per_arm.isna().all() and "No effect of interest" in rep.markdown
     curves = {(c, s): np.full(3, 0.3 + 0.01 * s + (c == "C2") * 0.02 * s) for c in ("C1", "C2") for s in range(2)}
-    rep = build_report(write_runs(tmp_path / "few", curves), windows=[], figures=False, effect=0.01)
+    rep = build_report(write_runs(tmp_path / "few", curves), ReportOptions(windows=[], figures=False, effect=0.01))
     assert rep.tables["power"].seeds_per_arm.isna().all() and rep.tables["power"].mde_at_current_seeds.isna().all()
 
 
@@ -162,8 +163,8 @@ def test_contrasts_and_factorial_main_effects(tmp_path):
     finals = {(c, s): 0.4 + seed_shift[s] + e + rng.normal(0, 0.005) for c, e in effect.items() for s in range(4)}
     curves = {k: np.full(3, v) for k, v in finals.items()}
     configs = {c: {"credit": {"advantage_mode": a, "transform_mode": t}} for c, (a, t) in LEAN.items()}
-    rep = build_report(write_runs(tmp_path / "c", curves, configs=configs), windows=[], figures=False,
-                       contrasts=["C4-C3", "C8-C5"])
+    rep = build_report(write_runs(tmp_path / "c", curves, configs=configs), ReportOptions(windows=[], figures=False,
+                       contrasts=["C4-C3", "C8-C5"]))
     d = rep.tables["deltas"]
     assert d.kind.tolist() == ["vs baseline"] * 4 + ["contrast"] * 2 + ["main effect"] * 2
     x = {c: np.array([finals[(c, s)] for s in range(4)]) for c in LEAN}
@@ -178,7 +179,7 @@ def test_contrasts_and_factorial_main_effects(tmp_path):
     assert tr.delta == pytest.approx((((x["C4"] - x["C1"]) + (x["C8"] - x["C5"])) / 2).mean())
     assert (d.family_size == 8).all()
     with pytest.raises(ValueError, match="contrast"):
-        build_report(tmp_path / "c", windows=[], figures=False, contrasts=["C4-C9"])
+        build_report(tmp_path / "c", ReportOptions(windows=[], figures=False, contrasts=["C4-C9"]))
 
 
 # --- AUC windows ------------------------------------------------------------------------------------------------
@@ -191,7 +192,7 @@ def test_auc_windows_follow_the_eval_cadence_and_dropped_runs_are_listed(tmp_pat
     curves[("C2", 1)] = np.array([0.2, np.nan, 0.3, 0.35])  # eval at step 4 was NaN
     curves[("C1", 2)] = curves[("C1", 2)][:3]  # stopped after step 8
     camp = write_runs(tmp_path / "c", curves, metric="eval/pass@1", steps=13, eval_every=4)
-    rep = build_report(camp, figures=False)
+    rep = build_report(camp, ReportOptions(figures=False))
     assert set(rep.tables["auc"].window) == {"0-8", "0-12"} and rep.windows == [(0, 8), (0, 12)]
     dropped = rep.tables["auc_dropped"].set_index(["trial", "window"]).reason
     assert "interior step 4" in dropped[("C2_s1", "0-8")] and "interior step 4" in dropped[("C2_s1", "0-12")]
@@ -201,12 +202,12 @@ def test_auc_windows_follow_the_eval_cadence_and_dropped_runs_are_listed(tmp_pat
     auc = rep.tables["auc_runs"].set_index(["trial", "window"]).auc
     assert auc[("C1_s0", "0-12")] == pytest.approx(trapezoid(curves[("C1", 0)], grid) / 12)
     # interpolation only when asked
-    rep = build_report(camp, figures=False, interpolate=True)
+    rep = build_report(camp, ReportOptions(figures=False, interpolate=True))
     auc = rep.tables["auc_runs"].set_index(["trial", "window"]).auc
     assert auc[("C2_s1", "0-8")] == pytest.approx(trapezoid([0.2, 0.3], [0, 8]) / 8)
     assert len(rep.tables["auc_dropped"]) == 1
     # windows from the campaign
-    rep = build_report(camp, figures=False, windows=[(4, 12)])
+    rep = build_report(camp, ReportOptions(figures=False, windows=[(4, 12)]))
     assert set(rep.tables["auc"].window) == {"4-12"}
 
 
@@ -215,13 +216,13 @@ def test_auc_windows_follow_the_eval_cadence_and_dropped_runs_are_listed(tmp_pat
 
 def test_units_follow_the_metric_kind_not_its_values(tmp_path):
     curves = {(c, s): np.full(3, 0.12 + 0.01 * s + (c == "C2") * 0.01) for c in ("C1", "C2") for s in range(3)}
-    rep = build_report(write_runs(tmp_path / "l", curves, metric="loss/total"), metric="loss/total",
-                       windows=[], figures=False)
+    rep = build_report(write_runs(tmp_path / "l", curves, metric="loss/total"), ReportOptions(metric="loss/total",
+                       windows=[], figures=False))
     assert "| C1 | 3 | 0.13 |" in rep.markdown and "%" not in rep.markdown.split("## Step")[1].split("##")[0]
     rep = build_report(write_runs(tmp_path / "h", curves, metric="policy/entropy_mean"),
-                       metric="policy/entropy_mean", windows=[], figures=False)
+                       ReportOptions(metric="policy/entropy_mean", windows=[], figures=False))
     assert "0.13 nats" in rep.markdown
-    rep = build_report(write_runs(tmp_path / "r", curves), windows=[], figures=False)
+    rep = build_report(write_runs(tmp_path / "r", curves), ReportOptions(windows=[], figures=False))
     assert "13.0%" in rep.markdown
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from orchestrator.report import build_report
+from orchestrator.report import ReportOptions, build_report
 from orchestrator.report.decomposition import pooled
 from workers.credit import shannon_entropy
 from workers.credit.decomposition import decomposition_metrics
@@ -63,7 +63,7 @@ def write_campaign(root: Path, steps: int = 8, seeds=(0, 1, 2)) -> Path:
 
 def test_sections_tables_markdown_and_figures(tmp_path):
     camp = write_campaign(tmp_path / "c")
-    rep = build_report(camp, out_dir=tmp_path / "out")
+    rep = build_report(camp, ReportOptions(out_dir=tmp_path / "out"))
     md = rep.markdown
     assert "## Paired design and distance from the baseline" in md
     assert "common random numbers" in md
@@ -104,7 +104,7 @@ def test_crn_mismatch_is_reported_and_missing_decomposition_is_said(tmp_path):
             del r[k]
     rows[0]["train/correct_rate"] += 0.1
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    rep = build_report(camp, figures=False)
+    rep = build_report(camp, ReportOptions(figures=False))
     assert "for 1 of 2 seeds; differing: seed 1" in rep.markdown
     # C4 still has seed 0 with decomposition metrics
     assert "C4" in set(rep.tables["decomposition"].group)
@@ -148,7 +148,7 @@ def test_noise_share_is_a_pooled_ratio_near_the_truth_and_nan_below_the_token_fl
         (d / "metrics.jsonl").write_text("\n".join(rows) + "\n")
     (tmp_path / "campaign.json").write_text(json.dumps({"name": "d", "trials": trials}))
     assert np.nanmean(per_step) < 0.0 < truth  # what a mean of per-step ratios would say
-    rep = build_report(tmp_path, figures=False)
+    rep = build_report(tmp_path, ReportOptions(figures=False))
     plan = rep.tables["decomposition"].set_index("token_class").loc["plan"]
     assert plan.noise_share == pytest.approx(truth, abs=0.03)
     assert plan.noise_share_ci_low < truth < plan.noise_share_ci_high <= 1.05

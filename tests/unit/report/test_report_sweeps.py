@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from orchestrator.report import build_report
+from orchestrator.report import ReportOptions, build_report
 
 
 def write_env_campaign(root: Path, conditions: dict[str, float], sweep_key: str | None, sweep_values: list,
@@ -45,7 +45,7 @@ def write_env_campaign(root: Path, conditions: dict[str, float], sweep_key: str 
 def test_conditions_on_x_sweep_points_as_lines(tmp_path):
     vals = write_env_campaign(tmp_path, {"nofilter": 0.2, "rv0.9": 0.4}, "task.success_rate", [0.8, 0.98],
                               seeds=[0, 1, 2, 3])
-    report = build_report(tmp_path, figures=True)
+    report = build_report(tmp_path, ReportOptions(figures=True))
     assert report.metric == "eval/success"
     table = report.tables["sweeps"]
     assert set(table.panel) == {"condition"} and len(table) == 4
@@ -64,7 +64,7 @@ def test_conditions_on_x_sweep_points_as_lines(tmp_path):
 def test_one_condition_each_sweep_key_is_a_panel_and_few_seeds_get_no_ci(tmp_path):
     write_env_campaign(tmp_path, {"ppo_gae": 0.3}, "interventions.entropy_bonus.coeff", [0.0, 0.01, 0.1],
                        seeds=[0, 1])
-    report = build_report(tmp_path, figures=False)
+    report = build_report(tmp_path, ReportOptions(figures=False))
     table = report.tables["sweeps"]
     assert list(table.panel.unique()) == ["interventions.entropy_bonus.coeff"]
     assert list(table.x) == ["0.0", "0.01", "0.1"] and table.final_ci_low.isna().all()
@@ -75,7 +75,7 @@ def test_no_sweep_panel_for_a_plain_single_turn_campaign(tmp_path):
     from tests.unit.report.test_report_build import write_campaign
 
     write_campaign(tmp_path, effects={"C1": 0.0, "C3": 0.02}, seeds=range(3))
-    assert "sweeps" not in build_report(tmp_path, figures=False).tables
+    assert "sweeps" not in build_report(tmp_path, ReportOptions(figures=False)).tables
 
 
 def test_sweep_trend_is_a_paired_slope_test_and_final_is_at_the_common_step(tmp_path):
@@ -100,7 +100,7 @@ def test_sweep_trend_is_a_paired_slope_test_and_final_is_at_the_common_step(tmp_
             d.mkdir(parents=True)
             (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     (tmp_path / "campaign.json").write_text(json.dumps({"name": "lr", "trials": trials}))
-    report = build_report(tmp_path, figures=True)
+    report = build_report(tmp_path, ReportOptions(figures=True))
     table = report.tables["sweeps"]
     assert (table.step == 5).all() and table.x_value.tolist() == lrs
     assert table.final_mean.tolist() == pytest.approx([np.mean([final[(lr, s)] for s in seeds]) for lr in lrs])

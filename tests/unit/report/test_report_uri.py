@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from orchestrator import cli
-from orchestrator.report import build_report
+from orchestrator.report import ReportOptions, build_report
 from orchestrator.report import load as report_load
 from tests.unit.report.test_report_build import write_campaign
 
@@ -50,11 +50,11 @@ def _upload(fs, local, remote: str) -> None:
 def test_report_from_a_uri_equals_the_local_report(tmp_path, memory_fs):
     local = write_campaign(tmp_path / "camp", effects={"C1": 0.0, "C4": 0.02}, seeds=range(4), sepa=("C4",),
                            npz=True, rows={"C1_s3": 9})
-    want = build_report(local, out_dir=tmp_path / "local_out", figures=False)
+    want = build_report(local, ReportOptions(out_dir=tmp_path / "local_out", figures=False))
     memory_fs.create_dir("/bucket/camp", recursive=True)
     _upload(memory_fs, local, "/bucket/camp")
     shutil.rmtree(local)  # nothing local is left to read: the report can only read the URI
-    got = build_report("mem://bucket/camp", out_dir=tmp_path / "uri_out", figures=False)
+    got = build_report("mem://bucket/camp", ReportOptions(out_dir=tmp_path / "uri_out", figures=False))
     assert got.missing == want.missing and got.groups == want.groups and got.step == want.step
     for name, table in want.tables.items():
         pd.testing.assert_frame_equal(got.tables[name], table, check_exact=False, rtol=1e-12)

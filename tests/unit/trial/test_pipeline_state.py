@@ -12,7 +12,7 @@ from orchestrator.trial.one_step_off import (
     rollouts_from_json,
     rollouts_to_json,
 )
-from orchestrator.trial.step import Rollouts
+from orchestrator.trial.sources import Rollouts
 
 
 def _roll() -> Rollouts:
@@ -35,8 +35,11 @@ def test_round_trip_is_exact():
 
 def test_save_and_load_pending(tmp_path):
     from orchestrator.config.trial import TrialConfig
+    from orchestrator.trial.context import TrialContext
+    from orchestrator.trial.sources import rollout_source
 
-    pipe = OneStepOff(TrialConfig(), [], None, None, None, None)
+    ctx = TrialContext(TrialConfig(), [], None, None, None, None)
+    pipe = OneStepOff(ctx, rollout_source(ctx))
     pipe.save(tmp_path)  # nothing prefetched (the last step): no file
     assert not (tmp_path / PREFETCH_FILE).exists() and load_pending(tmp_path) is None
     pipe.pending = (_roll(), 4)

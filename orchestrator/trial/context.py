@@ -1,0 +1,27 @@
+"""What a trial holds fixed from its first step to its last, in one object.
+
+The step pieces (orchestrator/trial/step.py), the rollout sources (sources.py), one_step_off and the sampler all
+need the same handful of things: the config, the rollout workers, the learner, the tokenizer, the task and the
+action ids of the probability floor. `run_trial` (loop.py) builds them once and passes this object instead of
+six loose parameters; the step index, the adapter version and the SEPA controller's state change every step and
+stay separate arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.config.trial import TrialConfig
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """The trial's fixed parts. `learner`: a LearnerGroup (orchestrator/trial/learner_group.py), None where only
+    rollouts run (tests); `actions`: the task's action token ids when the probability floor is on, else None."""
+
+    cfg: TrialConfig
+    workers: list
+    learner: object
+    tokenizer: object
+    task: object
+    actions: list[int] | None = None
