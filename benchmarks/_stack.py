@@ -43,6 +43,7 @@ class Stack:
         from orchestrator.trial.sampling import action_ids
         from orchestrator.trial.sources import rollout_source
         from workers.credit import SepaController
+        from workers.learner.inputs import RunSettings
         from workers.models.loading import load_tokenizer
         from workers.tasks import make_task
 
@@ -53,8 +54,9 @@ class Stack:
             for _ in range(cfg.rollout.num_workers)
         ]
         self.learner = LearnerGroup([_LearnerActor.options(num_cpus=cpus).remote(
-            model_cfg, learner=cfg.learner.model_dump(), credit=cfg.credit.model_dump(), seed=cfg.seed,
-            total_steps=cfg.steps, dtype=cfg.model.dtype, interventions=cfg.interventions.model_dump())],
+            model_cfg, learner=cfg.learner, credit=cfg.credit,
+            run=RunSettings(seed=cfg.seed, total_steps=cfg.steps, dtype=cfg.model.dtype),
+            interventions=cfg.interventions)],
             full=cfg.learner.mode == "full")
         self.model_path = resolve_model(cfg.model)
         self.tokenizer = load_tokenizer(self.model_path)

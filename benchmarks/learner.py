@@ -37,6 +37,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from workers.learner.inputs import LearnerBatch  # noqa: E402
+
 # Real architectures by their published configs (transformers class, kwargs): built with random weights.
 SHAPES = {
     "qwen3-0.6b": ("Qwen3", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
@@ -74,7 +76,9 @@ def build_shape(name: str, layers: int | None, vocab: int | None, dtype: torch.d
 def make_learner(args, old_logprobs: str, ranks=None, init: str | None = None):
     """The project's Learner around the tiny model or a `--shape` model (patched in where it loads weights)."""
     import workers.models.loading as models_mod
-    from orchestrator.config.trial import LearnerConfig
+    from workers.credit import CreditConfig
+    from workers.learner.config import LearnerConfig
+    from workers.learner.inputs import RunSettings
     from workers.learner.learner import Learner
     from workers.learner.ranks import Ranks
     from workers.models.loading import build_tiny_model
@@ -88,23 +92,25 @@ def make_learner(args, old_logprobs: str, ranks=None, init: str | None = None):
     cfg = LearnerConfig(old_logprobs=old_logprobs, gradient_checkpointing=args.checkpointing,
                         mode=getattr(args, "mode", "lora")).model_dump()
     cfg["optim"].update(micro_batch_size=args.micro or args.groups * args.group, lr=1e-5)
-    return Learner(tiny, learner=cfg, credit={"advantage_mode": "grpo", "transform_mode": "none"}, seed=0,
-                   total_steps=1000, dtype=args.dtype, ranks=ranks or Ranks(), init_method=init)
+    return Learner(tiny, learner=LearnerConfig.model_validate(cfg),
+                   credit=CreditConfig(advantage_mode="grpo", transform_mode="none"),
+                   run=RunSettings(seed=0, total_steps=1000, dtype=args.dtype), ranks=ranks or Ranks(),
+                   init_method=init)
 
 
-def make_batch(args, vocab: int) -> dict:
+def make_batch(args, vocab: int) -> LearnerBatch:
     gen = torch.Generator().manual_seed(1)
     b = args.groups * args.group
     prompts = torch.randint(4, vocab, (args.groups, args.prompt_len), generator=gen)
     lens = torch.randint(args.response_len // 2, args.response_len + 1, (b,), generator=gen)
     lens[0] = args.response_len
-    return {
-        "prompt_ids": [prompts[i // args.group].tolist() for i in range(b)],
-        "response_ids": [torch.randint(4, vocab, (int(n),), generator=gen).tolist() for n in lens],
-        "rollout_logprobs": [[-2.0] * int(n) for n in lens],
-        "rewards": (torch.rand(args.groups, args.group, generator=gen) < 0.5).float().tolist(),
-        "temperature": 1.0, "sepa_lambda": 0.0, "step": 1,
-    }
+    return LearnerBatch(
+        prompt_ids=[prompts[i // args.group].tolist() for i in range(b)],
+        response_ids=[torch.randint(4, vocab, (int(n),), generator=gen).tolist() for n in lens],
+        rollout_logprobs=[[-2.0] * int(n) for n in lens],
+        rewards=(torch.rand(args.groups, args.group, generator=gen) < 0.5).float().tolist(),
+        temperature=1.0, sepa_lambda=0.0, step=1,
+    )
 
 
 class BareStep:
@@ -115,11 +121,11 @@ class BareStep:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=1e-5)
 
-    def tensors(self, batch: dict, pad_id: int, device: str) -> tuple:
+    def tensors(self, batch: LearnerBatch, pad_id: int, device: str) -> tuple:
         from workers.learner.batch import collate
 
         b = collate(batch, pad_id)
-        flat = torch.tensor([r for g in batch["rewards"] for r in g])
+        flat = torch.tensor([r for g in batch.rewards for r in g])
         adv = (flat - flat.mean())[:, None].expand(-1, b.t)
         return b.seqs.to(device), b.attn.to(device), b.start.to(device), b.t, b.mask.to(device), adv.to(device)
 
@@ -191,7 +197,7 @@ def _group_rank(rank: int, world: int, init: str, args, threads: int, out: str) 
         _sync(learner.device)
         times.append(time.perf_counter() - t0)
     if rank == 0:
-        tokens = sum(len(p) + len(r) for p, r in zip(batch["prompt_ids"], batch["response_ids"], strict=True))
+        tokens = sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True))
         Path(out).write_text(f"{tokens} {statistics.median(times)} {' '.join(f'{t:.3f}' for t in times)}")
 
 
@@ -248,11 +254,11 @@ def main() -> None:
     device = rollout.device
     model_cfg = rollout.model.get_base_model().config
     batch = make_batch(args, model_cfg.vocab_size)
-    bare = BareStep(rollout.model, args.micro or len(batch["response_ids"]))
+    bare = BareStep(rollout.model, args.micro or len(batch.response_ids))
     tensors = bare.tensors(batch, rollout.tokenizer.pad_token_id, device)
     n_tokens = int(tensors[1].sum())
     print(f"model: {args.shape or 'tiny'} (layers {model_cfg.num_hidden_layers}, hidden {model_cfg.hidden_size}, "
-          f"vocab {model_cfg.vocab_size}, {rollout.dtype}) on {device}; batch {len(batch['response_ids'])} seqs, "
+          f"vocab {model_cfg.vocab_size}, {rollout.dtype}) on {device}; batch {len(batch.response_ids)} seqs, "
           f"{n_tokens} tokens; micro {bare.micro}; checkpointing {args.checkpointing}; "
           f"torch threads {torch.get_num_threads()}")
 

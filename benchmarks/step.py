@@ -49,6 +49,7 @@ def main() -> None:
     from orchestrator.config.trial import TrialConfig
     from orchestrator.trial.sampling import step_seed
     from workers.envs.tokens import first_prompt_ids, stop_token_ids
+    from workers.learner.inputs import LearnerBatch
     from workers.models.loading import load_model
     from workers.rollout.worker import engine_in_process, engine_settings, use_engine_processes
     from workers.tasks import make_task
@@ -103,9 +104,9 @@ def main() -> None:
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=req, use_tqdm=False)
         t_gen = time.perf_counter() - t0
         completions = [list(c.token_ids) for o in outs for c in sorted(o.outputs, key=lambda c: c.index)]
-        batch = {"prompt_ids": [p for p in prompts for _ in range(ro.n)], "response_ids": completions,
-                 "rollout_logprobs": [[0.0] * len(c) for c in completions],
-                 "rewards": [[float(i % 2) for i in range(ro.n)] for _ in prompts]}
+        batch = LearnerBatch(prompt_ids=[p for p in prompts for _ in range(ro.n)], response_ids=completions,
+                             rollout_logprobs=[[0.0] * len(c) for c in completions],
+                             rewards=[[float(i % 2) for i in range(ro.n)] for _ in prompts], temperature=ro.temperature)
         tensors = bare_train.tensors(batch, stack.tokenizer.pad_token_id, "cpu")
         t0 = time.perf_counter()
         bare_train(*tensors)

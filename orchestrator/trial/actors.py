@@ -12,6 +12,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from orchestrator.config.trial import ModelConfig, TrialConfig
 from orchestrator.trial.learner_group import LearnerGroup
 from orchestrator.trial.models import resolve_model
+from workers.learner.inputs import RunSettings
 from workers.learner.learner import Learner
 from workers.learner.ranks import Ranks, rendezvous_address
 from workers.models.gpu_runtime import check_gpu_runtime
@@ -131,9 +132,9 @@ def start_actors(cfg: TrialConfig, pg) -> tuple[list, LearnerGroup]:
     ]
     ranks = [
         _LearnerActor.options(num_cpus=r.learner_cpus, num_gpus=r.learner_gpus, **_placement(pg, 1 + k + i)).remote(
-            model_cfg, rank=i, world=r.learner_ranks, learner=cfg.learner.model_dump(),
-            credit=cfg.credit.model_dump(), seed=cfg.seed, total_steps=cfg.steps, dtype=cfg.model.dtype,
-            interventions=cfg.interventions.model_dump())
+            model_cfg, rank=i, world=r.learner_ranks, learner=cfg.learner, credit=cfg.credit,
+            run=RunSettings(seed=cfg.seed, total_steps=cfg.steps, dtype=cfg.model.dtype),
+            interventions=cfg.interventions)
         for i in range(r.learner_ranks)
     ]
     return workers, LearnerGroup(ranks, full=not settings.enable_lora)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ray
 
+from workers.learner.inputs import LearnerBatch, StepResult
 from workers.sync.policy import push
 
 
@@ -31,16 +32,16 @@ class LearnerGroup:
         return all(ray.get([r.ready.remote() for r in self.ranks]))
 
     # -- training -------------------------------------------------------------------------------------
-    def submit_train_step(self, batch: dict) -> list:
+    def submit_train_step(self, batch: LearnerBatch) -> list:
         """Start one training step on every rank (returns their futures; `result` waits)."""
         ref = ray.put(batch)
         return [r.train_step.remote(ref) for r in self.ranks]
 
     @staticmethod
-    def result(futures: list) -> dict:
+    def result(futures: list) -> StepResult:
         return ray.get(futures)[0]
 
-    def train_step(self, batch: dict) -> dict:
+    def train_step(self, batch: LearnerBatch) -> StepResult:
         return self.result(self.submit_train_step(batch))
 
     # -- the policy on the rollout workers ------------------------------------------------------------

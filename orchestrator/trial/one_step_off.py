@@ -73,7 +73,7 @@ class OneStepOff:
         t0 = time.perf_counter()
         future = None
         if batch is not None:
-            future = learner.submit_train_step({**batch, "tis_cap": cfg.rollout.tis_cap})
+            future = learner.submit_train_step(dataclasses.replace(batch, tis_cap=cfg.rollout.tis_cap))
         t1, w1 = time.perf_counter(), time.time()
         if step + 1 < cfg.steps:  # overlaps the learner: sampled with the adapter the workers hold (`version`)
             self.pending = (self._collect(step + 1), version)

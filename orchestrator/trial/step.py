@@ -13,6 +13,7 @@ import torch
 from orchestrator.trial.context import TrialContext
 from orchestrator.trial.sources import Rollouts, RolloutSource
 from workers.credit import SepaController
+from workers.learner.inputs import LearnerBatch, StepResult
 from workers.objectives.filters import nonfinite_groups, rv_filter
 
 
@@ -25,7 +26,7 @@ def collect(source: RolloutSource, step: int) -> Rollouts:
 
 
 def prepare(ctx: TrialContext, step: int, roll: Rollouts, sepa: SepaController,
-            version: int) -> tuple[dict, dict | None, float]:
+            version: int) -> tuple[dict, LearnerBatch | None, float]:
     """Check the adapter `roll` was sampled with (`version`), drop uninformative groups, and build the step's
     row and learner batch (None when no group is kept). Returns (row, batch, correct rate)."""
     cfg, actions = ctx.cfg, ctx.actions
@@ -71,24 +72,26 @@ def prepare(ctx: TrialContext, step: int, roll: Rollouts, sepa: SepaController,
     def rows(groups):
         return [x for i in keep for x in groups[i]]
 
-    batch = {
-        "prompt_ids": rows(roll.prompt_ids), "response_ids": rows(roll.response_ids),
-        "loss_mask": rows(roll.loss_mask), "rollout_logprobs": rows(roll.logprobs),
-        "rewards": [rewards[i] for i in keep], **{k: rows(v) for k, v in roll.extra.items()},
-        "temperature": ro.temperature, "sepa_lambda": lam, "step": step,
-        "loss_scale": filtered.loss_scale, "action_token_ids": actions, "tis_cap": ro.tis_cap,
-        "want_uncertainty": "sepa" in cfg.credit.stages,  # the report's mechanistic histogram
-    }
+    batch = LearnerBatch(
+        prompt_ids=rows(roll.prompt_ids), response_ids=rows(roll.response_ids),
+        loss_mask=rows(roll.loss_mask), rollout_logprobs=rows(roll.logprobs),
+        rewards=[rewards[i] for i in keep],
+        temperature=ro.temperature, sepa_lambda=lam, step=step,
+        loss_scale=filtered.loss_scale, action_token_ids=actions, tis_cap=ro.tis_cap,
+        want_uncertainty="sepa" in cfg.credit.stages,  # the report's mechanistic histogram
+        reward_positions=rows(roll.extra["reward_positions"]) if "reward_positions" in roll.extra else None,
+        turn_rewards=rows(roll.extra["turn_rewards"]) if "turn_rewards" in roll.extra else None,
+    )
     return row, batch, correct_rate
 
 
-def absorb(row: dict, out: dict | None, sepa: SepaController, correct_rate: float) -> None:
+def absorb(row: dict, out: StepResult | None, sepa: SepaController, correct_rate: float) -> None:
     """The learner's result into the row (metrics, uncertainty samples); SEPA observes the step."""
     exec_values = None
     if out is not None:
-        row.update(out["metrics"])
-        exec_values = out["exec_values"]
-        row["_uncertainty"] = out["uncertainty"]
+        row.update(out.metrics)
+        exec_values = out.exec_values
+        row["_uncertainty"] = out.uncertainty
     sepa.observe(correct_rate, exec_values)
 
 

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from workers.learner.config import OptimConfig
+    from workers.learner.inputs import LearnerBatch
 
 
 def pad(rows: list[list[Any]], fill: Any, dtype: torch.dtype) -> Tensor:
@@ -63,17 +67,17 @@ class Scored:
     values: Tensor | None = None  # the critic's values before this step's updates (GAE)
 
 
-def collate(batch: dict, pad_id: int) -> Batch:
-    """Pad a batch of plain lists (see `Learner.train_step`) into tensors; checks the rows line up."""
-    prompts, responses = batch["prompt_ids"], batch["response_ids"]
-    masks = batch.get("loss_mask") or [[True] * len(r) for r in responses]
-    old = batch["rollout_logprobs"]
+def collate(batch: LearnerBatch, pad_id: int) -> Batch:
+    """Pad a batch of plain lists (workers/learner/inputs.py) into tensors; checks the rows line up."""
+    prompts, responses = batch.prompt_ids, batch.response_ids
+    masks = batch.loss_mask or [[True] * len(r) for r in responses]
+    old = batch.rollout_logprobs
     if not len(prompts) == len(responses) == len(masks) == len(old):
         raise ValueError("prompt_ids, response_ids, loss_mask and rollout_logprobs need one row per sequence")
     for r, m, lp in zip(responses, masks, old, strict=True):
         if not len(r) == len(m) == len(lp):
             raise ValueError(f"a response of {len(r)} ids has {len(m)} mask flags and {len(lp)} log-probs")
-    rewards = torch.tensor(batch["rewards"], dtype=torch.float32)
+    rewards = torch.tensor(batch.rewards, dtype=torch.float32)
     if rewards.dim() != 2 or rewards.numel() != len(responses):
         raise ValueError(f"rewards must be [N][G] with N*G = {len(responses)} sequences")
     masks = [[bool(x) for x in m] for m in masks]
@@ -105,24 +109,24 @@ def sampled_runs(flags: list[bool]) -> list[tuple[int, int]]:
     return out
 
 
-def mini_batches(size: int, optim: dict, seed: int, step: int) -> list[Tensor]:
+def mini_batches(size: int, optim: OptimConfig, seed: int, step: int) -> list[Tensor]:
     """Row indices of each optimizer step: `ppo_epochs` passes over a shuffle of the batch seeded by (seed, step),
     cut into `mini_batch_size` rows. The default (one mini-batch, one epoch) is the batch in order: one step."""
-    mbs, epochs = optim.get("mini_batch_size") or size, optim.get("ppo_epochs", 1)
+    mbs, epochs = optim.mini_batch_size or size, optim.ppo_epochs
     if mbs >= size and epochs == 1:
         return [torch.arange(size)]
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
     return [chunk for _ in range(epochs) for chunk in torch.randperm(size, generator=gen).split(mbs)]
 
 
-def micro_batches(b: Batch, rows: Tensor, optim: dict) -> Iterator[tuple[Tensor, Tensor, Tensor, int, Tensor, Tensor]]:
+def micro_batches(b: Batch, rows: Tensor, optim: OptimConfig) -> Iterator[tuple[Tensor, Tensor, Tensor, int, Tensor, Tensor]]:
     """(seqs, attn, start, length, loss mask, rows) of each micro-batch of `rows`: `micro_batch_size` rows in
     order, or with `max_tokens_per_micro_batch` rows packed greedily by length (longest first, a micro-batch grows
     while rows x its longest sequence fits the budget; a longer sequence goes alone) with the columns cut to the
     micro-batch's longest sequence."""
-    budget = optim.get("max_tokens_per_micro_batch")
+    budget = optim.max_tokens_per_micro_batch
     if not budget:
-        mb = optim["micro_batch_size"]
+        mb = optim.micro_batch_size
         for s in range(0, len(rows), mb):
             r = rows[s:s + mb]
             yield b.seqs[r], b.attn[r], b.start[r], b.t, b.mask[r], r

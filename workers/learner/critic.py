@@ -17,12 +17,16 @@ state at position p-1, the same alignment as the policy's log-prob of token p).
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from workers.learner.ranks import ONE_RANK, Ranks
 from workers.objectives.losses import aggregate
+
+if TYPE_CHECKING:
+    from workers.learner.config import CriticConfig
 
 ADAPTER = "critic"
 
@@ -44,7 +48,7 @@ def _window(hidden: Tensor, start: Tensor, length: int, width: int) -> Tensor:
 class _Critic:
     """What both critics share: the PPO value update over (micro-batch, real) passes."""
 
-    cfg: dict
+    cfg: CriticConfig
     device: str
     params: list[nn.Parameter]
     optimizer: torch.optim.Optimizer
@@ -70,7 +74,7 @@ class _Critic:
                 v = self.values(seqs, attn, start, length)
                 m = mask.to(self.device)
                 per_tok, was_clipped = clipped_value_loss(v, old_values[rows].to(self.device),
-                                                          returns[rows].to(self.device), self.cfg["cliprange_value"])
+                                                          returns[rows].to(self.device), self.cfg.cliprange_value)
                 loss = aggregate(per_tok, m, aggregation, **totals)
                 (loss if real else loss * 0.0).backward()
                 if real:
@@ -83,13 +87,13 @@ class _Critic:
     def _clip(self) -> float:
         from workers.learner.modules import clip_grad_norm
 
-        return clip_grad_norm(self.params, self.cfg["grad_clip"])
+        return clip_grad_norm(self.params, self.cfg.grad_clip)
 
 
 class LoraCritic(_Critic):
     """Value adapter + head + optimizer on the policy's PeftModel (see module docstring)."""
 
-    def __init__(self, peft_model, config: dict, lora_config, device: str, ranks: Ranks = ONE_RANK):
+    def __init__(self, peft_model, config: CriticConfig, lora_config, device: str, ranks: Ranks = ONE_RANK):
         """`peft_model`: the lora-mode policy (its adapter "default"), or `on_full_policy`'s wrapper of a full-mode
         policy, which already holds this critic's adapter (`lora_config` is then unused)."""
         self.model, self.cfg, self.device, self.ranks = peft_model, config, device, ranks
@@ -142,8 +146,8 @@ class LoraCritic(_Critic):
         """After sharding: the adapter's (possibly sharded) parameters plus the head's."""
         params = [p for n, p in self.model.named_parameters() if self.owns(n)]
         self.params = params + list(self.head.parameters())
-        self.optimizer = torch.optim.AdamW(self.params, lr=self.cfg["lr"], betas=tuple(self.cfg["betas"]),
-                                           weight_decay=self.cfg["weight_decay"])
+        self.optimizer = torch.optim.AdamW(self.params, lr=self.cfg.lr, betas=tuple(self.cfg.betas),
+                                           weight_decay=self.cfg.weight_decay)
 
     @contextmanager
     def active(self):
@@ -180,7 +184,7 @@ class LoraCritic(_Critic):
 
         if self.ranks.grouped:  # the head is replicated, outside FSDP: its gradient is summed here
             sum_grads(list(self.head.parameters()))
-        return clip_grad_norm(self.params, self.cfg["grad_clip"])
+        return clip_grad_norm(self.params, self.cfg.grad_clip)
 
 
 class ValueModel(nn.Module):
@@ -200,7 +204,7 @@ class ValueModel(nn.Module):
 class FullCritic(_Critic):
     """Its own full model + value head, every weight trained (see module docstring)."""
 
-    def __init__(self, model_path: str, config: dict, device: str, dtype: torch.dtype, *, ranks: Ranks = ONE_RANK,
+    def __init__(self, model_path: str, config: CriticConfig, device: str, dtype: torch.dtype, *, ranks: Ranks = ONE_RANK,
                  shard_fn=None, gradient_checkpointing: bool = False):
         from transformers import AutoModel
 
@@ -214,8 +218,8 @@ class FullCritic(_Critic):
             shard_fn(self.model)
         self.module = self.model  # what the critic's checkpoint holds
         self.params = list(self.model.parameters())
-        self.optimizer = torch.optim.AdamW(self.params, lr=config["lr"], betas=tuple(config["betas"]),
-                                           weight_decay=config["weight_decay"])
+        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=tuple(config.betas),
+                                           weight_decay=config.weight_decay)
 
     def values(self, seqs: Tensor, attn: Tensor, start: Tensor, length: int) -> Tensor:
         return self.model(seqs.to(self.device), attn.to(self.device), start, length)

@@ -10,7 +10,8 @@ import math
 import torch
 from torch import Tensor
 
-from workers.learner.batch import Batch, Scored
+from workers.learner.batch import Batch
+from workers.learner.context import UpdatePlan
 from workers.objectives.interventions import InterventionsConfig
 from workers.objectives.losses import kl_penalty
 
@@ -58,9 +59,11 @@ def critic_metrics(values: Tensor, returns: Tensor, mask: Tensor, sums: dict, pp
 
 
 
-def step_metrics(b: Batch, scored: Scored, sums: dict[str, float], floor_metrics: dict[str, float], floor,
-                 scale: float, *, iv: InterventionsConfig, ppo_epochs: int, lr: float) -> dict[str, float]:
-    """Losses, optimiser, log-prob gap, entropy, KL to the reference and probability-floor metrics of a step."""
+def step_metrics(plan: UpdatePlan, sums: dict[str, float], floor_metrics: dict[str, float], *,
+                 iv: InterventionsConfig, ppo_epochs: int, lr: float) -> dict[str, float]:
+    """Losses, optimiser, log-prob gap, entropy, KL to the reference and probability-floor metrics of the step
+    `plan` describes (its batch, scoring pass, loss scale and probability floor)."""
+    b, scored, scale, floor = plan.b, plan.scored, plan.scale, plan.scoring.floor
     mask = b.mask
     total_tokens = float(mask.sum())
     gap = (scored.learner_lp - b.old_lp).abs()[mask]

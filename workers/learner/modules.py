@@ -13,8 +13,13 @@ it runs on CPU with gloo too (torch 2.13), so the CPU tests exercise the same co
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from workers.learner.config import LoraSettings
 
 DECODER_LAYER_SUFFIX = "DecoderLayer"  # LlamaDecoderLayer, Qwen2DecoderLayer, Qwen3DecoderLayer, ...
 
@@ -64,11 +69,11 @@ def load_causal_lm(path: str, dtype: torch.dtype, device: str, gradient_checkpoi
     return model
 
 
-def lora_config(settings: dict):
+def lora_config(settings: LoraSettings):
     from peft import LoraConfig
 
-    return LoraConfig(r=settings["rank"], lora_alpha=settings["alpha"], lora_dropout=settings["dropout"],
-                      target_modules=settings["target_modules"], task_type="CAUSAL_LM")
+    return LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                      target_modules=settings.target_modules, task_type="CAUSAL_LM")
 
 
 def frozen_copy(path: str, dtype: torch.dtype, device: str) -> nn.Module:

@@ -15,18 +15,38 @@ from __future__ import annotations
 import copy
 import random
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from workers.checkpoint.blob import CorruptCheckpoint, dump_blob, load_blob
 from workers.sync.policy import PolicyUpdate
 
+if TYPE_CHECKING:
+    from torch import nn
+
+    from workers.learner.context import Layout, PolicyOptim
+
 BLOB, SHARDS = "learner.pt", "learner_shards"
 
 
-class LearnerState:
-    """Mixin of `workers.learner.learner.Learner`: exports and checkpoints (see module docstring)."""
+@dataclass
+class Progress:
+    """The learner's step counters: training steps done and policy optimizer steps taken (saved in checkpoints)."""
+
+    steps_done: int = 0
+    optimizer_steps: int = 0
+
+
+class PolicyExport:
+    """The policy as the rollout workers load it, from the policy `model` (and the LoRA `critic` sharing it,
+    whose adapter never leaves), laid out as `layout` says. Collective on a sharded learner."""
+
+    def __init__(self, model: nn.Module, critic, layout: Layout) -> None:
+        self.model, self.critic = model, critic
+        self.full, self.sharded, self.dtype, self.ranks = layout.full, layout.sharded, layout.dtype, layout.ranks
 
     # -- the policy, for the rollout workers ------------------------------------------------------------
     def export_policy(self, version: int) -> PolicyUpdate | None:
@@ -69,11 +89,20 @@ class LearnerState:
                 config.save_pretrained(d)
             return {p.name: p.read_bytes() for p in Path(d).iterdir() if p.is_file()}
 
-    # -- checkpoints ------------------------------------------------------------------------------------
+
+class LearnerStateIO:
+    """The learner's checkpoint (see module docstring): the policy `model` with its optimiser `optim`, the
+    `critic` (None without one), the step counters `progress` (read and restored in place) and the global RNGs."""
+
+    def __init__(self, model: nn.Module, optim: PolicyOptim, critic, layout: Layout, progress: Progress) -> None:
+        self.model, self.optimizer, self.scheduler = model, optim.optimizer, optim.scheduler
+        self.critic, self.progress = critic, progress
+        self.full, self.sharded, self.ranks = layout.full, layout.sharded, layout.ranks
+
     def _counters(self) -> dict:
         return {"scheduler": self.scheduler.state_dict(), "torch_rng": torch.random.get_rng_state(),
-                "python_rng": random.getstate(), "steps_done": self.steps_done,
-                "optimizer_steps": self.optimizer_steps}
+                "python_rng": random.getstate(), "steps_done": self.progress.steps_done,
+                "optimizer_steps": self.progress.optimizer_steps}
 
     def checkpoint_files(self) -> dict[str, bytes]:
         """This rank's part of the checkpoint (file name -> bytes; see module docstring). Collective."""
@@ -149,7 +178,8 @@ class LearnerState:
         self.scheduler.load_state_dict(state["scheduler"])
         torch.random.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
-        self.steps_done, self.optimizer_steps = state.get("steps_done", 0), state.get("optimizer_steps", 0)
+        self.progress.steps_done = state.get("steps_done", 0)
+        self.progress.optimizer_steps = state.get("optimizer_steps", 0)
 
     def state_dict(self) -> bytes:
         """An unsharded LoRA learner's whole state (adapter, optimizer, scheduler, RNG) as one weights-only blob."""
@@ -195,9 +225,6 @@ class LearnerState:
         set_peft_model_state_dict(c.model, state["adapter"], adapter_name=ADAPTER)
         c.head.load_state_dict(state["head"])
         c.optimizer.load_state_dict(state["optimizer"])
-
-    def ready(self) -> bool:
-        return True
 
 
 def _blob_tensor(key: str, state: dict, where: str) -> torch.Tensor:

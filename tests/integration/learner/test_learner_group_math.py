@@ -15,6 +15,7 @@ import torch.multiprocessing as mp
 from orchestrator.config.trial import TrialConfig
 from tests.integration.learner.test_learner_interventions import COMPLETIONS, PROMPTS, _encode
 from workers.checkpoint.blob import CorruptCheckpoint, dump_blob, load_blob
+from workers.learner.inputs import LearnerBatch, RunSettings
 from workers.learner.learner import Learner
 from workers.learner.ranks import ONE_RANK, Ranks, split_rows
 
@@ -52,14 +53,14 @@ def _config(overrides: dict) -> TrialConfig:
 
 
 def _learner(model_dir: str, cfg: TrialConfig, ranks: Ranks = ONE_RANK, init: str | None = None) -> Learner:
-    return Learner(model_dir, learner=cfg.learner.model_dump(), credit=cfg.credit.model_dump(), seed=0,
-                   total_steps=10, interventions=cfg.interventions.model_dump(), ranks=ranks, init_method=init)
+    return Learner(model_dir, learner=cfg.learner, credit=cfg.credit, run=RunSettings(seed=0, total_steps=10),
+                   interventions=cfg.interventions, ranks=ranks, init_method=init)
 
 
-def _batch(tok) -> dict:
+def _batch(tok) -> LearnerBatch:
     p_ids, c_ids = _encode(tok, PROMPTS, COMPLETIONS)
-    return {"prompt_ids": p_ids, "response_ids": c_ids, "rollout_logprobs": [[-1.5] * len(c) for c in c_ids],
-            "rewards": REWARDS, "temperature": 1.0, "step": 0}
+    return LearnerBatch(prompt_ids=p_ids, response_ids=c_ids, rollout_logprobs=[[-1.5] * len(c) for c in c_ids],
+                        rewards=REWARDS, temperature=1.0, step=0)
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -74,7 +75,7 @@ def _outcome(learner: Learner) -> dict:
         named += [("critic." + n, p) for n, p in learner.critic.module.named_parameters()]
     elif learner.critic is not None:
         named += [("critic_head." + n, p) for n, p in learner.critic.head.named_parameters()]
-    return {"metrics": out["metrics"],
+    return {"metrics": out.metrics,
             "weights": {n: _full(p) for n, p in named},
             "grads": {n: _full(p.grad) for n, p in named if p.grad is not None}}
 

@@ -12,15 +12,18 @@ to the recomputed pi_old and starts at 1; the truncated importance weight sees t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from orchestrator.config.trial import LearnerConfig
 from workers.credit import CreditConfig
+from workers.learner.config import LearnerConfig
+from workers.learner.inputs import LearnerBatch, RunSettings
 from workers.learner.learner import Learner
 from workers.models.loading import load_tokenizer
+from workers.objectives.interventions import InterventionsConfig
 from workers.objectives.losses import entropy_from_logits
 
 pytestmark = pytest.mark.integration
@@ -41,8 +44,9 @@ def _learner(model_dir: str, interventions: dict, *, micro_batch_size: int = 64,
     cfg = LearnerConfig().model_dump()
     cfg["optim"].update(micro_batch_size=micro_batch_size, grad_clip=grad_clip, lr=1e-2)
     cfg["loss"]["aggregation"] = aggregation
-    return Learner(model_dir, learner=cfg, credit=CreditConfig().model_dump(), seed=0, total_steps=10,
-                   interventions=interventions)
+    return Learner(model_dir, learner=LearnerConfig.model_validate(cfg), credit=CreditConfig(),
+                   run=RunSettings(seed=0, total_steps=10),
+                   interventions=InterventionsConfig.model_validate(interventions))
 
 
 def _lora(learner: Learner) -> dict[str, torch.Tensor]:
@@ -93,7 +97,7 @@ def _perturb(learner: Learner) -> None:
 
 
 def _batch(learner: Learner, completions=COMPLETIONS, rewards=REWARDS, *, floor=None, temperature=TEMPERATURE,
-           action_ids=None) -> dict:
+           action_ids=None) -> LearnerBatch:
     """The trial loop's batch, rollout log-probs scored by the (unperturbed) learner itself; then perturbs."""
     p_ids, c_ids = _encode(learner.tokenizer, PROMPTS, completions)
     seqs, attn, starts, mask = _inputs(learner.tokenizer, p_ids, c_ids)
@@ -101,9 +105,9 @@ def _batch(learner: Learner, completions=COMPLETIONS, rewards=REWARDS, *, floor=
         lp, _ = learner._logprobs(seqs, attn, starts, mask.shape[1], temperature, False, floor)
     rollout = [lp[b, : len(c)].tolist() for b, c in enumerate(c_ids)]
     _perturb(learner)
-    return {"prompt_ids": p_ids, "response_ids": c_ids, "rollout_logprobs": rollout, "rewards": rewards,
-            "temperature": temperature, "sepa_lambda": 0.0, "step": 0, "loss_scale": 1.0,
-            "action_token_ids": action_ids}
+    return LearnerBatch(prompt_ids=p_ids, response_ids=c_ids, rollout_logprobs=rollout, rewards=rewards,
+                        temperature=temperature, sepa_lambda=0.0, step=0, loss_scale=1.0,
+                        action_token_ids=action_ids)
 
 
 def _capture_grads(learner: Learner, monkeypatch) -> dict[str, torch.Tensor]:
@@ -135,7 +139,7 @@ def _assert_close_dicts(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], 
 def test_reference_pass_only_when_kl_used_or_measured(tiny_model_dir, kl, passes, keys, absent):
     learner = _learner(tiny_model_dir, {"kl": kl}, micro_batch_size=3)
     batch = _batch(learner)
-    metrics = learner.train_step(batch)["metrics"]
+    metrics = learner.train_step(batch).metrics
     if passes:
         assert learner.reference_passes == math.ceil(8 / 3)  # one per micro-batch of the scoring pass
     else:
@@ -165,12 +169,12 @@ def test_micro_batches_match_whole_batch(tiny_model_dir, monkeypatch, aggregatio
     whole = _learner(tiny_model_dir, FULL_IV, micro_batch_size=8, aggregation=aggregation)
     split = _learner(tiny_model_dir, FULL_IV, micro_batch_size=micro, aggregation=aggregation)
     _assert_close_dicts(_lora(whole), _lora(split), rtol=0, atol=0)  # same seed, same init
-    batches = [{**_batch(whole), "tis_cap": 1.05}, {**_batch(split), "tis_cap": 1.05}]
+    batches = [dataclasses.replace(_batch(whole), tis_cap=1.05), dataclasses.replace(_batch(split), tis_cap=1.05)]
     assert batches[0] == batches[1]
     g_whole = _capture_grads(whole, monkeypatch)
-    m_whole = whole.train_step(batches[0])["metrics"]
+    m_whole = whole.train_step(batches[0]).metrics
     g_split = _capture_grads(split, monkeypatch)
-    m_split = split.train_step(batches[1])["metrics"]
+    m_split = split.train_step(batches[1]).metrics
 
     assert m_whole["entropy/all_floor_penalty"] > 0  # the floor binds
     assert m_whole["kl/ref"] != 0 and 0 < m_whole["tis/truncated_frac"] < 1  # KL and the IS weights are live
@@ -191,7 +195,7 @@ def test_entropy_floor_gradient_equals_direct_penalty(tiny_model_dir, monkeypatc
     uniform = [[1.0] * 4, [0.0] * 4]  # zero advantages: the policy-gradient term contributes nothing
     batch = _batch(learner, rewards=uniform)
 
-    seqs, attn, starts, mask = _inputs(learner.tokenizer, batch["prompt_ids"], batch["response_ids"])
+    seqs, attn, starts, mask = _inputs(learner.tokenizer, batch.prompt_ids, batch.response_ids)
     learner.model.train()
     learner.model.zero_grad(set_to_none=True)
     ent = entropy_from_logits(_completion_logits(learner, seqs, attn, starts, mask.shape[1]), TEMPERATURE)
@@ -202,7 +206,7 @@ def test_entropy_floor_gradient_equals_direct_penalty(tiny_model_dir, monkeypatc
     learner.model.zero_grad(set_to_none=True)
 
     grads = _capture_grads(learner, monkeypatch)
-    metrics = learner.train_step(batch)["metrics"]
+    metrics = learner.train_step(batch).metrics
     assert metrics["entropy/all_mean"] == pytest.approx(float(mean_h), rel=1e-5)
     assert metrics["entropy/all_floor_penalty"] == pytest.approx(float(penalty), rel=1e-5)
     assert metrics["loss/policy"] == 0.0
@@ -221,13 +225,13 @@ def test_learner_probability_floor_holds(tiny_model_dir):
     batch = _batch(learner, completions=MC_COMPLETIONS, floor=floor, temperature=temp, action_ids=actions)
 
     # independent: the unfloored probabilities of the actions, restricted to the action set, at the action position
-    seqs, attn, starts, mask = _inputs(tok, batch["prompt_ids"], batch["response_ids"])
+    seqs, attn, starts, mask = _inputs(tok, batch.prompt_ids, batch.response_ids)
     with torch.no_grad():
         first = _completion_logits(learner, seqs, attn, starts, 1)[:, 0]
     plain = torch.softmax(first[:, actions] / temp, dim=-1)
     assert float(plain.min()) < min_prob  # the floor has something to do
 
-    metrics = learner.train_step(batch)["metrics"]
+    metrics = learner.train_step(batch).metrics
     assert metrics["floor/learner_min_valid_prob"] >= min_prob - 1e-6
     assert metrics["floor/learner_min_valid_prob"] == pytest.approx(min_prob, abs=1e-5)  # binding: exactly f
     # the sampled first tokens are valid actions and keep at least the floor's probability

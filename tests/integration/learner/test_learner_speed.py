@@ -11,16 +11,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from orchestrator.config.trial import LearnerConfig
 from workers.credit import CreditConfig
 from workers.learner.batch import collate
+from workers.learner.config import LearnerConfig
+from workers.learner.inputs import LearnerBatch, RunSettings
 from workers.learner.learner import Learner
 from workers.models.loading import load_tokenizer
+from workers.objectives.interventions import InterventionsConfig
 
 pytestmark = pytest.mark.integration
 
@@ -36,24 +39,25 @@ def _learner(model_dir: str, **over) -> Learner:
     cfg = LearnerConfig().model_dump()
     cfg["optim"].update(lr=1e-2, grad_clip=1e9, **over.pop("optim", {}))
     cfg.update(over)
-    return Learner(model_dir, learner=cfg, credit=CreditConfig(**CREDIT).model_dump(), seed=0, total_steps=10)
+    return Learner(model_dir, learner=LearnerConfig.model_validate(cfg), credit=CreditConfig(**CREDIT),
+                   run=RunSettings(seed=0, total_steps=10))
 
 
-def _batch(model_dir: str, logprobs=None) -> dict:
+def _batch(model_dir: str, logprobs=None) -> LearnerBatch:
     tok = load_tokenizer(model_dir)
     p = [tok(x)["input_ids"] for x in PROMPTS]
     c = [tok(x)["input_ids"] + ([tok.eos_token_id] if i % 2 else []) for i, x in enumerate(COMPLETIONS)]
-    return dict(prompt_ids=[p[i // 4] for i in range(8)], response_ids=c,
-                rollout_logprobs=logprobs or [[-1.0] * len(x) for x in c], rewards=REWARDS, temperature=T,
-                sepa_lambda=0.4, step=0)
+    return LearnerBatch(prompt_ids=[p[i // 4] for i in range(8)], response_ids=c,
+                        rollout_logprobs=logprobs or [[-1.0] * len(x) for x in c], rewards=REWARDS, temperature=T,
+                        sepa_lambda=0.4, step=0)
 
 
-def _own_logprobs(learner: Learner, batch: dict) -> list[list[float]]:
+def _own_logprobs(learner: Learner, batch: LearnerBatch) -> list[list[float]]:
     """The learner's own log-probs of the batch (what vLLM returns to ~1e-6 in fp32)."""
     b = collate(batch, learner.tokenizer.pad_token_id)
     with torch.no_grad():
         lp, _ = learner._logprobs(b.seqs, b.attn, b.start, b.t, T, False)
-    return [lp[i, : len(r)].tolist() for i, r in enumerate(batch["response_ids"])]
+    return [lp[i, : len(r)].tolist() for i, r in enumerate(batch.response_ids)]
 
 
 def _lora(learner: Learner) -> dict[str, torch.Tensor]:
@@ -70,7 +74,7 @@ def _assert_same_update(a: Learner, b: Learner, rtol: float = 1e-4) -> None:
     for k in ga:
         assert torch.allclose(ga[k], gb[k], rtol=rtol, atol=rtol * scale), (k, float((ga[k] - gb[k]).abs().max()))
     pa, pb = _lora(a), _lora(b)
-    lr = a.cfg["optim"]["lr"]
+    lr = a.cfg.optim.lr
     assert max(float((pa[k] - pb[k]).abs().max()) for k in pa) < lr
 
 
@@ -79,8 +83,8 @@ def test_rollout_old_logprobs_equal_recompute(tiny_model_dir):
     one = _learner(tiny_model_dir, old_logprobs="rollout")
     before = _lora(rec)
     batch = _batch(tiny_model_dir, _own_logprobs(rec, _batch(tiny_model_dir)))
-    m_rec = rec.train_step(batch)["metrics"]
-    m_one = one.train_step(batch)["metrics"]
+    m_rec = rec.train_step(batch).metrics
+    m_one = one.train_step(batch).metrics
     assert max(float((p - before[k]).abs().max()) for k, p in _lora(rec).items()) > 1e-4  # it did move
     _assert_same_update(rec, one)
     for key in ("loss/policy", "train/grad_norm", "train/clip_frac", "credit/sepa_lambda"):
@@ -95,17 +99,18 @@ def test_rollout_old_logprobs_measures_a_real_gap(tiny_model_dir):
     one = _learner(tiny_model_dir, old_logprobs="rollout")
     own = _own_logprobs(one, _batch(tiny_model_dir))
     shifted = [[x - 0.25 for x in row] for row in own]
-    m = one.train_step(_batch(tiny_model_dir, shifted))["metrics"]
+    m = one.train_step(_batch(tiny_model_dir, shifted)).metrics
     assert m["train/logprob_gap_mean"] == pytest.approx(0.25, abs=1e-4)
 
 
 def test_rollout_old_logprobs_refused_when_something_needs_the_scoring_pass(tiny_model_dir):
-    cfg = LearnerConfig(old_logprobs="rollout").model_dump()
+    cfg = LearnerConfig(old_logprobs="rollout")
     with pytest.raises(ValueError, match="KL"):
-        Learner(tiny_model_dir, learner=cfg, credit={}, seed=0, total_steps=1, interventions={"kl": {"coef": 0.1}})
+        Learner(tiny_model_dir, learner=cfg, credit=CreditConfig(), run=RunSettings(seed=0, total_steps=1),
+                interventions=InterventionsConfig.model_validate({"kl": {"coef": 0.1}}))
     one = _learner(tiny_model_dir, old_logprobs="rollout")
     with pytest.raises(ValueError, match="pi_old"):
-        one.train_step({**_batch(tiny_model_dir), "tis_cap": 2.0})
+        one.train_step(dataclasses.replace(_batch(tiny_model_dir), tis_cap=2.0))
 
 
 @pytest.mark.parametrize("over", [
@@ -116,7 +121,7 @@ def test_rollout_old_logprobs_refused_when_something_needs_the_scoring_pass(tiny
 def test_micro_batching_and_checkpointing_keep_the_update(tiny_model_dir, over):
     whole, other = _learner(tiny_model_dir), _learner(tiny_model_dir, **over)
     batch = _batch(tiny_model_dir, _own_logprobs(whole, _batch(tiny_model_dir)))
-    m_w, m_o = whole.train_step(batch)["metrics"], other.train_step(batch)["metrics"]
+    m_w, m_o = whole.train_step(batch).metrics, other.train_step(batch).metrics
     _assert_same_update(whole, other)
     for key in ("loss/policy", "train/grad_norm", "policy/entropy_mean", "credit/sepa_lambda"):
         assert m_o[key] == pytest.approx(m_w[key], rel=1e-4, abs=1e-6), key
@@ -139,16 +144,16 @@ def test_truncated_importance_sampling(tiny_model_dir):
     sync, off = _learner(tiny_model_dir), _learner(tiny_model_dir)
     own = _own_logprobs(sync, _batch(tiny_model_dir))
     sync.train_step(_batch(tiny_model_dir, own))
-    m = off.train_step({**_batch(tiny_model_dir, own), "tis_cap": 1e9})["metrics"]
+    m = off.train_step(dataclasses.replace(_batch(tiny_model_dir, own), tis_cap=1e9)).metrics
     _assert_same_update(sync, off)  # unmoved policy, C large: one_step_off's update is the sync one
     assert m["tis/weight_mean"] == pytest.approx(1.0, abs=1e-5) and m["tis/truncated_frac"] == 0.0
 
     # the rollout policy put 0.3 nats more on every sampled token: pi_old / pi_rollout = exp(-0.3) < 1 (kept);
     # 0.3 nats less: exp(0.3) > C = 1.2 (truncated to C)
     low = _learner(tiny_model_dir).train_step(
-        {**_batch(tiny_model_dir, [[x + 0.3 for x in r] for r in own]), "tis_cap": 1.2})["metrics"]
+        dataclasses.replace(_batch(tiny_model_dir, [[x + 0.3 for x in r] for r in own]), tis_cap=1.2)).metrics
     assert low["tis/weight_mean"] == pytest.approx(math.exp(-0.3), rel=1e-4) and low["tis/truncated_frac"] == 0.0
     high = _learner(tiny_model_dir).train_step(
-        {**_batch(tiny_model_dir, [[x - 0.3 for x in r] for r in own]), "tis_cap": 1.2})["metrics"]
+        dataclasses.replace(_batch(tiny_model_dir, [[x - 0.3 for x in r] for r in own]), tis_cap=1.2)).metrics
     assert high["tis/weight_mean"] == pytest.approx(1.2, rel=1e-5) and high["tis/truncated_frac"] == 1.0
     assert high["tis/ratio_max"] == pytest.approx(math.exp(0.3), rel=1e-4)

@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 
-from orchestrator.config.trial import LearnerConfig
 from tests.integration.learner.test_learner_interventions import COMPLETIONS, PROMPTS, REWARDS, _encode
 from workers.credit import CreditConfig
+from workers.learner.config import LearnerConfig
+from workers.learner.inputs import LearnerBatch, RunSettings
 from workers.learner.learner import Learner
 
 pytestmark = pytest.mark.integration
@@ -22,21 +23,21 @@ def _learner(model_dir, *, mini=None, epochs=1, critic_lr=1e-3, warmup=0, lr=1e-
     cfg = LearnerConfig(mode=mode).model_dump()
     cfg["optim"].update(lr=lr, mini_batch_size=mini, ppo_epochs=epochs, micro_batch_size=3)
     cfg["critic"].update(lr=critic_lr, warmup_steps=warmup, model="lora")
-    return Learner(model_dir, learner=cfg, credit=CreditConfig(advantage_mode="gae", **credit).model_dump(),
-                   seed=0, total_steps=20)
+    return Learner(model_dir, learner=LearnerConfig.model_validate(cfg),
+                   credit=CreditConfig(advantage_mode="gae", **credit), run=RunSettings(seed=0, total_steps=20))
 
 
-def _batch(learner: Learner, step: int = 0) -> dict:
+def _batch(learner: Learner, step: int = 0) -> LearnerBatch:
     p_ids, c_ids = _encode(learner.tokenizer, PROMPTS, COMPLETIONS)
-    return {"prompt_ids": p_ids, "response_ids": c_ids, "rollout_logprobs": [[-1.0] * len(c) for c in c_ids],
-            "rewards": REWARDS, "temperature": 1.0, "step": step}
+    return LearnerBatch(prompt_ids=p_ids, response_ids=c_ids, rollout_logprobs=[[-1.0] * len(c) for c in c_ids],
+                        rewards=REWARDS, temperature=1.0, step=step)
 
 
 def test_critic_value_loss_falls_on_a_fixed_batch(tiny_model_dir):
     learner = _learner(tiny_model_dir, lr=1e-9)
-    losses = [learner.train_step(_batch(learner, s))["metrics"]["loss/value"] for s in range(12)]
+    losses = [learner.train_step(_batch(learner, s)).metrics["loss/value"] for s in range(12)]
     assert losses[-1] < 0.5 * losses[0], losses
-    m = learner.train_step(_batch(learner, 12))["metrics"]
+    m = learner.train_step(_batch(learner, 12)).metrics
     assert m["critic/explained_variance"] > 0.5 and math.isfinite(m["critic/grad_norm"])
 
 
@@ -47,7 +48,7 @@ def test_policy_and_critic_state_round_trip(tiny_model_dir):
     blob = a.state_dict()
     b = _learner(tiny_model_dir)
     b.load_state_dict(blob)
-    ma, mb = a.train_step(_batch(a, 2))["metrics"], b.train_step(_batch(b, 2))["metrics"]
+    ma, mb = a.train_step(_batch(a, 2)).metrics, b.train_step(_batch(b, 2)).metrics
     assert ma == mb
     with torch.no_grad(), a.critic.active(), b.critic.active():
         x = torch.tensor([[5, 6, 7, 8]])
@@ -69,7 +70,7 @@ def test_optimizer_steps_per_training_step(tiny_model_dir, mini, epochs):
         return real(*a, **k)
 
     learner.optimizer.step = counted
-    m = learner.train_step(_batch(learner))["metrics"]
+    m = learner.train_step(_batch(learner)).metrics
     want = math.ceil(size / (mini or size)) * epochs
     assert calls["policy"] == want == m["train/optimizer_steps"] == m["critic/optimizer_steps"]
 
@@ -78,10 +79,10 @@ def test_critic_warmup_freezes_the_policy(tiny_model_dir):
     learner = _learner(tiny_model_dir, warmup=3)  # verl's critic_warmup 3: two critic-only steps
     before = {n: p.detach().clone() for n, p in learner.model.named_parameters() if "default" in n}
     for s in range(2):
-        m = learner.train_step(_batch(learner, s))["metrics"]
+        m = learner.train_step(_batch(learner, s)).metrics
         assert m["train/optimizer_steps"] == 0 and m["critic/optimizer_steps"] == 1
     assert all(torch.equal(p, before[n]) for n, p in learner.model.named_parameters() if "default" in n)
-    assert learner.train_step(_batch(learner, 2))["metrics"]["train/optimizer_steps"] == 1
+    assert learner.train_step(_batch(learner, 2)).metrics["train/optimizer_steps"] == 1
 
 
 def test_multi_turn_gae_batch_trains_only_sampled_tokens(tiny_model_dir):
@@ -94,9 +95,9 @@ def test_multi_turn_gae_batch_trains_only_sampled_tokens(tiny_model_dir):
     resp = turn + obs + turn
     mask = [True] * len(turn) + [False] * len(obs) + [True] * len(turn)
     ends = [len(turn) - 1, len(resp) - 1]
-    batch = {"prompt_ids": [prompt] * 2, "response_ids": [resp] * 2, "loss_mask": [mask] * 2,
-             "rollout_logprobs": [[-1.0] * len(resp)] * 2, "rewards": [[0.9, -0.1]],
-             "turn_rewards": [[1.0, -0.1], [-0.1, 0.0]], "reward_positions": [ends, ends], "temperature": 1.0}
+    batch = LearnerBatch(prompt_ids=[prompt] * 2, response_ids=[resp] * 2, loss_mask=[mask] * 2,
+                         rollout_logprobs=[[-1.0] * len(resp)] * 2, rewards=[[0.9, -0.1]],
+                         turn_rewards=[[1.0, -0.1], [-0.1, 0.0]], reward_positions=[ends, ends], temperature=1.0)
     from workers.learner.batch import collate
 
     b = collate(batch, tok.pad_token_id)
@@ -108,7 +109,7 @@ def test_multi_turn_gae_batch_trains_only_sampled_tokens(tiny_model_dir):
     v = scored.values
     assert torch.allclose(adv[0, first] + v[0, first], torch.full((len(turn),), 0.9), atol=1e-5)
     assert torch.allclose(adv[0, second] + v[0, second], torch.full((len(turn),), -0.1), atol=1e-5)
-    m = learner.train_step(batch)["metrics"]
+    m = learner.train_step(batch).metrics
     assert math.isfinite(m["loss/value"]) and m["train/tokens"] == 2 * 2 * len(turn)
 
 
@@ -126,7 +127,7 @@ def test_a_lora_critic_on_a_full_policy(tiny_model_dir):
     policy = {n: p.detach().clone() for n, p in model.named_parameters() if not critic.owns(n)}
     adapter = {n: p.detach().clone() for n, p in model.named_parameters() if critic.owns(n)}
     assert policy and adapter and all(p.requires_grad for p in model.parameters())
-    m = learner.train_step(_batch(learner, 0))["metrics"]
+    m = learner.train_step(_batch(learner, 0)).metrics
     assert m["train/optimizer_steps"] == 0 and m["critic/optimizer_steps"] == 1
     named = dict(model.named_parameters())
     assert all(torch.equal(named[n], w) for n, w in policy.items())
@@ -158,7 +159,7 @@ def test_a_lora_critic_on_a_full_policy(tiny_model_dir):
 
     with critic.active(), torch.no_grad():  # the critic's own view: the adapter is on there
         v = critic.values(b.seqs, b.attn, b.start, b.t)
-    m = learner.train_step(_batch(learner, 1))["metrics"]
+    m = learner.train_step(_batch(learner, 1)).metrics
     assert m["train/optimizer_steps"] == 1 and m["critic/optimizer_steps"] == 1
     named = dict(model.named_parameters())
     assert any(not torch.equal(named[n], w) for n, w in policy.items())  # the full policy trained
@@ -180,5 +181,5 @@ def test_a_full_policy_with_a_lora_critic_resumes_exactly(tiny_model_dir):
     assert not any(".critic." in k for k in keys if k.startswith("policy."))  # the base is saved once
     b = _learner(tiny_model_dir, mode="full", lr=1e-3)
     b.restore(files)
-    ma, mb = a.train_step(_batch(a, 2))["metrics"], b.train_step(_batch(b, 2))["metrics"]
+    ma, mb = a.train_step(_batch(a, 2)).metrics, b.train_step(_batch(b, 2)).metrics
     assert ma == mb

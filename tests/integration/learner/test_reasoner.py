@@ -30,20 +30,21 @@ def test_reasoner_hits_its_targets(reasoner_dir):
     assert info["final_loss"] < 0.5
 
 
-def _chain_step(reasoner_dir: str, transform_mode: str) -> dict:
+def _chain_step(reasoner_dir: str, transform_mode: str):
     """One GRPO learner step (`log_decomposition` on) on 3 chain problems x 4 reasoner-style solutions with
     planning phrases, rollout log-probs the policy's own (on-policy)."""
     import numpy as np
     import torch
 
-    from orchestrator.config.trial import LearnerConfig
     from workers.credit import CreditConfig
+    from workers.learner.config import LearnerConfig
+    from workers.learner.inputs import LearnerBatch, RunSettings
     from workers.learner.learner import Learner
     from workers.tasks.chain import TraceStyle, parse_chain, solution_trace
 
     credit = CreditConfig(advantage_mode="grpo", transform_mode=transform_mode, log_decomposition=True,
-                          sepa={"steps": 1}).model_dump()
-    learner = Learner(reasoner_dir, learner=LearnerConfig().model_dump(), credit=credit, seed=0, total_steps=4)
+                          sepa={"steps": 1})
+    learner = Learner(reasoner_dir, learner=LearnerConfig(), credit=credit, run=RunSettings(seed=0, total_steps=4))
     tok = learner.tokenizer
     task = make_task(TaskConfig(name="chain"), seed=0)
     rng = np.random.default_rng(0)
@@ -62,9 +63,9 @@ def _chain_step(reasoner_dir: str, transform_mode: str) -> dict:
         for p, c in zip(prompts, comps, strict=True):
             logits = learner.model(input_ids=torch.tensor([p + c])).logits[0, len(p) - 1:-1]
             lps.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(c)[:, None]).squeeze(-1).tolist())
-    return learner.train_step({"prompt_ids": prompts, "response_ids": comps, "rollout_logprobs": lps,
-                               "rewards": rewards, "temperature": 1.0, "sepa_lambda": 0.5, "step": 0,
-                               "want_uncertainty": True})
+    return learner.train_step(LearnerBatch(prompt_ids=prompts, response_ids=comps, rollout_logprobs=lps,
+                                           rewards=rewards, temperature=1.0, sepa_lambda=0.5, step=0,
+                                           want_uncertainty=True))
 
 
 def test_learner_logs_the_decomposition_from_its_scoring_pass(reasoner_dir):
@@ -73,7 +74,7 @@ def test_learner_logs_the_decomposition_from_its_scoring_pass(reasoner_dir):
     import math
 
     out = _chain_step(reasoner_dir, "gtpo_sepa")
-    m = out["metrics"]
+    m = out.metrics
     for cls in ("exec", "plan"):
         k = f"credit/decomp_{cls}_"
         assert m[k + "n"] > 0
@@ -85,7 +86,7 @@ def test_learner_logs_the_decomposition_from_its_scoring_pass(reasoner_dir):
     assert 0 < removed < m["credit/decomp_exec_surprisal_var"]
     assert removed == pytest.approx(m["credit/decomp_exec_removed_entropy"] + m["credit/decomp_exec_removed_noise"])
     assert not math.isnan(m["credit/decomp_exec_removed_noise_share"])
-    u = out["uncertainty"]
+    u = out.uncertainty
     assert len(u["exec_entropy"]) == len(u["exec_before"]) and len(u["plan_entropy"]) == len(u["plan_before"])
     assert u["plan_before"]  # the reasoner's solutions carry planning tokens
 
@@ -94,7 +95,7 @@ def test_a_condition_that_ignores_planning_still_reports_it(reasoner_dir):
     """GRPO without token stages reads no planning mask, but with the decomposition on the learner finds the
     planning tokens anyway: the credit stack's planning fraction and per-class moments report them (not 0 and
     every token as execution), the same split `credit/decomp_*` uses."""
-    m = _chain_step(reasoner_dir, "none")["metrics"]
+    m = _chain_step(reasoner_dir, "none").metrics
     plan, tokens = m["credit/decomp_plan_n"], m["train/tokens"]
     assert plan > 0
     assert m["credit/planning_token_frac"] == pytest.approx(plan / tokens)

@@ -47,6 +47,7 @@ def test_multi_turn_batch_is_token_exact_and_matches_the_learner(ray_local, agen
     from workers.envs import EnvTask
     from workers.envs.tokens import first_prompt_ids, observation_ids
     from workers.learner.batch import collate
+    from workers.learner.inputs import LearnerBatch, RunSettings
     from workers.learner.learner import Learner
     from workers.models.loading import load_tokenizer
     from workers.rollout.worker import RolloutActor, RolloutWorkerSettings
@@ -102,12 +103,11 @@ def test_multi_turn_batch_is_token_exact_and_matches_the_learner(ray_local, agen
         assert t.reward_positions == [i for i, m in enumerate(expected_mask)
                                       if m and (i + 1 == len(expected_mask) or not expected_mask[i + 1])]
 
-    learner = Learner(agent_model_dir, learner=cfg.learner.model_dump(), credit=cfg.credit.model_dump(), seed=0,
-                      total_steps=1)
-    batch = {"prompt_ids": [t.prompt_ids for t in trajs], "response_ids": [t.response_ids for t in trajs],
-             "loss_mask": [t.loss_mask for t in trajs], "rollout_logprobs": [t.logprobs for t in trajs],
-             "rewards": [[trajs[i].episode_return, trajs[i + 1].episode_return] for i in range(0, 6, 2)],
-             "temperature": 1.0}
+    learner = Learner(agent_model_dir, learner=cfg.learner, credit=cfg.credit, run=RunSettings(seed=0, total_steps=1))
+    batch = LearnerBatch(prompt_ids=[t.prompt_ids for t in trajs], response_ids=[t.response_ids for t in trajs],
+                         loss_mask=[t.loss_mask for t in trajs], rollout_logprobs=[t.logprobs for t in trajs],
+                         rewards=[[trajs[i].episode_return, trajs[i + 1].episode_return] for i in range(0, 6, 2)],
+                         temperature=1.0)
     b = collate(batch, tok.pad_token_id)
     for i, t in enumerate(trajs):
         n = len(t.prompt_ids) + len(t.response_ids)

@@ -22,6 +22,7 @@ import ray
 from orchestrator.config.trial import TrialConfig
 from orchestrator.tune.launch import run_single_trial
 from tests.integration.trial import test_trial
+from workers.learner.inputs import LearnerBatch, RunSettings, StepResult
 from workers.learner.learner import Learner
 
 pytestmark = pytest.mark.integration
@@ -91,11 +92,11 @@ class _SleepyLearner(Learner):
         super().__init__(*args, **kw)
         self.sleep_s = sleep_s
 
-    def train_step(self, batch: dict) -> dict:
+    def train_step(self, batch: LearnerBatch) -> StepResult:
         t0 = time.time()
         time.sleep(self.sleep_s)
         out = super().train_step(batch)
-        out["metrics"]["test/train_interval"] = (t0, time.time())
+        out.metrics["test/train_interval"] = (t0, time.time())
         return out
 
 
@@ -117,8 +118,8 @@ def test_generation_overlaps_training(ray_local, tiny_model_dir, tmp_path):
     worker = RolloutActor.options(num_cpus=1).remote(
         tiny_model_dir, RolloutWorkerSettings(seed=0, max_model_len=cfg.model.max_model_len))
     learner = ray.remote(_SleepyLearner).options(num_cpus=1).remote(
-        tiny_model_dir, learner=cfg.learner.model_dump(), credit=cfg.credit.model_dump(), seed=0,
-        total_steps=cfg.steps, sleep_s=sleep_s)
+        tiny_model_dir, learner=cfg.learner, credit=cfg.credit, run=RunSettings(seed=0, total_steps=cfg.steps),
+        sleep_s=sleep_s)
     group = LearnerGroup([learner], full=False, started=True)
     try:
         ray.get([worker.ready.remote(), learner.ready.remote()])

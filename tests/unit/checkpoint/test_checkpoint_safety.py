@@ -187,8 +187,9 @@ def test_without_a_recorded_checkpoint_a_torn_first_one_means_step_zero(tmp_path
 
 
 def test_learner_state_round_trips_through_weights_only_loading(tmp_path):
-    from orchestrator.config.trial import LearnerConfig
     from workers.credit import CreditConfig
+    from workers.learner.config import LearnerConfig
+    from workers.learner.inputs import LearnerBatch, RunSettings
     from workers.learner.learner import Learner
     from workers.models.loading import build_tiny_model
 
@@ -197,15 +198,16 @@ def test_learner_state_round_trips_through_weights_only_loading(tmp_path):
     cfg["optim"]["lr"] = 1e-2
 
     def learner() -> Learner:
-        return Learner(model, learner=cfg, credit=CreditConfig().model_dump(), seed=0, total_steps=4)
+        return Learner(model, learner=LearnerConfig.model_validate(cfg), credit=CreditConfig(),
+                       run=RunSettings(seed=0, total_steps=4))
 
     a = learner()
     tok = a.tokenizer
     prompt = tok("what is 3 + 4 ?")["input_ids"]
     responses = [tok(t)["input_ids"] + [tok.eos_token_id] for t in ("7", "8", "the answer is 7", "3")]
-    a.train_step({"prompt_ids": [prompt] * 4, "response_ids": responses,
-                  "rollout_logprobs": [[-1.0] * len(r) for r in responses], "rewards": [[1.0, 0.0, 1.0, 0.0]],
-                  "temperature": 1.0, "sepa_lambda": 0.0, "step": 0})
+    a.train_step(LearnerBatch(prompt_ids=[prompt] * 4, response_ids=responses,
+                              rollout_logprobs=[[-1.0] * len(r) for r in responses], rewards=[[1.0, 0.0, 1.0, 0.0]],
+                              temperature=1.0, sepa_lambda=0.0, step=0))
     blob = a.state_dict()
     state = load_blob(blob, "learner.pt")  # weights_only=True accepts everything the learner saves
     assert state["optimizer"]["state"], "the optimizer has moments after a step"

@@ -3,21 +3,25 @@ property-tested against plain-Python references."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workers.learner.batch import collate, micro_batches, mini_batches, sampled_runs
+from workers.learner.config import OptimConfig
+from workers.learner.inputs import LearnerBatch
 
 
-def _batch(prompt_lens: list[int], response_lens: list[int], group: int = 1) -> dict:
+def _batch(prompt_lens: list[int], response_lens: list[int], group: int = 1) -> LearnerBatch:
     prompts = [[5] * p for p in prompt_lens]
     responses = [[7] * r for r in response_lens]
-    return {"prompt_ids": prompts, "response_ids": responses,
-            "loss_mask": [[i % 3 != 2 for i in range(r)] for r in response_lens],
-            "rollout_logprobs": [[-0.5] * r for r in response_lens],
-            "rewards": [[1.0] * group for _ in range(len(prompts) // group)]}
+    return LearnerBatch(prompt_ids=prompts, response_ids=responses,
+                        loss_mask=[[i % 3 != 2 for i in range(r)] for r in response_lens],
+                        rollout_logprobs=[[-0.5] * r for r in response_lens],
+                        rewards=[[1.0] * group for _ in range(len(prompts) // group)], temperature=1.0)
 
 
 def test_collate_pads_and_zeroes_unsampled_logprobs():
@@ -36,8 +40,7 @@ def test_collate_pads_and_zeroes_unsampled_logprobs():
     ("rewards", [[1.0, 1.0, 1.0]], "rewards must be [N][G] with N*G = 2"),
 ])
 def test_collate_refuses_rows_that_do_not_line_up(key, bad, msg):
-    batch = _batch([2, 5], [3, 1])
-    batch[key] = bad
+    batch = dataclasses.replace(_batch([2, 5], [3, 1]), **{key: bad})
     with pytest.raises(ValueError) as exc:
         collate(batch, pad_id=0)
     assert msg in str(exc.value)
@@ -59,7 +62,7 @@ def test_sampled_runs_cover_exactly_the_true_flags(flags):
 @given(size=st.integers(1, 40), mbs=st.one_of(st.none(), st.integers(1, 50)), epochs=st.integers(1, 4),
        seed=st.integers(0, 10), step=st.integers(0, 50))
 def test_mini_batches_are_epochs_of_seeded_permutations(size, mbs, epochs, seed, step):
-    optim = {"mini_batch_size": mbs, "ppo_epochs": epochs}
+    optim = OptimConfig(mini_batch_size=mbs, ppo_epochs=epochs)
     chunks = mini_batches(size, optim, seed, step)
     assert [c.tolist() for c in chunks] == [c.tolist() for c in mini_batches(size, optim, seed, step)]
     flat = torch.cat(chunks).tolist()
@@ -73,7 +76,7 @@ def test_mini_batches_are_epochs_of_seeded_permutations(size, mbs, epochs, seed,
 
 
 def test_mini_batch_order_depends_on_seed_and_step():
-    optim = {"mini_batch_size": 4, "ppo_epochs": 1}
+    optim = OptimConfig(mini_batch_size=4, ppo_epochs=1)
     orders = {tuple(torch.cat(mini_batches(32, optim, seed, step)).tolist()) for seed in (0, 1) for step in (0, 1)}
     assert len(orders) == 4
 
@@ -84,7 +87,7 @@ def test_mini_batch_order_depends_on_seed_and_step():
 def test_token_budget_packing(lengths, budget, pick):
     b = collate(_batch([p for p, _ in lengths], [r for _, r in lengths]), pad_id=0)
     rows = torch.randperm(b.size, generator=torch.Generator().manual_seed(pick))[: max(1, b.size - pick % 3)]
-    parts = list(micro_batches(b, rows, {"max_tokens_per_micro_batch": budget, "micro_batch_size": 1}))
+    parts = list(micro_batches(b, rows, OptimConfig(max_tokens_per_micro_batch=budget, micro_batch_size=1)))
     assert sorted(torch.cat([p[-1] for p in parts]).tolist()) == sorted(rows.tolist())  # each row exactly once
     for seqs, attn, start, t, mask, r in parts:
         assert torch.equal(seqs, b.seqs[r, : seqs.shape[1]]) and torch.equal(mask, b.mask[r]) and t == b.t
@@ -96,8 +99,8 @@ def test_token_budget_packing(lengths, budget, pick):
 
 def test_token_budget_splits_a_batch_it_cannot_hold_whole():
     b = collate(_batch([4] * 8, [2, 4, 6, 8, 2, 4, 6, 8]), pad_id=0)  # 6..12 tokens per sequence
-    parts = list(micro_batches(b, torch.arange(8), {"max_tokens_per_micro_batch": 30, "micro_batch_size": 1}))
+    parts = list(micro_batches(b, torch.arange(8), OptimConfig(max_tokens_per_micro_batch=30, micro_batch_size=1)))
     # longest first, a part's width is its first row: 12 12 | 10 10 8 | 8 6 6 (3 x 12 and 4 x 10 exceed 30)
     assert [p[-1].tolist() for p in parts] == [[3, 7], [2, 6, 1], [5, 0, 4]]
-    by_rows = list(micro_batches(b, torch.arange(8), {"micro_batch_size": 3}))
+    by_rows = list(micro_batches(b, torch.arange(8), OptimConfig(micro_batch_size=3)))
     assert [p[-1].tolist() for p in by_rows] == [[0, 1, 2], [3, 4, 5], [6, 7]]

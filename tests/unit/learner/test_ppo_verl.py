@@ -4,15 +4,19 @@ warmup, eval-mode scoring, and the settings that refuse what the learner cannot 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.config.trial import LearnerConfig, TrialConfig
+from orchestrator.config.trial import TrialConfig
 from workers.credit import CreditConfig
 from workers.learner.batch import collate
+from workers.learner.config import LearnerConfig
 from workers.learner.critic import clipped_value_loss
+from workers.learner.inputs import LearnerBatch, RunSettings
 from workers.learner.learner import Learner
 from workers.learner.metrics import critic_metrics
 from workers.models.loading import build_tiny_model
@@ -98,15 +102,16 @@ def _learner(model_dir, gae=False, dropout=0.0, **learner):
     cfg["lora"]["dropout"] = dropout
     cfg["critic"]["lr"] = 1e-3
     credit = CreditConfig(advantage_mode="gae") if gae else CreditConfig()
-    return Learner(model_dir, learner=cfg, credit=credit.model_dump(), seed=0, total_steps=10)
+    return Learner(model_dir, learner=LearnerConfig.model_validate(cfg), credit=credit,
+                   run=RunSettings(seed=0, total_steps=10))
 
 
 def _batch(lps=None):
     prompts = [[14, 15, 16], [17, 18], [14, 16], [19, 20, 21]]
     responses = [[5, 6, 7, 8], [9, 10, 3], [11, 12], [6, 7, 8, 9, 3]]
     lps = lps or [[-2.0] * len(r) for r in responses]
-    return {"prompt_ids": prompts, "response_ids": responses, "rollout_logprobs": lps,
-            "rewards": [[1.0, 0.0], [0.0, 1.0]], "temperature": 1.0, "step": 0}
+    return LearnerBatch(prompt_ids=prompts, response_ids=responses, rollout_logprobs=lps,
+                        rewards=[[1.0, 0.0], [0.0, 1.0]], temperature=1.0, step=0)
 
 
 def _eval_logprobs(learner, batch):
@@ -115,7 +120,7 @@ def _eval_logprobs(learner, batch):
     with torch.no_grad():
         lp, _ = learner._logprobs(b.seqs, b.attn, b.start, b.t, 1.0, False)
     learner.model.train()
-    return [row[:len(r)].tolist() for row, r in zip(lp, batch["response_ids"], strict=True)]
+    return [row[:len(r)].tolist() for row, r in zip(lp, batch.response_ids, strict=True)]
 
 
 def test_recompute_anchors_the_ratio_to_the_recomputed_old_policy(model_dir):
@@ -123,7 +128,7 @@ def test_recompute_anchors_the_ratio_to_the_recomputed_old_policy(model_dir):
     clipped at one mini-batch and one epoch; a ratio to the rollout's log-probs would clip every token."""
     learner = _learner(model_dir)
     own = _eval_logprobs(learner, _batch())
-    m = learner.train_step(_batch([[x - 0.5 for x in r] for r in own]))["metrics"]
+    m = learner.train_step(_batch([[x - 0.5 for x in r] for r in own])).metrics
     assert m["train/logprob_gap_mean"] == pytest.approx(0.5, abs=1e-5)
     assert m["train/clip_frac"] == 0.0
 
@@ -136,13 +141,13 @@ def test_scoring_pass_runs_without_lora_dropout(model_dir):
             if "lora_B" in name:  # a trained adapter, so dropout on its input changes the output
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
     batch = _batch(_eval_logprobs(learner, _batch()))
-    assert learner.train_step(batch)["metrics"]["train/logprob_gap_max"] < 1e-5
+    assert learner.train_step(batch).metrics["train/logprob_gap_max"] < 1e-5
 
 
 def test_critic_warmup_counts_as_verl(model_dir):
     """verl updates the actor when critic_warmup <= global_steps (from 1): warmup 2 = one critic-only step."""
     learner = _learner(model_dir, gae=True, critic={"warmup_steps": 2})
-    steps = [learner.train_step({**_batch(), "step": s})["metrics"] for s in range(2)]
+    steps = [learner.train_step(dataclasses.replace(_batch(), step=s)).metrics for s in range(2)]
     assert [m["train/optimizer_steps"] for m in steps] == [0, 1]
     assert all(m["critic/optimizer_steps"] == 1 for m in steps)
     assert not any(k.startswith("credit/groups_skipped") for k in steps[0])  # GAE skips no group

@@ -64,7 +64,7 @@ def test_counts_equal_the_real_model_and_adapter(tmp_path):
     counts = model_counts(d, cfg)
     model = load_model(d)
     assert counts.params == sum(p.numel() for p in model.parameters())
-    peft = get_peft_model(model, lora_config(cfg.learner.lora.model_dump()))
+    peft = get_peft_model(model, lora_config(cfg.learner.lora))
     assert counts.lora == sum(p.numel() for p in peft.parameters() if p.requires_grad)
 
 
