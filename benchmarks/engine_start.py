@@ -28,12 +28,12 @@ def _start(model_dir: str, in_process: bool, prompts: list[list[int]], n: int, m
     import ray
 
     from orchestrator.trial.actors import shutdown_actors
-    from workers.rollout.worker import RolloutActor, RolloutWorkerSettings
+    from workers.rollout.worker import RolloutActor, RolloutWorkerSettings, SamplingRequest
 
     t0 = time.perf_counter()
     actor = RolloutActor.options(num_cpus=1).remote(
         model_dir, RolloutWorkerSettings(seed=0, max_model_len=256, engine={"in_process": in_process}))
-    out = ray.get(actor.generate.remote(prompts, n=n, temperature=1.0, max_tokens=max_tokens, seed=SEED))
+    out = ray.get(actor.generate.remote(prompts, SamplingRequest(n=n, temperature=1.0, max_tokens=max_tokens, seed=SEED)))
     elapsed = time.perf_counter() - t0
     shutdown_actors([actor])
     time.sleep(2)  # let the killed actor's processes go before the next start

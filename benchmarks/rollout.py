@@ -43,7 +43,7 @@ def main(model_dir: str, prompts: list[list[int]], args: argparse.Namespace) -> 
     from vllm import LLM, SamplingParams
 
     from orchestrator.trial.actors import shutdown_actors
-    from workers.rollout.worker import RolloutActor, RolloutWorkerSettings
+    from workers.rollout.worker import RolloutActor, RolloutWorkerSettings, SamplingRequest
 
     n, max_tokens = args.n, args.max_tokens
     actor = RolloutActor.options(num_cpus=2).remote(model_dir, RolloutWorkerSettings(**ENGINE, enforce_eager=True))
@@ -67,7 +67,7 @@ def main(model_dir: str, prompts: list[list[int]], args: argparse.Namespace) -> 
 
     def run_worker() -> tuple[float, int, float]:
         t0 = time.perf_counter()
-        res = ray.get(actor.generate.remote(prompts, **kw))
+        res = ray.get(actor.generate.remote(prompts, SamplingRequest(**kw)))
         return time.perf_counter() - t0, res["num_tokens"], res["elapsed_s"]
 
     def run_bare() -> tuple[float, int]:

@@ -11,7 +11,7 @@ import ray
 from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.context import TrialContext
 from workers.envs.tokens import stop_token_ids
-from workers.rollout.worker import shard
+from workers.rollout.worker import SamplingRequest, shard
 
 
 def step_seed(seed: int, step: int, shard_idx: int, turn: int = 0) -> int:
@@ -41,9 +41,9 @@ def sample(ctx: TrialContext, prompt_ids: list[list[int]], *, n: int, temperatur
     floor_kw = {"action_token_ids": actions, "action_min_prob": cfg.interventions.probability_floor.min_prob} \
         if actions else {}
     futures = [
-        w.generate.remote([prompt_ids[i] for i in idx], n=n, temperature=temperature, top_p=cfg.rollout.top_p,
-                          max_tokens=cfg.rollout.max_tokens, seed=seeds[j],
-                          stop_token_ids=stop_token_ids(ctx.tokenizer), **floor_kw)
+        w.generate.remote([prompt_ids[i] for i in idx], SamplingRequest(
+            n=n, temperature=temperature, top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_tokens,
+            seed=seeds[j], stop_token_ids=stop_token_ids(ctx.tokenizer), **floor_kw))
         for j, (w, idx) in enumerate(zip(workers, parts, strict=True)) if idx
     ]
     return ray.get(futures)

@@ -158,3 +158,16 @@ def test_plan_imports_neither_torch_nor_vllm():
     last = proc.stdout.strip().splitlines()[-1]
     assert last == "HEAVY  EXIT 0", proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "plan for campaign sepa_lean" in proc.stdout
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    """A longer list is a group of values that travel together: a small dataclass says so (self counts)."""
+    bad = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                count = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
+                if count > 8:
+                    bad.append(f"{name}.{node.name}: {count}")
+    assert not sorted(bad)

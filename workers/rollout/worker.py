@@ -86,6 +86,22 @@ def engine_settings(engine: dict | None, *, cuda: bool, in_process: bool = False
 
 
 @dataclass(frozen=True)
+class SamplingRequest:
+    """One `generate` call's sampling: `n` completions per prompt at `temperature` / `top_p`, at most `max_tokens`
+    each, request i seeded `seed + i`, stopped at `stop_token_ids`; `action_token_ids` / `action_min_prob`: the
+    probability floor at the action position (checked by `generate`, which names what is wrong)."""
+
+    n: int
+    temperature: float
+    max_tokens: int
+    seed: int
+    top_p: float = 1.0
+    stop_token_ids: list[int] | None = None
+    action_token_ids: list[int] | None = None
+    action_min_prob: float = 0.0
+
+
+@dataclass(frozen=True)
 class RolloutWorkerSettings:
     """How a rollout worker builds its engine (all but the model path), one typed object so the trial
     (orchestrator/trial/actors.py:start_actors), benchmarks and tests build workers the same way.
@@ -153,19 +169,7 @@ class RolloutWorker:
         self._broken: str | None = None  # set by a failed load: generate raises until a load succeeds
 
     # ----------------------------------------------------------------------------------------------- sampling
-    def generate(
-        self,
-        prompt_token_ids: list[list[int]],
-        *,
-        n: int,
-        temperature: float,
-        top_p: float = 1.0,
-        max_tokens: int,
-        seed: int,
-        stop_token_ids: list[int] | None = None,
-        action_token_ids: list[int] | None = None,
-        action_min_prob: float = 0.0,
-    ) -> dict:
+    def generate(self, prompt_token_ids: list[list[int]], request: SamplingRequest) -> dict:
         """Returns {"adapter_version": int | None,   # the policy version it sampled with (adapter or full
                                                      # weights; None = the model it was built with)
                     "completions": [[{"token_ids", "logprobs", "finish_reason"}] * n] * len(prompts),
@@ -191,6 +195,9 @@ class RolloutWorker:
         from workers.envs.tokens import cut_at_stop
         from workers.objectives.probability_floor import EXTRA_ARGS_KEY
 
+        n, temperature, top_p, max_tokens = request.n, request.temperature, request.top_p, request.max_tokens
+        seed, stop_token_ids = request.seed, request.stop_token_ids
+        action_token_ids, action_min_prob = request.action_token_ids, request.action_min_prob
         floor: dict[str, Any] = {}
         if action_token_ids is not None:
             action_ids = [int(t) for t in action_token_ids]

@@ -21,6 +21,7 @@ from workers.objectives.probability_floor import (
     floor_probs,
     floored_token_logprobs,
 )
+from workers.rollout.worker import SamplingRequest
 
 pytestmark = pytest.mark.integration
 
@@ -86,7 +87,7 @@ def _logits(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
 def _gen(worker, prompt_ids, **kw):
     args = dict(n=6, temperature=T, max_tokens=6, seed=17)
     args.update(kw)
-    return worker.generate(prompt_ids, **args)
+    return worker.generate(prompt_ids, SamplingRequest(**args))
 
 
 def test_floor_binds_and_matches_learner(worker, model, prompt_ids, action_ids):

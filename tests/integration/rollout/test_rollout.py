@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.rollout.worker import shard
+from workers.rollout.worker import SamplingRequest, shard
 
 T = 0.7
 TOL = 1e-5
@@ -72,7 +72,7 @@ def _gen(worker, prompt_ids, **kw):
 
     args = dict(n=4, temperature=T, max_tokens=16, seed=123)
     args.update(kw)
-    return ray.get(worker.generate.remote(prompt_ids, **args), timeout=300)
+    return ray.get(worker.generate.remote(prompt_ids, SamplingRequest(**args)), timeout=300)
 
 
 @torch.no_grad()

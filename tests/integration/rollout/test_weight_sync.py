@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from workers.rollout.worker import SamplingRequest
 from workers.sync.full_weights import pack_weights, weights_checksum
 
 TOL = 1e-4
@@ -87,7 +88,7 @@ def _gen(worker, prompts, seed=11, **kw):
 
     args = dict(n=2, temperature=1.0, max_tokens=16, seed=seed)
     args.update(kw)
-    return ray.get(worker.generate.remote(prompts, **args), timeout=300)
+    return ray.get(worker.generate.remote(prompts, SamplingRequest(**args)), timeout=300)
 
 
 @torch.no_grad()
