@@ -34,8 +34,9 @@ class Stack:
     def __init__(self, cfg, cpus: int = 2):
         import ray
 
+        from orchestrator import storage as store
         from orchestrator.config.trial import sepa_settings
-        from orchestrator.trial.actors import _LearnerActor, _RolloutActor, rollout_settings
+        from orchestrator.trial.actors import LearnerRankActor, TrialRolloutActor, rollout_settings
         from orchestrator.trial.context import TrialContext
         from orchestrator.trial.learner_group import LearnerGroup
         from orchestrator.trial.models import resolve_model
@@ -50,10 +51,10 @@ class Stack:
         self.cfg = cfg
         model_cfg = cfg.model.model_dump()
         self.workers = [
-            _RolloutActor.options(num_cpus=cpus).remote(model_cfg, rollout_settings(cfg))
+            TrialRolloutActor.options(num_cpus=cpus).remote(model_cfg, rollout_settings(cfg))
             for _ in range(cfg.rollout.num_workers)
         ]
-        self.learner = LearnerGroup([_LearnerActor.options(num_cpus=cpus).remote(
+        self.learner = LearnerGroup([LearnerRankActor.options(num_cpus=cpus).remote(
             model_cfg, learner=cfg.learner, credit=cfg.credit,
             run=RunSettings(seed=cfg.seed, total_steps=cfg.steps, dtype=cfg.model.dtype),
             interventions=cfg.interventions)],
@@ -69,7 +70,7 @@ class Stack:
         self.ctx = TrialContext(cfg, self.workers, self.learner, self.tokenizer, self.task, self.actions)
         self.source = rollout_source(self.ctx)  # as run_trial: chosen once from the task
         self.pipe = OneStepOff(self.ctx, self.source)
-        self.metrics_file = Path(tempfile.mkdtemp(prefix="bench-step-")) / "metrics.jsonl"
+        self.metrics_file = Path(tempfile.mkdtemp(prefix="bench-step-")) / store.METRICS_FILE
 
     def step(self, mode: str) -> tuple[float, dict]:
         """One loop iteration of `mode` as run_trial runs it (no eval, no Tune report); (wall s, row)."""

@@ -22,6 +22,7 @@ LOCK_FILE = ".driver.lock"  # held by the campaign's driver (tune/launch.py: dri
 # the layout's names: every module reads and writes them through these constants
 CAMPAIGN_FILE = "campaign.json"
 EVENTS_FILE = "events.jsonl"  # the campaign's, and each trial's own
+PENDING_FILE = "pending.json"  # trials waiting for the autoscaler, since when (tune/pending.py, read by status)
 TRIALS_DIR = "trials"
 REPORT_DIR = "report"
 METRICS_FILE = "metrics.jsonl"

@@ -32,7 +32,7 @@ def _engine_dtype(dtype: str) -> str:
 
 
 @ray.remote
-class _RolloutActor(RolloutWorker):
+class TrialRolloutActor(RolloutWorker):
     """A rollout worker whose model is a trial's `model` config (resolved where the actor runs) and whose dtype
     may be "auto" (`_engine_dtype`)."""
 
@@ -46,7 +46,7 @@ class _RolloutActor(RolloutWorker):
 
 
 @ray.remote
-class _LearnerActor(Learner):
+class LearnerRankActor(Learner):
     """One learner rank. Built in two calls so the group's address (rank 0's node and a free port there) is known
     before any rank joins: `rendezvous` on rank 0, then `start` on every rank (orchestrator/trial/learner_group.py)."""
 
@@ -126,12 +126,12 @@ def start_actors(cfg: TrialConfig, pg) -> tuple[list, LearnerGroup]:
     model_cfg = cfg.model.model_dump()
     settings = rollout_settings(cfg)
     workers = [
-        _RolloutActor.options(num_cpus=r.worker_cpus, num_gpus=r.worker_gpus, **_placement(pg, 1 + i)).remote(
+        TrialRolloutActor.options(num_cpus=r.worker_cpus, num_gpus=r.worker_gpus, **_placement(pg, 1 + i)).remote(
             model_cfg, settings)
         for i in range(k)
     ]
     ranks = [
-        _LearnerActor.options(num_cpus=r.learner_cpus, num_gpus=r.learner_gpus, **_placement(pg, 1 + k + i)).remote(
+        LearnerRankActor.options(num_cpus=r.learner_cpus, num_gpus=r.learner_gpus, **_placement(pg, 1 + k + i)).remote(
             model_cfg, rank=i, world=r.learner_ranks, learner=cfg.learner, credit=cfg.credit,
             run=RunSettings(seed=cfg.seed, total_steps=cfg.steps, dtype=cfg.model.dtype),
             interventions=cfg.interventions)

@@ -17,7 +17,7 @@ from workers.sync.policy import push
 
 
 class LearnerGroup:
-    """`ranks`: the learner actors (orchestrator/trial/actors.py:_LearnerActor), rank order, built but not started; or
+    """`ranks`: the learner actors (orchestrator/trial/actors.py:LearnerRankActor), rank order, built but not started; or
     `started`: any actors with the Learner's methods whose models are already built (one rank, in tests)."""
 
     def __init__(self, ranks: list, full: bool, started: bool = False):

@@ -10,7 +10,14 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from orchestrator.storage import CHECKPOINT_MANIFEST, SHARDS_DIR, append_line, sha256_hex
+from orchestrator.storage import (
+    CHECKPOINT_MANIFEST,
+    METRICS_FILE,
+    SHARDS_DIR,
+    STATE_FILE,
+    append_line,
+    sha256_hex,
+)
 from workers.checkpoint.blob import CheckpointError as CheckpointError  # re-exported: tune/launch.py names it
 from workers.checkpoint.blob import CorruptCheckpoint, UnsafeCheckpoint
 
@@ -119,8 +126,8 @@ def _verify(ck: _CheckpointDir, state_file: str, learner_file: str, metrics_file
 
 
 def restore_checkpoint(fs, trial_path: str, *, recorded: bool, events: str | None = None,
-                       state_file: str = "trial_state.json", learner_file: str = "learner.pt",
-                       metrics_file: str = "metrics.jsonl") -> RestoredCheckpoint | None:
+                       state_file: str = STATE_FILE, learner_file: str = "learner.pt",
+                       metrics_file: str = METRICS_FILE) -> RestoredCheckpoint | None:
     """The newest usable checkpoint of the trial whose Tune directory is `trial_path` on pyarrow filesystem `fs`,
     or None when it has none. Each skipped checkpoint is one `checkpoint_skipped` line in `events` (a jsonl
     location).

@@ -8,8 +8,7 @@ import time
 from ray.tune import Callback
 
 from orchestrator import storage as store
-
-PENDING_FILE = "pending.json"  # <campaign dir>/pending.json: trials waiting for the autoscaler, since when
+from orchestrator.storage import PENDING_FILE
 
 
 # ------------------------------------------------------------------------------------- pending on autoscaling

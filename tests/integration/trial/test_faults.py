@@ -92,13 +92,13 @@ def test_sigkilled_actors_and_a_damaged_checkpoint_resume_to_the_same_trajectory
     def injector() -> None:
         try:
             wait_for(1, 3)  # steps 0-2 done, checkpoint after step 1
-            kill("_RolloutActor")
+            kill("TrialRolloutActor")
             wait_for(2, 5)  # restarted from step 2; steps 2-4 done, checkpoint after step 3 is the newest
             newest = max(ckpt_root.glob("checkpoint_*"))
             blob = (newest / "learner.pt").read_bytes()
             (newest / "learner.pt").write_bytes(blob[: len(blob) // 3])  # a torn upload
             done.append(f"truncated:{newest}")
-            kill("_LearnerActor")
+            kill("LearnerRankActor")
         except BaseException as exc:  # surfaced by the test thread
             errors.append(exc)
 
