@@ -28,12 +28,6 @@ class PolicyUpdate:
     files: dict[str, bytes] = field(repr=False)
     checksum: str | None = None
 
-    def __getitem__(self, key: str) -> Any:
-        """Read a field by name, as callers of the former dict return value (`update["files"]`) do."""
-        if key not in ("kind", "version", "files", "checksum"):
-            raise KeyError(key)
-        return getattr(self, key)
-
 
 @runtime_checkable
 class PolicySync(Protocol):

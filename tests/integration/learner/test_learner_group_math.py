@@ -163,26 +163,26 @@ def test_the_exported_policy_is_gathered_from_the_shards(two_ranks, tiny_model_d
     one = _learner(tiny_model_dir, _config(dict(VARIANTS)[variant]))
     _outcome(one)
     a, b = one.export_policy(1), two_ranks[variant]["policy"]
-    assert a["kind"] == b["kind"] == ("adapter" if variant == "lora" else "weights")
-    assert sorted(set(a["files"]) - {"README.md"}) == sorted(b["files"])  # PEFT's model card: only on one rank
+    assert a.kind == b.kind == ("adapter" if variant == "lora" else "weights")
+    assert sorted(set(a.files) - {"README.md"}) == sorted(b.files)  # PEFT's model card: only on one rank
     if variant == "lora":  # the same config (PEFT keeps target_modules as a set: its order varies by process)
         import json
 
-        ca, cb = (json.loads(x["files"]["adapter_config.json"]) for x in (a, b))
+        ca, cb = (json.loads(x.files["adapter_config.json"]) for x in (a, b))
         ca["target_modules"], cb["target_modules"] = sorted(ca["target_modules"]), sorted(cb["target_modules"])
         assert ca == cb
-    for name in a["files"]:
+    for name in a.files:
         if name.endswith(".safetensors"):
-            ta, tb = load(a["files"][name]), load(b["files"][name])
+            ta, tb = load(a.files[name]), load(b.files[name])
             assert sorted(ta) == sorted(tb) and not any("critic" in k for k in ta)
             for k in ta:
                 torch.testing.assert_close(tb[k], ta[k], rtol=1e-5, atol=1e-4)
     if variant != "lora":  # the checksum the workers will compare against is that of the weights sent
         from workers.sync.full_weights import weights_checksum
 
-        sent = {k: v for name, data in b["files"].items() if name.endswith(".safetensors")
+        sent = {k: v for name, data in b.files.items() if name.endswith(".safetensors")
                 for k, v in load(data).items()}
-        assert b["checksum"] == weights_checksum(sent, torch.float32)
+        assert b.checksum == weights_checksum(sent, torch.float32)
 
 
 @pytest.mark.parametrize("variant", CHECKPOINTED)

@@ -152,7 +152,7 @@ def test_a_lora_critic_on_a_full_policy(tiny_model_dir):
     exported = learner.export_policy(1)
     from safetensors.torch import load
 
-    sent = {k: v for name, data in exported["files"].items() if name.endswith(".safetensors")
+    sent = {k: v for name, data in exported.files.items() if name.endswith(".safetensors")
             for k, v in load(data).items()}
     assert sorted(sent) == sorted(load_model(tiny_model_dir).state_dict())  # vLLM's names; no adapter
     torch.testing.assert_close(lp, plain_logprobs(sent), rtol=0, atol=1e-5)

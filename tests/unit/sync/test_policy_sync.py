@@ -42,11 +42,9 @@ class FakeEngine:
         return True
 
 
-def test_an_update_reads_like_the_former_dict_and_pickles():
+def test_an_update_pickles_whole():
     u = PolicyUpdate("weights", 3, {"model.safetensors": b"x"}, "abc")
-    assert (u["kind"], u["version"], u["files"], u["checksum"]) == ("weights", 3, {"model.safetensors": b"x"}, "abc")
-    with pytest.raises(KeyError):
-        u["other"]
+    assert (u.kind, u.version, u.files, u.checksum) == ("weights", 3, {"model.safetensors": b"x"}, "abc")
     assert pickle.loads(pickle.dumps(u)) == u
     assert "b'x'" not in repr(u)  # file bytes stay out of logs
 
