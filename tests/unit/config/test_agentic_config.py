@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from orchestrator.config.trial import TrialConfig
+from tests.unit.config.cli_errors import trial_error
 
 AGENT = {"name": "tiny-agent", "max_model_len": 320}
 
@@ -47,12 +48,7 @@ def test_bad_agentic_configs(over, needle):
 
 
 def test_cli_reports_one_line_exit_2(tmp_path):
-    path = tmp_path / "bad.yaml"
-    path.write_text("model: {name: tiny}\ntask: {name: sokoban, boxes: 9}\n")
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "trial", str(path)], capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
+    path, lines = trial_error(tmp_path, "model: {name: tiny}\ntask: {name: sokoban, boxes: 9}\n")
     assert len(lines) == 1 and "task.boxes" in lines[0] and str(path) in lines[0]
 
 

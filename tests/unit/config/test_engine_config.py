@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from pydantic import ValidationError
 
 from orchestrator.config.errors import UserError, validate
 from orchestrator.config.trial import TrialConfig
+from tests.unit.config.cli_errors import trial_error
 from workers.rollout.worker import ENGINE_KEYS, engine_in_process, engine_settings
 
 
@@ -110,10 +108,5 @@ def test_rollout_old_logprobs_allowed_when_nothing_needs_the_scoring_pass():
 
 
 def test_cli_unknown_engine_key_exit_2(tmp_path):
-    path = tmp_path / "bad.yaml"
-    path.write_text("rollout: {engine: {enforce_eagr: true}}\n")
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "trial", str(path)], capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
+    path, lines = trial_error(tmp_path, "rollout: {engine: {enforce_eagr: true}}\n")
     assert len(lines) == 1 and "rollout.engine.enforce_eagr: unknown key" in lines[0] and str(path) in lines[0]
