@@ -34,3 +34,23 @@ def local_model_path(name: str, seed: int) -> str | None:
     tag = f"-v{getattr(module, _VERSION_ATTR[name])}" if name in _VERSION_ATTR else ""
     root = Path(tempfile.gettempdir()) / f"credit-orchestrator-{name}-{seed}{tag}"
     return str(build(root, seed=seed))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m workers.models.local NAME [NAME ...]`: build these local models (seed 0) now, one after another,
+    so later trials and tests find them cached; prints each one's directory."""
+    import sys
+
+    names = sys.argv[1:] if argv is None else argv
+    unknown = [n for n in names if n not in LOCAL_MODELS]
+    if unknown or not names:
+        print(f"usage: python -m workers.models.local NAME [NAME ...]; names: {', '.join(LOCAL_MODELS)}"
+              + (f" (unknown: {', '.join(unknown)})" if unknown else ""), file=sys.stderr)
+        return 2
+    for name in names:
+        print(f"{name}: {local_model_path(name, 0)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from pydantic import ValidationError
 
@@ -50,36 +47,3 @@ def test_bad_agentic_configs(over, needle):
 def test_cli_reports_one_line_exit_2(tmp_path):
     path, lines = trial_error(tmp_path, "model: {name: tiny}\ntask: {name: sokoban, boxes: 9}\n")
     assert len(lines) == 1 and "task.boxes" in lines[0] and str(path) in lines[0]
-
-
-def _trial_file(tmp_path, text: str):
-    path = tmp_path / "t.yaml"
-    path.write_text(text)
-    return subprocess.run([sys.executable, "-m", "orchestrator", "trial", str(path), "--storage", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600), path
-
-
-def test_first_turn_that_does_not_fit_is_refused_before_launch(tmp_path):
-    """The first prompt + rollout.max_tokens must fit model.max_model_len: one line, exit 2, nothing started."""
-    proc, path = _trial_file(tmp_path, "model: {name: tiny-agent, max_model_len: 128}\ntask: {name: sokoban}\n")
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and str(path) in lines[0] and "model.max_model_len: 128 is too small" in lines[0]
-    assert "Traceback" not in proc.stderr and not (tmp_path / "local").exists()
-
-
-def test_check_episode_fits_measures_the_longest_first_prompt():
-    from orchestrator.trial.episodes import check_episode_fits
-    from orchestrator.trial.models import resolve_model
-    from workers.envs.tokens import first_prompt_ids
-    from workers.models.loading import load_tokenizer
-    from workers.tasks import make_task
-
-    cfg = TrialConfig(model={"name": "tiny-agent"}, task={"name": "frozen_lake"})
-    tok = load_tokenizer(resolve_model(cfg.model))
-    task = make_task(cfg.task, cfg.seed)
-    longest = max(len(first_prompt_ids(tok, ep.prompt(), system=ep.system(), prefill=ep.prefill))
-                  for ep in (task.episode(s, 0, cfg.rollout) for s in task.eval_levels(32)))
-    assert check_episode_fits(cfg, tok) is None
-    tight = cfg.model_copy(update={"model": cfg.model.model_copy(update={"max_model_len": longest + 63})})
-    assert "too small" in check_episode_fits(tight, tok)
