@@ -42,6 +42,7 @@ from workers.learner.update import Updater
 from workers.models.loading import head_is_linear, load_tokenizer, token_pieces
 from workers.objectives.interventions import InterventionsConfig, scoring_pass_needs
 from workers.objectives.losses import entropy_floor_surrogate, truncated_importance_weights
+from workers.sync.policy import PolicyUpdate
 
 
 def _decomposes(credit: CreditConfig) -> bool:
@@ -273,7 +274,7 @@ class Learner:
         return out
 
     # -- what leaves the learner (workers/learner/state.py) ---------------------------------------------
-    def export_policy(self, version: int) -> dict | None:
+    def export_policy(self, version: int) -> PolicyUpdate | None:
         return self.exporter.export_policy(version)
 
     def export_adapter(self, version: int) -> dict[str, bytes] | None:
