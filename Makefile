@@ -28,8 +28,14 @@ PREBUILD := tmp=$${TMPDIR:-/tmp}; \
 	$(BIN)/python -m workers.models.local tiny-reasoner tiny-qwen2-base tiny-qwen2-instruct tiny-qwen3 tiny-qwen3-2507 \
 		> $$tmp/prebuild-models.log 2>&1 &
 
+# Two pytest workers: most of an integration test is waiting on Ray and engine start-ups, so two share the 2 CPU
+# cores well. Whole files go to one worker (--dist loadfile: a module's shared trial run is made once); the slow
+# trial and campaign files are handed out first and the many short unit files fill the gaps at the end.
+TEST_ORDER := tests/integration/trial tests/integration/campaign tests/integration/learner \
+	tests/integration/rollout tests/integration/test_benchmarks.py tests/unit
+
 test: setup
-	$(PREBUILD) $(BIN)/python -m pytest tests/unit tests/integration --durations=25; rc=$$?; wait; exit $$rc
+	$(PREBUILD) $(BIN)/python -m pytest $(TEST_ORDER) -n 2 --dist loadfile --durations=25; rc=$$?; wait; exit $$rc
 
 unit: setup
 	$(BIN)/python -m pytest tests/unit
