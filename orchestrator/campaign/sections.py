@@ -15,6 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from orchestrator.config.errors import UserError
 
 
+MEASURE = re.compile(r"^(auc_(\d+)_(\d+)|final)$")
+CONTRAST = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.]*)-([A-Za-z0-9][A-Za-z0-9_.]*)$")
+DEFAULT_PRIMARY = "auc_0_15"
+
+
 class ReportSettings(BaseModel):
     """`report:` what `python -m orchestrator report` computes for this campaign (flags override it)."""
 
@@ -29,6 +34,18 @@ class ReportSettings(BaseModel):
         None, description="AUC windows [lo, hi] in steps; default from the metric's logging cadence")
     auc_interpolate: bool = Field(False, description="bridge a missing interior step of a run's curve linearly "
                                                      "instead of dropping the run from the window")
+    primary: str | None = Field(
+        None, description="the primary measure, the one family whose Holm-adjusted `*` the report claims: auc_LO_HI "
+                          "or final (the step-k table); default auc_0_15, or when no run reaches step 15 the widest "
+                          "AUC window, else final; every other measure is exploratory (no `*`)")
+
+    @field_validator("primary")
+    @classmethod
+    def _primary(cls, v: str | None) -> str | None:
+        m = MEASURE.match(v) if v is not None else None
+        if v is not None and (not m or (m.group(2) is not None and int(m.group(2)) >= int(m.group(3)))):
+            raise ValueError("must be auc_LO_HI with LO < HI (e.g. auc_0_15) or final")
+        return v
 
     @field_validator("auc_windows")
     @classmethod
@@ -52,8 +69,6 @@ class ReportSettings(BaseModel):
                                 f"conditions of this campaign ({', '.join(conditions)})")
             out.append(pair)
         return out
-MEASURE = re.compile(r"^(auc_(\d+)_(\d+)|final)$")
-CONTRAST = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.]*)-([A-Za-z0-9][A-Za-z0-9_.]*)$")
 
 
 class ScheduleConfig(BaseModel):
