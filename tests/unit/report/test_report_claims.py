@@ -95,7 +95,8 @@ def test_mark_follows_the_holm_adjusted_p_within_the_measure_family(tmp_path):
         assert _row(d, group=c).p_holm == pytest.approx(want[c], rel=1e-9)
     assert row.p_holm > 0.05 and row.mark == ""  # ... and still no mark
     assert (d.mark == "").all()
-    assert "Holm-adjusted p < 0.05 within the measure's family" in rep.markdown
+    assert "Holm-adjusted p < 0.05 within the primary measure's family" in rep.markdown
+    assert "Primary measure: **step 2**" in rep.markdown  # no AUC window: the default falls back to step k
     # a clear effect keeps its mark after the adjustment
     curves |= {("C2", s): np.full(3, base[s] + 0.05 + 0.002 * s) for s in range(5)}
     d = build_report(write_runs(tmp_path / "c2", curves), ReportOptions(windows=[], figures=False)).tables["deltas"]
