@@ -22,7 +22,13 @@ from orchestrator.campaign.sections import CONTRAST, AdaptiveSeeds, parse_contra
 from orchestrator.report import figures as figs
 from orchestrator.report.comparisons import all_specs
 from orchestrator.report.load import CampaignFiles, Group, TrialIssue, load
-from orchestrator.report.primary import SequentialPrimary, choose_primary, measure_label, sequential_primary, window_of
+from orchestrator.report.primary import (
+    SequentialPrimary,
+    choose_primary,
+    measure_label,
+    sequential_primary,
+    window_of,
+)
 from orchestrator.report.render import AucWindows, Scope, render, slug
 from orchestrator.report.sections import extra_sections
 from orchestrator.report.tables import (
@@ -211,7 +217,7 @@ def build_report(campaign_dir: Path | str, options: ReportOptions | None = None)
     sequential = None
     if opts.adaptive is not None:
         events = _events(CampaignFiles(campaign_dir))
-        sequential = sequential_primary(groups, opts.adaptive, opts.adaptive.metric or metric, events,
+        sequential = sequential_primary(groups, opts.adaptive, opts.adaptive.metric or default_metric(groups), events,
                                         interpolate=opts.interpolate)
     deltas, power = comparisons(groups, all_specs(groups, base, pairs), measures, metric=metric,
                                 effect=opts.effect, primary=None if sequential else primary) if base is not None \

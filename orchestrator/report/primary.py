@@ -8,9 +8,10 @@ look's calibrated level (orchestrator/stats/sequential.py), with that look's rep
 t interval at confidence 1 - level); every table row is exploratory except that contrast's row on that measure,
 whose `*` is the stop's claim.
 
-`seed_values` is the one computation of a per-seed measure both the stop (orchestrator/tune/adaptive.py) and the
-report use: the AUC on the run's planned logging grid (a run missing an interior step is dropped unless
-`interpolate`, as in the report's AUC table), `final` the value at the run's last planned step.
+The stop (orchestrator/tune/adaptive.py) and this recomputation share every step: a run's measure is
+`campaign.sections.run_measure` (the AUC on the run's planned logging grid, a run missing an interior step dropped
+unless `interpolate`, as in the report's AUC table; `final` the value at the run's last planned step) and the
+look's test is `stats.sequential.look_test`.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.campaign.sections import CONTRAST, DEFAULT_PRIMARY, MEASURE, AdaptiveSeeds
+from orchestrator.campaign.sections import CONTRAST, DEFAULT_PRIMARY, MEASURE, AdaptiveSeeds, run_measure
 from orchestrator.report.load import Group
-from orchestrator.stats import paired as stats
+from orchestrator.stats.sequential import look_decision, look_test, nominal_alphas
 
 
 def window_of(measure: str) -> tuple[int, int] | None:
@@ -64,20 +65,14 @@ def choose_primary(requested: str | None, reached: Sequence[tuple[int, int]], k:
 
 def seed_values(groups: Sequence[Group], measure: str, metric: str, *,
                 interpolate: bool = False) -> dict[str, dict[int, float]]:
-    """{group label: {seed: value}} of `measure` on `metric` for every started run with a value (NaN dropped)."""
-    w = window_of(measure)
+    """{group label: {seed: value}} of `measure` on `metric` (`campaign.sections.run_measure`, the stop's own
+    computation) for every started run with a value (NaN dropped)."""
     out: dict[str, dict[int, float]] = {}
     for g in groups:
         out[g.label] = {}
         for r in g.runs:
             s, v = r.series(metric)
-            if not s.size:
-                continue
-            grid = r.planned_steps(metric)
-            if w is not None:
-                value = stats.window_auc(s, v, w, grid=grid if grid is not None else s, interpolate=interpolate)[0]
-            else:
-                value = r.value_at(metric, int(grid[-1])) if grid is not None and grid.size else float(v[-1])
+            value = run_measure(s, v, measure, r.planned_steps(metric), interpolate=interpolate)
             if math.isfinite(value):
                 out[g.label][r.seed] = value
     return out
@@ -85,22 +80,12 @@ def seed_values(groups: Sequence[Group], measure: str, metric: str, *,
 
 def look_result(groups: Sequence[Group], cfg: AdaptiveSeeds, metric: str, seeds: int, level: float, *,
                 interpolate: bool = False) -> dict:
-    """The contrast's paired comparison over seeds 0 .. seeds-1 at a look's level: pairs, delta, the repeated
-    confidence interval (lo, hi at confidence 1 - level), p, level, claimed (p < level; zero variance never)."""
+    """The contrast's `sequential.look_test` over seeds 0 .. seeds-1, as the stop made it."""
     other, base = CONTRAST.match(cfg.contrast).groups()
     values = seed_values(groups, cfg.measure, metric, interpolate=interpolate)
     pick = {c: next((values[g.label] for g in groups if g.condition == c), {}) for c in (other, base)}
-    b = [pick[base].get(s, math.nan) for s in range(seeds)]
-    o = [pick[other].get(s, math.nan) for s in range(seeds)]
-    c = stats.paired_comparison(b, o, confidence=1.0 - level, bootstrap=False)
-    claimed = c.excludes_zero and math.isfinite(c.p_value)  # the interval excludes zero exactly when p < level
-    return {"seeds": seeds, "pairs": c.n, "delta": c.delta, "lo": c.ci_low, "hi": c.ci_high, "p": c.p_value,
-            "level": level, "claimed": bool(claimed)}
-
-
-def decision(result: dict, last: bool) -> str:
-    """What a look decides: claim, stop at max (the last look without a claim), or add seeds."""
-    return "claim" if result["claimed"] else ("stop at max" if last else "add seeds")
+    return {"seeds": seeds, **look_test([pick[base].get(s, math.nan) for s in range(seeds)],
+                                        [pick[other].get(s, math.nan) for s in range(seeds)], level)}
 
 
 @dataclass(frozen=True)
@@ -124,8 +109,6 @@ class SequentialPrimary:
 def sequential_primary(groups: Sequence[Group], cfg: AdaptiveSeeds, metric: str, events: Sequence[dict], *,
                        interpolate: bool = False) -> SequentialPrimary:
     """The stop's primary result from the campaign's `look` events and its data."""
-    from orchestrator.stats.sequential import nominal_alphas
-
     looks = cfg.looks()
     levels = [float(x) for x in nominal_alphas(looks, cfg.alpha)]
     logged = [e for e in events if e.get("event") == "look"]
@@ -134,7 +117,7 @@ def sequential_primary(groups: Sequence[Group], cfg: AdaptiveSeeds, metric: str,
     last = logged[-1]
     k = int(last["look"])
     result = look_result(groups, cfg, metric, looks[k - 1], levels[k - 1], interpolate=interpolate)
-    made = decision(result, k == len(looks))
+    made = look_decision(result, k == len(looks))
     same = all(np.isclose(result[x], last.get(x, math.nan), rtol=1e-9, equal_nan=True)
                for x in ("delta", "lo", "hi", "p", "level"))
     return SequentialPrimary(cfg, metric, looks, levels, k, last, result, made,

@@ -115,10 +115,28 @@ def nominal_alphas(looks: Sequence[int], alpha: float = 0.05) -> np.ndarray:
     return np.array(_t_levels(tuple(int(x) for x in n), float(alpha)))
 
 
+def look_test(base: Sequence[float], other: Sequence[float], level: float) -> dict:
+    """One look of the adaptive stop on paired per-seed values (NaN: the seed's run has no value): pairs, delta
+    (mean other - base), the repeated confidence interval lo, hi (the paired t interval at confidence
+    1 - level), p, level, and claimed (p < level, i.e. the interval excludes zero; zero variance never claims).
+    The stop (orchestrator/tune/adaptive.py) and the report's primary result both decide with this."""
+    from orchestrator.stats.paired import paired_comparison
+
+    c = paired_comparison(base, other, confidence=1.0 - level, bootstrap=False)
+    claimed = c.excludes_zero and np.isfinite(c.p_value)
+    return {"pairs": c.n, "delta": c.delta, "lo": c.ci_low, "hi": c.ci_high, "p": c.p_value, "level": level,
+            "claimed": bool(claimed)}
+
+
+def look_decision(result: dict, last: bool) -> str:
+    """What a look decides: claim, stop at max (the last look without a claim), or add seeds."""
+    return "claim" if result["claimed"] else ("stop at max" if last else "add seeds")
+
+
 def sequential_paired_t(diffs: np.ndarray, looks: Sequence[int], alpha: float = 0.05) -> tuple[np.ndarray,
                                                                                                  np.ndarray]:
     """The adaptive-seeds procedure on many campaigns at once (the simulation's vectorised twin of
-    orchestrator/tune/adaptive.py, which decides each look with `report.stats.paired_comparison`).
+    orchestrator/tune/adaptive.py, which decides each look with `look_test`).
 
     diffs: (campaigns, n_max) paired differences in the order seeds are added; looks: pairs at each look (the
     last <= n_max). Returns (claimed (campaigns,) bool, pairs used when stopped (campaigns,) int): stop at the
