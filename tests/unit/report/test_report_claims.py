@@ -238,14 +238,18 @@ def test_campaign_report_settings_and_cli_flags(tmp_path, capsys):
     write_runs(store / "syn", curves)
     spec = {"name": "syn", "seeds": [0, 1, 2], "conditions": {"C1": {}, "C2": {}, "C3": {}}, "storage": str(store),
             "base": {"steps": 16},
-            "report": {"effect_of_interest": 0.02, "contrasts": ["C3-C2"], "auc_windows": [[0, 12]]}}
+            "report": {"effect_of_interest": 0.02, "contrasts": ["C3-C2"], "auc_windows": [[0, 12]],
+                       "primary": "auc_4_12"}}
     f = tmp_path / "syn.yaml"
     f.write_text(yaml.safe_dump(spec))
     assert cli.main(["report", str(f), "--out", str(tmp_path / "o1")]) == 0
     power = pd.read_csv(tmp_path / "o1" / "power.csv")
     deltas = pd.read_csv(tmp_path / "o1" / "deltas.csv")
     assert (power.effect_of_interest == 0.02).all() and "C3-C2" in set(deltas.group)
-    assert set(pd.read_csv(tmp_path / "o1" / "auc.csv").window) == {"0-12"}
+    assert set(pd.read_csv(tmp_path / "o1" / "auc.csv").window) == {"0-12", "4-12"}  # the primary is computed
+    assert set(deltas[deltas.role == "primary"].measure) == {"AUC 4-12"}
+    assert (deltas[deltas.role == "exploratory"].mark.isna()).all()  # "" reads back as NaN
+    assert "Primary measure: **AUC 4-12** (report.primary: auc_4_12)" in (tmp_path / "o1" / "report.md").read_text()
     assert cli.main(["report", str(f), "--out", str(tmp_path / "o2"), "--effect", "0.05"]) == 0
     assert (pd.read_csv(tmp_path / "o2" / "power.csv").effect_of_interest == 0.05).all()
     capsys.readouterr()
