@@ -193,10 +193,11 @@ def _power_section(power: pd.DataFrame, fmt: _Fmt, effect: float | None) -> list
             for _, r in power.iterrows()]
     md += [f"For the effect of interest {fmt.delta(effect).lstrip('+')} (never the observed effect): paired "
            f"two-sided t-test at the family's Bonferroni level alpha = {ALPHA} / tests in the measure's family "
-           f"(Holm's first step; statsmodels TTestPower), from the observed sd of paired differences (none below "
+           f"(Holm's first step; power: the noncentral t, statsmodels TTestPower), from the observed sd of paired differences (none below "
            f"{MIN_PAIRS} pairs). Power now: at the current pairs; seeds/arm: for power {POWER_TARGET:.0%}; "
            "generations per arm = seeds x steps (step + 1 for a step value, hi + 1 for an AUC window) x problems x "
-           "rollouts per step; MDE: the smallest effect the current pairs detect with that power.", ""]
+           "rollouts per step; MDE: the smallest effect the current pairs detect with that power (solved for and "
+           "checked against the power function).", ""]
     return md + ([_md_table(["Comparison", "Measure", "Pairs", "SD diff", "Alpha", "Power now", "Seeds/arm",
                              "Generations/arm", "MDE now"], rows)] if rows else ["No comparison."])
 

@@ -9,11 +9,11 @@ solves P(|Z_1| < c_1, ..., |Z_{k-1}| < c_{k-1}, |Z_k| >= c_k) = alpha(t_k) - alp
 where Z_k = S_k / sqrt(n_k) and S is a sum of independent unit-variance increments (the canonical joint
 distribution); the probabilities come from the recursive numerical integration of Armitage, McPherson and Rowe
 (1969) on a grid. Those z boundaries hold the rate for a z statistic (4.997% at 5%), but the looks test a paired
-t statistic at a handful of pairs, whose joint law over the looks is not the z's (each look re-estimates the
-sd from 2-15 degrees of freedom): the z levels applied to t p-values claim 5.66% (100,000 simulated campaigns). `nominal_alphas` therefore calibrates each
-look's level for the t reference so the same spending function holds for the t procedure (see its docstring),
-and tests/unit/report/test_claims_calibration.py checks the whole procedure's false-claim rate on fresh
-simulations against alpha within the simulation's standard error.
+t statistic at a handful of pairs, whose joint law over the looks is not the z's (each look re-estimates the sd
+from 2-15 degrees of freedom): the z levels applied to t p-values claim 5.66% (100,000 simulated campaigns).
+`nominal_alphas` therefore calibrates each look's level for the t reference so the same spending function holds
+for the t procedure (see its docstring), and tests/unit/report/test_claims_calibration.py checks the whole
+procedure's false-claim rate on fresh simulations against alpha within the simulation's standard error.
 """
 
 from __future__ import annotations
