@@ -181,6 +181,16 @@ def _mark_sequential(deltas: pd.DataFrame, seq: SequentialPrimary, label: str) -
     return deltas
 
 
+def _not_needed(issues: list[TrialIssue], runs: list, seq: SequentialPrimary) -> list[TrialIssue]:
+    """Trials of seeds past a finished adaptive stop never ran by design: said so, not as missing."""
+    if seq.decision not in ("claim", "stop at max") or seq.result is None:
+        return issues
+    seed_of = {r.name: r.seed for r in runs}
+    why = f"not run: the adaptive stop ended the campaign at {seq.result['seeds']} seeds ({seq.decision})"
+    return [TrialIssue(i.name, why) if seed_of.get(i.name, -1) >= seq.result["seeds"] and i.reason.startswith(
+        "not started") else i for i in issues]
+
+
 def build_report(campaign_dir: Path | str, options: ReportOptions | None = None) -> Report:
     """Read `campaign_dir` (a path, or a URI read through pyarrow.fs) and write `report.md`, the CSV tables
     and PNG figures into `options.out_dir` (see `ReportOptions` for every choice and its default)."""
@@ -224,6 +234,7 @@ def build_report(campaign_dir: Path | str, options: ReportOptions | None = None)
         else (pd.DataFrame(columns=COLUMNS["deltas"]), pd.DataFrame(columns=COLUMNS["power"]))
     if sequential is not None:
         deltas = _mark_sequential(deltas, sequential, measure_label(opts.adaptive.measure, k))
+        issues = _not_needed(issues, runs, sequential)
     sepa, sepa_max, lambda_curves = sepa_tables(groups)
     mech, token_samples, notes = mechanistic(campaign_dir, groups)
     if any(r.started for r in runs) and not any(r.series(metric)[0].size for r in runs):

@@ -229,6 +229,8 @@ def test_the_report_primary_result_is_the_adaptive_stop_decision(tmp_path, recor
         assert len(primary) == 1 and primary.iloc[0].measure == "AUC 0-15", d[["group", "measure", "role"]]
         assert (primary.iloc[0].mark == "*") == (last["decision"] == "claim")
         assert (d[d.role != "primary (sequential)"].mark == "").all()  # every other row is exploratory
+        assert {i.name for i in rep.missing} == {n for n in order if int(n.split("_s")[1]) >= last["seeds"]}
+        assert all(i.reason.startswith("not run: the adaptive stop") for i in rep.missing)
         table = rep.markdown.split("## Primary result (sequential design)")[1].split("##")[0]
         assert f"| {last['look']} of {len(cfg.looks())} | {last['seeds']} | {last['pairs']} |" in table
         assert table.rstrip().splitlines()[-1].endswith(f"| {last['decision']} |") and "Warning" not in table
