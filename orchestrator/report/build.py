@@ -169,9 +169,9 @@ def _events(files: CampaignFiles) -> list[dict]:
     return out
 
 
-def _mark_sequential(deltas: pd.DataFrame, seq: SequentialPrimary, label: str) -> pd.DataFrame:
-    """The stop's contrast on the stop's measure is the primary row: its `*` is the stop's claim (recomputed);
-    every other row is exploratory."""
+def _mark_sequential(deltas: pd.DataFrame, seq: SequentialPrimary, label: str | None) -> pd.DataFrame:
+    """The stop's contrast on the stop's measure (`label`; None: not in the table) is the primary row: its `*` is
+    the stop's claim (recomputed); every other row is exploratory."""
     other, base = CONTRAST.match(seq.cfg.contrast).groups()
     deltas = deltas.copy()
     row = (deltas["measure"] == label) & (deltas["baseline"] == base) & (
@@ -233,7 +233,10 @@ def build_report(campaign_dir: Path | str, options: ReportOptions | None = None)
                                 effect=opts.effect, primary=None if sequential else primary) if base is not None \
         else (pd.DataFrame(columns=COLUMNS["deltas"]), pd.DataFrame(columns=COLUMNS["power"]))
     if sequential is not None:
-        deltas = _mark_sequential(deltas, sequential, measure_label(opts.adaptive.measure, k))
+        last = max((r.config.get("steps") or 0 for r in runs), default=0) - 1
+        same = sequential.metric == metric and (window_of(opts.adaptive.measure) is not None or k == last)
+        # the table's row is the stop's own measure only on the stop's metric (and `final` only at the last step)
+        deltas = _mark_sequential(deltas, sequential, measure_label(opts.adaptive.measure, k) if same else None)
         issues = _not_needed(issues, runs, sequential)
     sepa, sepa_max, lambda_curves = sepa_tables(groups)
     mech, token_samples, notes = mechanistic(campaign_dir, groups)
