@@ -225,8 +225,19 @@ def load_campaign(path: str | Path) -> Campaign:
 
 
 def check_schedule(cfg: CampaignConfig, trials: list[ExpandedTrial], source: str) -> None:
-    """schedule / budget / seeds.adaptive against the trials they govern (one line each, before launch)."""
+    """schedule / budget / seeds.adaptive / report.primary against the trials they govern (one line each, before
+    launch)."""
     sched, budget, adaptive = cfg.schedule, cfg.budget, cfg.adaptive
+    if adaptive is not None and cfg.report.primary not in (None, adaptive.measure):
+        raise UserError(f"{source}: report.primary: with seeds.adaptive the primary result is the stop's own "
+                        f"({adaptive.contrast} on {adaptive.measure}); leave report.primary out or set it to "
+                        f"{adaptive.measure}")
+    m = MEASURE.match(cfg.report.primary or "final")
+    if m.group(2) is not None:
+        short = next((t for t in trials if int(m.group(3)) > t.trial.steps - 1), None)
+        if short is not None:
+            raise UserError(f"{source}: report.primary: {cfg.report.primary} needs step {m.group(3)}; trial "
+                            f"{short.name} runs steps 0..{short.trial.steps - 1}")
     if sched.mode == "lockstep":
         if sched.round_steps is None:
             raise UserError(f"{source}: schedule.round_steps: lockstep needs round_steps (a multiple of "

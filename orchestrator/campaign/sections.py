@@ -14,6 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from orchestrator.config.errors import UserError
 
+MEASURE = re.compile(r"^(auc_(\d+)_(\d+)|final)$")
+CONTRAST = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.]*)-([A-Za-z0-9][A-Za-z0-9_.]*)$")
+DEFAULT_PRIMARY = "auc_0_15"
+
 
 class ReportSettings(BaseModel):
     """`report:` what `python -m orchestrator report` computes for this campaign (flags override it)."""
@@ -29,6 +33,18 @@ class ReportSettings(BaseModel):
         None, description="AUC windows [lo, hi] in steps; default from the metric's logging cadence")
     auc_interpolate: bool = Field(False, description="bridge a missing interior step of a run's curve linearly "
                                                      "instead of dropping the run from the window")
+    primary: str | None = Field(
+        None, description="the primary measure, the one family whose Holm-adjusted `*` the report claims: auc_LO_HI "
+                          "or final (the step-k table); default auc_0_15, or when no run reaches step 15 the widest "
+                          "AUC window, else final; every other measure is exploratory (no `*`)")
+
+    @field_validator("primary")
+    @classmethod
+    def _primary(cls, v: str | None) -> str | None:
+        m = MEASURE.match(v) if v is not None else None
+        if v is not None and (not m or (m.group(2) is not None and int(m.group(2)) >= int(m.group(3)))):
+            raise ValueError("must be auc_LO_HI with LO < HI (e.g. auc_0_15) or final")
+        return v
 
     @field_validator("auc_windows")
     @classmethod
@@ -52,8 +68,6 @@ class ReportSettings(BaseModel):
                                 f"conditions of this campaign ({', '.join(conditions)})")
             out.append(pair)
         return out
-MEASURE = re.compile(r"^(auc_(\d+)_(\d+)|final)$")
-CONTRAST = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.]*)-([A-Za-z0-9][A-Za-z0-9_.]*)$")
 
 
 class ScheduleConfig(BaseModel):
@@ -137,18 +151,58 @@ def parse_contrast(text: str, conditions: Sequence[str]) -> tuple[str, str] | No
 DEFAULT_METRICS = ("eval/success", "eval/pass@1", "train/correct_rate")  # the report's default, in order
 
 
-def measure_value(rows: list[dict], measure: str, metric: str | None) -> float:
-    """One trial's value of `measure` (auc_LO_HI: normalized AUC over steps LO..HI; final: the last row's value)
-    from its metrics rows; NaN when it did not get there."""
-    from orchestrator.stats.paired import normalized_auc
+def planned_steps(config: dict, key: str) -> np.ndarray | None:
+    """The steps a trial's config logs `key` at: `eval/*` at 0, every, 2*every, ... and the last step (as
+    `orchestrator.trial.loop` evaluates), any other key at every step; None when the config does not say."""
+    steps = config.get("steps")
+    if not isinstance(steps, int) or steps < 1:
+        return None
+    if not key.startswith("eval/"):
+        return np.arange(steps, dtype=float)
+    every = (config.get("eval") or {}).get("every")
+    if not isinstance(every, int):
+        return None
+    return np.union1d(np.arange(0, steps, every), [steps - 1]).astype(float) if every else np.zeros(0)
 
-    if metric is None:
-        metric = next((m for m in DEFAULT_METRICS if any(m in r for r in rows)), DEFAULT_METRICS[-1])
-    pts = [(r["step"], r[metric]) for r in rows if metric in r and r[metric] is not None]
-    if not pts:
+
+def run_measure(steps: np.ndarray, values: np.ndarray, measure: str, grid: np.ndarray | None, *,
+                interpolate: bool = False) -> float:
+    """One run's value of `measure` from its finite (steps, values) of a metric, the one computation the
+    adaptive stop and the report share. auc_LO_HI: the normalized AUC over steps LO..HI on `grid` (the planned
+    logging steps; None: the logged ones), NaN when a planned interior step is missing unless `interpolate`
+    (the report's AUC rule); final: the value at the last planned step (None: the last logged value)."""
+    from orchestrator.stats.paired import window_auc
+
+    if not steps.size:
         return math.nan
     m = MEASURE.match(measure)
-    if m.group(2) is None:
-        return float(pts[-1][1])
-    steps, values = np.array(pts, dtype=float).T
-    return normalized_auc(steps, values, (int(m.group(2)), int(m.group(3))))
+    if m.group(2) is not None:
+        return window_auc(steps, values, (int(m.group(2)), int(m.group(3))), grid=steps if grid is None else grid,
+                          interpolate=interpolate)[0]
+    if grid is None or not grid.size:
+        return float(values[np.argmax(steps)])
+    hit = np.flatnonzero(steps == grid[-1])
+    return float(values[hit[-1]]) if hit.size else math.nan
+
+
+def default_metric(rows_per_run: Sequence[list[dict]]) -> str:
+    """The report's default metric over runs' metrics rows: eval/success when any run logged it, else
+    eval/pass@1, else train/correct_rate."""
+    return next((m for m in DEFAULT_METRICS[:-1] if any(m in r for rows in rows_per_run for r in rows)),
+                DEFAULT_METRICS[-1])
+
+
+def measure_value(rows: list[dict], measure: str, metric: str | None, config: dict | None = None, *,
+                  interpolate: bool = False) -> float:
+    """One trial's value of `measure` from its metrics rows (`run_measure`; `config`: the trial's, for its
+    planned logging grid); NaN when it did not get there. `metric` None: `default_metric` of these rows."""
+    metric = metric or default_metric([rows])
+    last = {}
+    for r in rows:  # the last row wins on a repeated step, as the report reads metrics.jsonl
+        v = r.get(metric)
+        if isinstance(r.get("step"), (int, float)):
+            last[int(r["step"])] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+    pts = sorted((s, v) for s, v in last.items() if math.isfinite(v))
+    steps, values = (np.array(pts, dtype=float).T if pts else (np.zeros(0), np.zeros(0)))
+    grid = planned_steps(config, metric) if config else None
+    return run_measure(steps, values, measure, grid, interpolate=interpolate)

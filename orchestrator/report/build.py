@@ -18,10 +18,17 @@ from pathlib import Path
 import pandas as pd
 
 from orchestrator import storage as store
-from orchestrator.campaign.sections import parse_contrast
+from orchestrator.campaign.sections import CONTRAST, AdaptiveSeeds, parse_contrast
 from orchestrator.report import figures as figs
 from orchestrator.report.comparisons import all_specs
-from orchestrator.report.load import Group, TrialIssue, load
+from orchestrator.report.load import CampaignFiles, Group, TrialIssue, load
+from orchestrator.report.primary import (
+    SequentialPrimary,
+    choose_primary,
+    measure_label,
+    sequential_primary,
+    window_of,
+)
 from orchestrator.report.render import AucWindows, Scope, render, slug
 from orchestrator.report.sections import extra_sections
 from orchestrator.report.tables import (
@@ -89,7 +96,10 @@ class ReportOptions:
     condition name (its first group); default the first group of the first condition. effect: the effect of
     interest in the metric's units, for the power table (none: no seeds-per-arm). contrasts: "A-B" condition
     pairs compared beside the baseline. out_dir: where the report is written (default
-    `<campaign_dir>/report/`; required for a URI). figures: False skips the PNGs.
+    `<campaign_dir>/report/`; required for a URI). figures: False skips the PNGs. primary: the primary measure
+    (`report.primary`: auc_LO_HI or final; None: auc_0_15, else the widest AUC window, else final), the one family
+    with a `*` (its window is computed even when `windows` leaves it out). adaptive: the campaign's adaptive seeds;
+    their stop's decision on its contrast, recomputed, is then the primary result (`primary.sequential_primary`).
     """
 
     metric: str | None = None
@@ -101,6 +111,8 @@ class ReportOptions:
     effect: float | None = None
     contrasts: Sequence[str | tuple[str, str]] = ()
     interpolate: bool = False
+    primary: str | None = None
+    adaptive: AdaptiveSeeds | None = None
 
 
 def _baseline(groups: list[Group], baseline: str | None) -> Group | None:
@@ -142,6 +154,43 @@ def _figures(groups: list[Group], metric: str, tables: dict[str, pd.DataFrame], 
     return written
 
 
+def _events(files: CampaignFiles) -> list[dict]:
+    """The campaign's events.jsonl lines (none when it has none)."""
+    import json
+
+    if not files.is_file(store.EVENTS_FILE):
+        return []
+    out = []
+    for line in files.read_text(store.EVENTS_FILE).splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a partly written last line
+    return out
+
+
+def _mark_sequential(deltas: pd.DataFrame, seq: SequentialPrimary, label: str | None) -> pd.DataFrame:
+    """The stop's contrast on the stop's measure (`label`; None: not in the table) is the primary row: its `*` is
+    the stop's claim (recomputed); every other row is exploratory."""
+    other, base = CONTRAST.match(seq.cfg.contrast).groups()
+    deltas = deltas.copy()
+    row = (deltas["measure"] == label) & (deltas["baseline"] == base) & (
+        (deltas["group"] == other) | (deltas["group"] == f"{other}-{base}"))
+    deltas.loc[row, "role"] = "primary (sequential)"
+    deltas.loc[row, "mark"] = "*" if seq.decision == "claim" else ""
+    return deltas
+
+
+def _not_needed(issues: list[TrialIssue], runs: list, seq: SequentialPrimary) -> list[TrialIssue]:
+    """Trials of seeds past a finished adaptive stop never ran by design: said so, not as missing."""
+    if seq.decision not in ("claim", "stop at max") or seq.result is None:
+        return issues
+    seed_of = {r.name: r.seed for r in runs}
+    why = f"not run: the adaptive stop ended the campaign at {seq.result['seeds']} seeds ({seq.decision})"
+    return [TrialIssue(i.name, why) if seed_of.get(i.name, -1) >= seq.result["seeds"] and i.reason.startswith(
+        "not started") else i for i in issues]
+
+
 def build_report(campaign_dir: Path | str, options: ReportOptions | None = None) -> Report:
     """Read `campaign_dir` (a path, or a URI read through pyarrow.fs) and write `report.md`, the CSV tables
     and PNG figures into `options.out_dir` (see `ReportOptions` for every choice and its default)."""
@@ -162,6 +211,11 @@ def build_report(campaign_dir: Path | str, options: ReportOptions | None = None)
     pairs = _contrast_pairs(opts.contrasts, list(dict.fromkeys(g.condition for g in groups)))
     windows = [(int(lo), int(hi)) for lo, hi in
                (default_windows(runs, metric) if opts.windows is None else opts.windows)]
+    asked = opts.adaptive.measure if opts.adaptive else opts.primary
+    if asked and window_of(asked) and window_of(asked) not in windows:
+        windows.append(window_of(asked))  # the primary measure is always computed
+    if opts.adaptive is not None and tuple(CONTRAST.match(opts.adaptive.contrast).groups()) not in pairs:
+        pairs.append(tuple(CONTRAST.match(opts.adaptive.contrast).groups()))
     step_tab, step_values = step_table(groups, metric, k)
     auc, auc_runs, auc_dropped, auc_values, reached, skipped = auc_tables(groups, metric, windows,
                                                                           interpolate=opts.interpolate)
@@ -169,9 +223,21 @@ def build_report(campaign_dir: Path | str, options: ReportOptions | None = None)
     if k is not None:
         measures.append((f"step {k}", k + 1, step_values))
     measures += [(f"AUC {window_label(w)}", w[1] + 1, auc_values[w]) for w in reached]
+    primary, why = choose_primary(asked, reached, k)
+    sequential = None
+    if opts.adaptive is not None:
+        events = _events(CampaignFiles(campaign_dir))
+        sequential = sequential_primary(groups, opts.adaptive, opts.adaptive.metric or default_metric(groups), events,
+                                        interpolate=opts.interpolate)
     deltas, power = comparisons(groups, all_specs(groups, base, pairs), measures, metric=metric,
-                                effect=opts.effect) if base is not None else (
-        pd.DataFrame(columns=COLUMNS["deltas"]), pd.DataFrame(columns=COLUMNS["power"]))
+                                effect=opts.effect, primary=None if sequential else primary) if base is not None \
+        else (pd.DataFrame(columns=COLUMNS["deltas"]), pd.DataFrame(columns=COLUMNS["power"]))
+    if sequential is not None:
+        last = max((r.config.get("steps") or 0 for r in runs), default=0) - 1
+        same = sequential.metric == metric and (window_of(opts.adaptive.measure) is not None or k == last)
+        # the table's row is the stop's own measure only on the stop's metric (and `final` only at the last step)
+        deltas = _mark_sequential(deltas, sequential, measure_label(opts.adaptive.measure, k) if same else None)
+        issues = _not_needed(issues, runs, sequential)
     sepa, sepa_max, lambda_curves = sepa_tables(groups)
     mech, token_samples, notes = mechanistic(campaign_dir, groups)
     if any(r.started for r in runs) and not any(r.series(metric)[0].size for r in runs):
@@ -190,7 +256,8 @@ def build_report(campaign_dir: Path | str, options: ReportOptions | None = None)
 
     written = _figures(groups, metric, tables, reached, lambda_curves, token_samples, out_dir) \
         if opts.figures else []
-    scope = Scope(meta, metric, k, base, opts.effect, issues, len(runs), sum(r.started for r in runs))
+    scope = Scope(meta, metric, k, base, opts.effect, issues, len(runs), sum(r.started for r in runs),
+                  primary=(primary, why), sequential=sequential)
     markdown, headline = render(scope, tables, AucWindows(reached, skipped, opts.interpolate), written, out_dir,
                                 notes, extra=extra_md)
     written += extra_figs

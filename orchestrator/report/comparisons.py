@@ -8,7 +8,7 @@ other factor's levels of (cell at that level - cell at the reference level): one
 stay paired.
 
 `mark_families` applies Holm within each measure's family (every comparison of that measure) and sets the `*`
-from the adjusted p-value.
+from the adjusted p-value in the primary measure's family only (orchestrator/report/primary.py).
 """
 
 from __future__ import annotations
@@ -137,19 +137,21 @@ def family_marks(p_values: np.ndarray, zero_variance: np.ndarray, alpha: float) 
     return adj, np.nan_to_num(adj, nan=1.0) < alpha
 
 
-def mark_families(deltas: pd.DataFrame, alpha: float) -> pd.DataFrame:
+def mark_families(deltas: pd.DataFrame, alpha: float, primary: str | None = None) -> pd.DataFrame:
     """`family_marks` within each measure's family (every comparison of that measure): adds `family`,
-    `family_size` (tests counted by Holm), `p_holm` and `mark` ("*" or "")."""
+    `family_size` (tests counted by Holm), `role` ("primary" for the family of the measure `primary`, else
+    "exploratory"), `p_holm` and `mark` ("*" or ""; only in the primary family: one familywise rate, one family)."""
     deltas = deltas.copy()
     deltas["family"] = deltas["measure"]
     deltas["p_holm"] = math.nan
     deltas["family_size"] = 0
+    deltas["role"] = np.where(deltas["measure"] == primary, "primary", "exploratory")
     deltas["mark"] = ""
-    for _, idx in deltas.groupby("family", sort=False).groups.items():
+    for family, idx in deltas.groupby("family", sort=False).groups.items():
         part = deltas.loc[idx]
         zero = part["zero_variance"].to_numpy(bool)
         adj, marked = family_marks(part["p_value"].to_numpy(float), zero, alpha)
         deltas.loc[idx, "p_holm"] = adj
         deltas.loc[idx, "family_size"] = int((np.isfinite(part["p_value"].to_numpy(float)) | zero).sum())
-        deltas.loc[idx, "mark"] = np.where(marked, "*", "")
+        deltas.loc[idx, "mark"] = np.where(marked & (family == primary), "*", "")
     return deltas

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from orchestrator import storage as store
+from orchestrator.campaign.sections import planned_steps
 
 
 def _filesystem_from_uri(uri: str):
@@ -136,17 +137,8 @@ class Run:
         return int(self.data["step"][-1]) if self.started else None
 
     def planned_steps(self, key: str) -> np.ndarray | None:
-        """The steps the trial's config logs `key` at: `eval/*` at 0, every, 2*every, ... and the last step (as
-        `orchestrator.trial.loop` evaluates), any other key at every step; None when the config does not say."""
-        steps = self.config.get("steps")
-        if not isinstance(steps, int) or steps < 1:
-            return None
-        if not key.startswith("eval/"):
-            return np.arange(steps, dtype=float)
-        every = (self.config.get("eval") or {}).get("every")
-        if not isinstance(every, int):
-            return None
-        return np.union1d(np.arange(0, steps, every), [steps - 1]).astype(float) if every else np.zeros(0)
+        """The steps the trial's config logs `key` at (`campaign.sections.planned_steps`)."""
+        return planned_steps(self.config, key)
 
     @property
     def generations_per_step(self) -> float:

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.report.load import Group, TrialIssue
+from orchestrator.report.primary import SequentialPrimary
 from orchestrator.report.tables import ALPHA, CSV_FILES, MIN_PAIRS, MIN_SEEDS, POWER_TARGET, window_label
 from orchestrator.stats import paired as stats
 
@@ -109,7 +110,7 @@ def _summary_rows(tables: dict[str, pd.DataFrame], fmt: _Fmt, windows: list[tupl
             ci = fmt.interval(r.ci_low, r.ci_high) if r.n_seeds >= MIN_SEEDS else "too few seeds"
             cells.append(f"{fmt.value(r['mean'])} {ci} (n={r.n_seeds})")
         auc_rows.append(cells)
-    delta_rows = [[r.group, r.baseline, r.measure, str(r.n_pairs), fmt.delta(r.delta),
+    delta_rows = [[r.group, r.baseline, r.measure, r.role, str(r.n_pairs), fmt.delta(r.delta),
                    "too few seeds" if r.n_pairs < MIN_PAIRS else "zero variance" if r.zero_variance else
                    fmt.delta_interval(r.ci_low, r.ci_high), _pval(r.p_value), _pval(r.p_holm), r.mark]
                   for _, r in tables["deltas"].iterrows()]
@@ -117,23 +118,66 @@ def _summary_rows(tables: dict[str, pd.DataFrame], fmt: _Fmt, windows: list[tupl
 
 
 STEP_HEADERS = ["Group", "Seeds", "Mean", "Std"]
-DELTA_HEADERS = ["Comparison", "Against", "Measure", "Pairs", "Delta", "95% CI", "p", "p (Holm)", "*"]
+DELTA_HEADERS = ["Comparison", "Against", "Measure", "Role", "Pairs", "Delta", "95% CI", "p", "p (Holm)", "*"]
 
 
-def _deltas_section(deltas: pd.DataFrame, baseline: Group | None, rows: list[list[str]]) -> list[str]:
+def _family_text(deltas: pd.DataFrame, scope: Scope) -> str:
+    """What the familywise 5% covers, in one sentence."""
+    if scope.sequential is not None:
+        s = scope.sequential
+        return (f"The familywise {ALPHA:.0%} covers one test: the adaptive stop's contrast {s.cfg.contrast} on "
+                f"{s.cfg.measure} over all its looks (see Primary result); every other comparison is exploratory.")
+    name, why = scope.primary
+    if name is None:
+        return f"No primary measure ({why}): no comparison carries a `*`; every delta is exploratory."
+    n = int(deltas.loc[deltas["role"] == "primary", "family_size"].max()) if (deltas["role"] == "primary").any() else 0
+    return (f"Primary measure: **{name}** ({why}). The familywise {ALPHA:.0%} (Holm) covers its {n} "
+            f"comparison(s) only; every other measure is exploratory (its p (Holm) is within its own measure, never "
+            "a `*`).")
+
+
+def _deltas_section(deltas: pd.DataFrame, baseline: Group | None, rows: list[list[str]], scope: Scope) -> list[str]:
     sizes = ", ".join(f"{f}: {int(n)}" for f, n in deltas.groupby("family", sort=False)["family_size"].first().items())
+    star = ("**`*`: the adaptive stop's claim** on the primary row (its sequential test; the row's CI and p are the "
+            "fixed-sample ones, exploratory)" if scope.sequential is not None else
+            f"**`*`: Holm-adjusted p < {ALPHA} within the primary measure's family** (every comparison of that "
+            "measure), so a CI can exclude zero without a `*`")
     md = ["", f"## Paired deltas (baseline `{baseline.label if baseline else 'n/a'}`, contrasts, main effects)", "",
+          _family_text(deltas, scope), "",
           "Paired by seed (only seeds every group of the comparison has); delta = comparison - against. "
-          "95% CI: the paired t interval of this one comparison. p: paired t-test (scipy ttest_rel). "
-          f"**`*`: Holm-adjusted p < {ALPHA} within the measure's family** (the family is every comparison of one "
-          f"measure in this table; tests per family: {sizes or 'none'}), so a CI can exclude zero without a `*`. "
-          f"Below {MIN_PAIRS} pairs no CI, p or `*` (too few seeds); paired differences that are all equal (zero "
-          "variance) have no test and never a `*` (they count in their family as p = 1). Main effects: a level "
-          "against the reference level, averaged over the other factor's levels, per seed.", ""]
+          "95% CI: the paired t interval of this one comparison. p: paired t-test (scipy ttest_rel); p (Holm): "
+          f"adjusted within the measure's family (tests per family: {sizes or 'none'}). {star}. Role: primary or "
+          f"exploratory. Below {MIN_PAIRS} pairs no CI, p or `*` (too few seeds); paired differences that are all "
+          "equal (zero variance) have no test and never a `*` (they count in their family as p = 1). Main effects: "
+          "a level against the reference level, averaged over the other factor's levels, per seed.", ""]
     md += [_md_table(DELTA_HEADERS, rows)] if rows else ["No comparison (a single group)."]
     notes = [f"- {r.group} vs {r.baseline}, {r.measure}: {r.note}" for _, r in deltas.iterrows()
              if r.zero_variance]
     return md + (["", *notes] if notes else [])
+
+
+def _sequential_section(s: SequentialPrimary, fmt: _Fmt) -> list[str]:
+    """The adaptive design and the stop's own decision, the campaign's primary result."""
+    md = ["", "## Primary result (sequential design)", "",
+          f"Adaptive seeds: contrast **{s.cfg.contrast}** on **{s.cfg.measure}** of `{s.metric}`, looks after "
+          f"{', '.join(map(str, s.looks))} seeds per condition; O'Brien-Fleming-type alpha spending of "
+          f"{s.cfg.alpha} over the looks, each look's paired t-test at its level calibrated for the t reference "
+          "(orchestrator/stats/sequential.py), so the whole procedure claims an effect that is not there in "
+          f"{s.cfg.alpha:.0%} of campaigns. The interval is the look's repeated confidence interval (the t interval "
+          "at confidence 1 - level); it is the primary result, and every other comparison in this report is "
+          "exploratory.", ""]
+    if s.result is None:
+        return md + ["No look yet (events.jsonl has no `look` line): no primary result."]
+    r = s.result
+    md += [_md_table(["Look", "Seeds", "Pairs", "Delta", "Repeated CI", "p", "Level", "Decision"],
+                     [[f"{s.look} of {len(s.looks)}", str(r["seeds"]), str(r["pairs"]), fmt.delta(r["delta"]),
+                       fmt.delta_interval(r["lo"], r["hi"]), _pval(r["p"]), f"{r['level']:.3g}", s.decision]])]
+    if not s.agrees:
+        lg = s.logged or {}
+        md += ["", f"**Warning:** the stop logged `{lg.get('decision')}` at {lg.get('seeds')} seeds (delta "
+                   f"{fmt.delta(lg.get('delta', math.nan))}, p {_pval(lg.get('p', math.nan))}); the data now gives the "
+                   "row above (trials changed since, or the report's AUC settings differ from the campaign's)."]
+    return md
 
 
 def _power_section(power: pd.DataFrame, fmt: _Fmt, effect: float | None) -> list[str]:
@@ -149,10 +193,11 @@ def _power_section(power: pd.DataFrame, fmt: _Fmt, effect: float | None) -> list
             for _, r in power.iterrows()]
     md += [f"For the effect of interest {fmt.delta(effect).lstrip('+')} (never the observed effect): paired "
            f"two-sided t-test at the family's Bonferroni level alpha = {ALPHA} / tests in the measure's family "
-           f"(Holm's first step; statsmodels TTestPower), from the observed sd of paired differences (none below "
+           f"(Holm's first step; power: the noncentral t, statsmodels TTestPower), from the observed sd of paired differences (none below "
            f"{MIN_PAIRS} pairs). Power now: at the current pairs; seeds/arm: for power {POWER_TARGET:.0%}; "
            "generations per arm = seeds x steps (step + 1 for a step value, hi + 1 for an AUC window) x problems x "
-           "rollouts per step; MDE: the smallest effect the current pairs detect with that power.", ""]
+           "rollouts per step; MDE: the smallest effect the current pairs detect with that power (solved for and "
+           "checked against the power function).", ""]
     return md + ([_md_table(["Comparison", "Measure", "Pairs", "SD diff", "Alpha", "Power now", "Seeds/arm",
                              "Generations/arm", "MDE now"], rows)] if rows else ["No comparison."])
 
@@ -171,6 +216,8 @@ class Scope:
     issues: list[TrialIssue]
     n_trials: int
     n_started: int
+    primary: tuple[str | None, str] = (None, "")  # (the primary measure's name, why it is the primary)
+    sequential: SequentialPrimary | None = None  # adaptive seeds: the stop's result, recomputed
 
 
 @dataclass
@@ -197,7 +244,8 @@ def render(scope: Scope, tables: dict[str, pd.DataFrame], auc: AucWindows, figur
     if meta.get("campaign_id"):
         md.append(f"Campaign id: `{meta['campaign_id']}`  ")
     md += [f"Metric: `{metric}`. Step-k table taken at **{where}**. Trials: {scope.n_trials} in the campaign, "
-           f"{scope.n_started} with data, {len(issues)} missing or short."]
+           f"{scope.n_started} with data, {len(issues)} missing or short.", "",
+           _family_text(tables["deltas"], scope)]
     md += ["", "## Missing or short trials", ""]
     md += [f"- `{i.name}`: {i.reason}" for i in issues] or ["None: every trial has all its planned steps."]
     md += ["", f"## Step-{k if k is not None else 'k'} table", "",
@@ -219,7 +267,9 @@ def render(scope: Scope, tables: dict[str, pd.DataFrame], auc: AucWindows, figur
     if len(dropped):
         md += ["", "Runs dropped from a window (`auc_dropped.csv`):", ""]
         md += [f"- `{r.trial}`, steps {r.window}: {r.reason}" for _, r in dropped.iterrows()]
-    md += _deltas_section(tables["deltas"], baseline, delta_rows)
+    if scope.sequential is not None:
+        md += _sequential_section(scope.sequential, fmt)
+    md += _deltas_section(tables["deltas"], baseline, delta_rows, scope)
     md += _power_section(tables["power"], fmt, scope.effect)
     md += ["", "## SEPA", ""]
     lam = tables["sepa_lambda_max"]
@@ -249,7 +299,13 @@ def render(scope: Scope, tables: dict[str, pd.DataFrame], auc: AucWindows, figur
     md += [f"![{p.stem}]({p.relative_to(out_dir) if p.is_relative_to(out_dir) else p})" for p in figures] or ["None."]
     md += ["", "Tables: " + ", ".join(f"`{t}.csv`" for t in CSV_FILES) + "."]
 
-    head = [f"{name}: {metric} at {where}" + (f"; baseline {baseline.label}" if baseline else "")]
+    head = [f"{name}: {metric} at {where}" + (f"; baseline {baseline.label}" if baseline else ""),
+            _family_text(tables["deltas"], scope).replace("**", "")]
+    if scope.sequential is not None and scope.sequential.result is not None:
+        q = scope.sequential
+        head.append(f"primary (sequential): {q.cfg.contrast} {q.cfg.measure} look {q.look}: delta "
+                    f"{fmt.delta(q.result['delta'])} {fmt.delta_interval(q.result['lo'], q.result['hi'])} "
+                    f"p {_pval(q.result['p'])} vs {q.result['level']:.3g}: {q.decision}")
     if issues:
         head.append(f"missing/short ({len(issues)}): " + "; ".join(map(str, issues)))
     head += ["", _text_table(STEP_HEADERS, step_rows)]

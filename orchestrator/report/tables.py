@@ -33,7 +33,7 @@ COLUMNS: dict[str, list[str]] = {
             "ci_high", "std", "ci_boot_low", "ci_boot_high"],
     "auc_runs": ["trial", "group", "seed", "window", "lo", "hi", "auc"],
     "auc_dropped": ["trial", "group", "seed", "window", "lo", "hi", "reason"],
-    "deltas": ["kind", "group", "baseline", "measure", "family", "family_size", "n_pairs", "seeds", "delta",
+    "deltas": ["kind", "group", "baseline", "measure", "family", "family_size", "role", "n_pairs", "seeds", "delta",
                "ci_low", "ci_high", "ci_excludes_zero", "zero_variance", "mark", "p_value", "p_holm", "note",
                "ci_boot_low", "ci_boot_high"],
     "power": ["kind", "group", "baseline", "measure", "n_pairs", "effect_of_interest", "sd_diff", "effect_size_dz",
@@ -210,10 +210,12 @@ def _power_row(spec: Spec, cmp: stats.PairedComparison, name: str, steps_used: i
 
 
 def comparisons(groups: Sequence[Group], specs: Sequence[Spec], measures: list[tuple[str, int, dict]],
-                 metric: str | None = None, *, effect: float | None = None, bootstrap: bool = True):
+                 metric: str | None = None, *, effect: float | None = None, bootstrap: bool = True,
+                 primary: str | None = None):
     """Deltas and power rows for every comparison `spec` and measure. `measures`: (name, steps consumed to
     reach the measure, {group label: {seed: value}}). `metric` (its name) clips the CIs of a bounded metric's
-    differences to [-1, 1]. The `*` is Holm within the measure's family (`comparisons.mark_families`). Below
+    differences to [-1, 1]. The `*` is Holm within the family of the measure named `primary` (none: no `*`);
+    the other measures are exploratory (`comparisons.mark_families`). Below
     `MIN_PAIRS` pairs, or at zero variance, a delta has no CI, p-value or mark and says why."""
     delta_rows, power_rows = [], []
     bounds = stats.delta_bounds(metric) if metric else None
@@ -233,8 +235,8 @@ def comparisons(groups: Sequence[Group], specs: Sequence[Spec], measures: list[t
                                "zero_variance": cmp.zero_variance, "p_value": cmp.p_value, "note": cmp.note,
                                "ci_boot_low": cmp.boot_low, "ci_boot_high": cmp.boot_high})
     deltas = pd.DataFrame(delta_rows, columns=[c for c in COLUMNS["deltas"]
-                                               if c not in ("family", "family_size", "mark", "p_holm")])
-    deltas = mark_families(deltas, ALPHA)[COLUMNS["deltas"]] if len(deltas) else pd.DataFrame(
+                                               if c not in ("family", "family_size", "role", "mark", "p_holm")])
+    deltas = mark_families(deltas, ALPHA, primary)[COLUMNS["deltas"]] if len(deltas) else pd.DataFrame(
         columns=COLUMNS["deltas"])
     size = dict(zip(deltas["family"], deltas["family_size"], strict=False)) if len(deltas) else {}
     for spec, name, steps_used, gps, cmp in results:

@@ -3,8 +3,9 @@ adds paired seed trials to every condition look by look until the contrast is se
 
 Adaptive seeds (`seeds: {adaptive: {start, max, step, contrast: OTHER-BASE, measure}}`): the first look runs seeds
 0 .. start-1 of every condition; when all of them have ended, the contrast's paired comparison on `measure`
-(`report.stats.paired_comparison`, pairs by seed) is tested at that look's nominal level from the O'Brien-Fleming-
-type alpha spending of orchestrator/stats/sequential.py. Interval excluding zero: the campaign stops and claims; else
+(`stats.sequential.look_test`, pairs by seed, the measure computed as the report computes it) is tested at that
+look's level from the O'Brien-Fleming-type alpha spending of orchestrator/stats/sequential.py, calibrated for the
+t reference. Interval excluding zero: the campaign stops and claims; else
 `step` more seeds (every condition) run, up to `max`. Each look is a `look` line in the campaign's events.jsonl.
 
 Without adaptive seeds the searcher is used only under lockstep rounds, to create trials no faster than the
@@ -13,33 +14,34 @@ scheduler has slots (Tune starts every pending trial it has resources for).
 
 from __future__ import annotations
 
+import json
 import math
 import pickle
 
 from ray.tune.search import Searcher
 
 from orchestrator import storage as store
-from orchestrator.campaign.sections import CONTRAST, AdaptiveSeeds, measure_value
-from orchestrator.stats.sequential import nominal_alphas
+from orchestrator.campaign.sections import CONTRAST, AdaptiveSeeds, default_metric, measure_value
+from orchestrator.stats.sequential import look_decision, look_test, nominal_alphas
 from orchestrator.storage import EVENTS_FILE
 
 
-def look(directory: str, names: dict[tuple[str, int], str], seeds: int, cfg: AdaptiveSeeds, level: float) -> dict:
-    """The contrast at a look over seeds 0 .. seeds-1: its paired comparison and whether it is claimed."""
-    from orchestrator.stats.paired import paired_comparison
-
+def look(directory: str, seeds: int, cfg: AdaptiveSeeds, level: float, *, interpolate: bool = False) -> dict:
+    """The contrast at a look over seeds 0 .. seeds-1 (`sequential.look_test`), each run's measure computed as the
+    report computes it (`campaign.sections.measure_value` on the trial's planned logging grid from campaign.json;
+    a run missing an interior step is dropped unless `interpolate`)."""
     other, base = CONTRAST.match(cfg.contrast).groups()
+    trials = {(t["condition"], int(t.get("seed", 0))): t
+              for t in json.loads(store.read_text(store.join(directory, store.CAMPAIGN_FILE)))["trials"]}
+    rows = {key: store.read_jsonl(store.join(store.trial_dir(directory, t["name"]), store.METRICS_FILE))
+            for key, t in trials.items() if key[0] in (other, base) and key[1] < seeds}
+    metric = cfg.metric or default_metric(list(rows.values()))
 
     def values(cond: str) -> list[float]:
-        return [measure_value(store.read_jsonl(store.join(store.trial_dir(directory, names[cond, s]),
-                                                          store.METRICS_FILE)), cfg.measure, cfg.metric)
-                for s in range(seeds)]
+        return [measure_value(rows[cond, s], cfg.measure, metric, trials[cond, s].get("config") or {},
+                              interpolate=interpolate) if (cond, s) in rows else math.nan for s in range(seeds)]
 
-    c = paired_comparison(values(base), values(other), confidence=1.0 - level, bootstrap=False)
-    # the interval excludes zero exactly when p < level; zero-variance differences (p NaN) are never a claim
-    claimed = c.excludes_zero and math.isfinite(c.p_value)
-    return {"seeds": seeds, "pairs": c.n, "delta": c.delta, "lo": c.ci_low, "hi": c.ci_high, "p": c.p_value,
-            "level": level, "claimed": bool(claimed)}
+    return {"seeds": seeds, **look_test(values(base), values(other), level)}
 
 
 class CampaignSearcher(Searcher):
@@ -47,8 +49,9 @@ class CampaignSearcher(Searcher):
     the campaign's AdaptiveSeeds or None; scheduler: the LockstepScheduler (slots, budget) or None."""
 
     def __init__(self, order: list[str], seed_of: dict[str, int], condition_of: dict[str, str], directory: str,
-                 adaptive: AdaptiveSeeds | None = None, scheduler=None):
+                 adaptive: AdaptiveSeeds | None = None, scheduler=None, interpolate: bool = False):
         super().__init__()
+        self.interpolate = interpolate  # the campaign's report.auc_interpolate: the stop's AUC is the report's
         self.order, self.seed_of, self.condition_of = order, seed_of, condition_of
         self.directory, self.adaptive, self.scheduler = directory, adaptive, scheduler
         self.looks = adaptive.looks() if adaptive else []
@@ -87,11 +90,9 @@ class CampaignSearcher(Searcher):
 
     def _next_look(self) -> bool:
         """Test the contrast at the current look; True when more seeds are to run."""
-        names = {(self.condition_of[n], self.seed_of[n]): n for n in self.order}
         seeds, level = self.looks[self.look_index], float(self.levels[self.look_index])
-        result = look(self.directory, names, seeds, self.adaptive, level)
-        last = self.look_index == len(self.looks) - 1
-        decision = "claim" if result["claimed"] else ("stop at max" if last else "add seeds")
+        result = look(self.directory, seeds, self.adaptive, level, interpolate=self.interpolate)
+        decision = look_decision(result, self.look_index == len(self.looks) - 1)
         store.append_line(store.join(self.directory, EVENTS_FILE),
                           {"event": "look", "look": self.look_index + 1, "contrast": self.adaptive.contrast,
                            "measure": self.adaptive.measure, **result, "decision": decision})

@@ -35,5 +35,5 @@ def scheduling(campaign: Campaign) -> TuneScheduling:
     order = [t.name for t in sorted(campaign.trials, key=lambda t: t.seed)]
     searcher = CampaignSearcher(order, {t.name: t.seed for t in campaign.trials},
                                 {t.name: t.condition for t in campaign.trials}, campaign.directory,
-                                cfg.adaptive, scheduler)
+                                cfg.adaptive, scheduler, interpolate=cfg.report.auc_interpolate)
     return TuneScheduling(scheduler, searcher, None if scheduler is not None else cfg.max_concurrent_trials)

@@ -97,7 +97,9 @@ def test_planted_effect_is_detected_and_needs_fewer_seeds_as_it_grows(tmp_path):
         assert rep.tables["power"].seeds_per_arm.isna().all()  # no effect of interest: no seeds claimed
         for measure in ("AUC 0-10", "AUC 0-15", "step 15"):
             row = _delta(rep, "C2", measure)
-            assert row.ci_excludes_zero and row.ci_low > 0 and row.mark == "*", row
+            primary = measure == "AUC 0-15"  # the default primary measure: the only family with a `*`
+            assert row.ci_excludes_zero and row.ci_low > 0 and row.mark == ("*" if primary else ""), row
+            assert row.role == ("primary" if primary else "exploratory")
             assert row.n_pairs == 8 and row.delta == pytest.approx(effect, abs=0.012)
             assert row.p_holm >= row.p_value
     # seeds per arm for an effect of interest fall as it grows

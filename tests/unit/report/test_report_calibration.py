@@ -99,7 +99,7 @@ def test_the_report_tables_use_the_calibrated_comparison():
         for a, b in list(zip(base, other, strict=True))[:10]:
             values = {"C1": dict(enumerate(a)), "C2": dict(enumerate(b))}
             deltas, power = comparisons([base_g, other_g], specs, [("AUC 0-10", 11, values)],
-                                         metric="train/correct_rate", effect=0.01)
+                                         metric="train/correct_rate", effect=0.01, primary="AUC 0-10")
             row = deltas.iloc[0]
             ref = sps.ttest_rel(b, a)
             if n_seeds < 3:
@@ -183,7 +183,7 @@ def test_no_effect_campaigns_rarely_show_any_mark_in_a_measure_family(n_seeds, r
         # the report's own tables mark the same comparisons on the first campaigns
         for r in range(5):
             per_seed = {c: dict(enumerate(values[r, i])) for i, c in enumerate(CONDITIONS)}
-            deltas, _ = comparisons(groups, specs, [(name, 16, per_seed)], bootstrap=False)
+            deltas, _ = comparisons(groups, specs, [(name, 16, per_seed)], bootstrap=False, primary=name)
             np.testing.assert_allclose(deltas.p_value.to_numpy(float), p[r], rtol=1e-9)
             assert list(deltas.mark == "*") == list(marked[r])
     record_property("any_mark_share", shares)

@@ -95,7 +95,8 @@ def test_mark_follows_the_holm_adjusted_p_within_the_measure_family(tmp_path):
         assert _row(d, group=c).p_holm == pytest.approx(want[c], rel=1e-9)
     assert row.p_holm > 0.05 and row.mark == ""  # ... and still no mark
     assert (d.mark == "").all()
-    assert "Holm-adjusted p < 0.05 within the measure's family" in rep.markdown
+    assert "Holm-adjusted p < 0.05 within the primary measure's family" in rep.markdown
+    assert "Primary measure: **step 2**" in rep.markdown  # no AUC window: the default falls back to step k
     # a clear effect keeps its mark after the adjustment
     curves |= {("C2", s): np.full(3, base[s] + 0.05 + 0.002 * s) for s in range(5)}
     d = build_report(write_runs(tmp_path / "c2", curves), ReportOptions(windows=[], figures=False)).tables["deltas"]
@@ -237,14 +238,18 @@ def test_campaign_report_settings_and_cli_flags(tmp_path, capsys):
     write_runs(store / "syn", curves)
     spec = {"name": "syn", "seeds": [0, 1, 2], "conditions": {"C1": {}, "C2": {}, "C3": {}}, "storage": str(store),
             "base": {"steps": 16},
-            "report": {"effect_of_interest": 0.02, "contrasts": ["C3-C2"], "auc_windows": [[0, 12]]}}
+            "report": {"effect_of_interest": 0.02, "contrasts": ["C3-C2"], "auc_windows": [[0, 12]],
+                       "primary": "auc_4_12"}}
     f = tmp_path / "syn.yaml"
     f.write_text(yaml.safe_dump(spec))
     assert cli.main(["report", str(f), "--out", str(tmp_path / "o1")]) == 0
     power = pd.read_csv(tmp_path / "o1" / "power.csv")
     deltas = pd.read_csv(tmp_path / "o1" / "deltas.csv")
     assert (power.effect_of_interest == 0.02).all() and "C3-C2" in set(deltas.group)
-    assert set(pd.read_csv(tmp_path / "o1" / "auc.csv").window) == {"0-12"}
+    assert set(pd.read_csv(tmp_path / "o1" / "auc.csv").window) == {"0-12", "4-12"}  # the primary is computed
+    assert set(deltas[deltas.role == "primary"].measure) == {"AUC 4-12"}
+    assert (deltas[deltas.role == "exploratory"].mark.isna()).all()  # "" reads back as NaN
+    assert "Primary measure: **AUC 4-12** (report.primary: auc_4_12)" in (tmp_path / "o1" / "report.md").read_text()
     assert cli.main(["report", str(f), "--out", str(tmp_path / "o2"), "--effect", "0.05"]) == 0
     assert (pd.read_csv(tmp_path / "o2" / "power.csv").effect_of_interest == 0.05).all()
     capsys.readouterr()

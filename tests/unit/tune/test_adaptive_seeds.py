@@ -88,16 +88,17 @@ def test_vectorised_twin_decides_like_the_live_look(tmp_path):
     levels = nominal_alphas(looks)
     cfg = AdaptiveSeeds(start=3, max=8, step=2, contrast="B-A", measure="final", metric="m")
     for i, d in enumerate(diffs):
-        names = {}
+        trials = []
         for s in range(8):
             for cond, value in (("A", 0.0), ("B", float(d[s]))):
-                names[cond, s] = f"{cond}_s{s}"
+                trials.append({"name": f"{cond}_s{s}", "condition": cond, "seed": s, "config": {"steps": 1}})
                 tdir = tmp_path / str(i) / "trials" / f"{cond}_s{s}"
                 tdir.mkdir(parents=True)
                 (tdir / "metrics.jsonl").write_text(json.dumps({"step": 0, "m": value}) + "\n")
+        (tmp_path / str(i) / "campaign.json").write_text(json.dumps({"name": "twin", "trials": trials}))
         live = None
         for n, level in zip(looks, levels, strict=True):
-            if look(str(tmp_path / str(i)), names, n, cfg, float(level))["claimed"]:
+            if look(str(tmp_path / str(i)), n, cfg, float(level))["claimed"]:
                 live = n
                 break
         assert (live is not None) == bool(claimed[i]) and (live or 8) == used[i], i
@@ -129,6 +130,10 @@ def _drive(searcher: CampaignSearcher, directory: Path, values) -> list[str]:
 def _searcher(directory: Path, max_seeds: int) -> CampaignSearcher:
     order = [f"{c}_s{s}" for s in range(max_seeds) for c in ("C1", "C4")]
     cfg = AdaptiveSeeds(start=3, max=max_seeds, step=2, contrast="C4-C1", measure="final")
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "campaign.json").write_text(json.dumps({"name": "adaptive", "trials": [
+        {"name": n, "condition": n.split("_s")[0], "seed": int(n.split("_s")[1]), "config": {"steps": 3}}
+        for n in order]}))
     return CampaignSearcher(order, {n: int(n.split("_s")[1]) for n in order}, {n: n.split("_s")[0] for n in order},
                             str(directory), cfg)
 
