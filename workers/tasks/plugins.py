@@ -1,0 +1,151 @@
+"""Task and environment plugins named by `module:Class` (`task: {name: my_tasks.countdown:Countdown, ...}`).
+
+A single-turn plugin subclasses `workers.tasks.base.Task`, a multi-turn one `workers.envs.plugin.TextEnv`; each
+carries a nested pydantic `Config` whose fields are the other `task:` keys. `plugin_config` imports the class and
+validates those keys (errors located under `task.`); `dry_check` builds the task once and calls it as a trial
+would (a batch, a score of the right length, one step of every action) so a broken plugin stops before launch.
+Plugin modules are found on `sys.path`: `add_plugin_paths` puts a campaign's `plugins.paths` there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticCustomError
+
+from workers.tasks.config import PluginTaskConfig, unknown_key_errors
+
+
+class PluginError(ValueError):
+    """A plugin that cannot be used as a task: one line saying why."""
+
+
+def add_plugin_paths(paths: list[str]) -> None:
+    """Put plugin directories first on `sys.path` (idempotent)."""
+    for p in reversed([str(p) for p in paths]):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+
+
+def load_class(path: str) -> type:
+    """Import `module:Class`; any failure is a PluginError."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise PluginError(f"{path!r} is not a plugin path like 'package.module:Class'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import-time failure is the plugin's, reported in one line
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise PluginError(f"cannot import module {module_name!r} ({type(exc).__name__}: {first})") from None
+    cls = module
+    for part in attr.split("."):
+        cls = getattr(cls, part, None)
+        if cls is None:
+            raise PluginError(f"module {module_name!r} has no class {attr!r}")
+    if not isinstance(cls, type):
+        raise PluginError(f"{path!r} is not a class")
+    return cls
+
+
+def plugin_kind(cls: type) -> str:
+    """'task' (a Task subclass) or 'env' (a TextEnv subclass); else a PluginError."""
+    from workers.envs.plugin import TextEnv
+    from workers.tasks.base import Task
+
+    if issubclass(cls, Task):
+        return "task"
+    if issubclass(cls, TextEnv):
+        return "env"
+    raise PluginError(f"{cls.__module__}.{cls.__qualname__} is neither a workers.tasks.base.Task (single-turn) "
+                      "nor a workers.envs.plugin.TextEnv (multi-turn) subclass")
+
+
+def config_class(cls: type) -> type[BaseModel]:
+    conf = getattr(cls, "Config", None)
+    if not (isinstance(conf, type) and issubclass(conf, BaseModel)):
+        raise PluginError(f"{cls.__qualname__} has no Config class (a pydantic BaseModel with its task: keys)")
+    return conf
+
+
+def _fail(msg: str, value: Any) -> None:
+    err = {"type": PydanticCustomError("task_plugin", msg.replace("{", "{{").replace("}", "}}")),
+           "loc": ("name",), "input": value}
+    raise ValidationError.from_exception_data("task", [err])
+
+
+def plugin_config(name: str, fields: dict[str, Any]) -> PluginTaskConfig:
+    """The validated config of plugin `name` with the user's other `task:` keys."""
+    try:
+        cls = load_class(name)
+        kind, conf = plugin_kind(cls), config_class(cls)
+    except PluginError as exc:
+        _fail(str(exc), name)
+    owner = f"task '{name}'"
+    unknown = [k for k in fields if k not in conf.model_fields]
+    try:
+        if unknown and conf.model_config.get("extra") != "allow":
+            conf.model_validate({k: v for k, v in fields.items() if k not in unknown})  # its own errors first
+            raise ValidationError.from_exception_data(
+                "task", [{"type": "extra_forbidden", "loc": (k,), "input": fields[k]} for k in unknown])
+        config = conf.model_validate(fields)
+    except ValidationError as err:
+        raise ValidationError.from_exception_data("task", unknown_key_errors(err, conf, owner)) from None
+    return PluginTaskConfig(name=name, config=config, kind=kind)
+
+
+def _dry_task(task: Any) -> None:
+    from workers.tasks.base import ScoreResult
+
+    batch = task.next_batch(2)
+    if len(batch) != 2:
+        raise PluginError(f"next_batch(2) returned {len(batch)} problems")
+    raw = getattr(type(task).score, "__wrapped__", type(task).score)  # the plugin's own, not the guard
+    result = raw(task, batch, [batch[0].answer, ""])
+    if not isinstance(result, ScoreResult):
+        raise PluginError(f"score returned {type(result).__name__}, not a ScoreResult")
+    if len(result.rewards) != 2:
+        raise PluginError(f"score of 2 completions returned {len(result.rewards)} rewards (one per completion)")
+    task.heldout(2)
+    state = task.state_dict()
+    json.dumps(state)
+    task.load_state_dict(state)
+
+
+def _dry_env(cfg: PluginTaskConfig) -> None:
+    from workers.envs.plugin import PluginEnv
+
+    cls = load_class(cfg.name)
+    probe = PluginEnv(cls(cfg.config, 0))
+    if not probe.action_names or not all(isinstance(a, str) and a for a in probe.action_names):
+        raise PluginError("actions must be a non-empty sequence of action names")
+    for action in probe.action_ids:
+        env = PluginEnv(cls(cfg.config, 0))
+        env.reset(0)
+        for text in (env.instruction, env.state_text()):
+            if not isinstance(text, str):
+                raise PluginError(f"instruction and state_text() must be text, got {type(text).__name__}")
+        _, reward, _, _, _ = env.step(action)
+        float(reward)
+        env.state_text()
+
+
+def dry_check(cfg: PluginTaskConfig, seed: int = 0) -> None:
+    """Build the plugin's task once and call it as a trial would; any failure is one PluginError line."""
+    from workers.tasks import make_task
+
+    try:
+        task = make_task(cfg, seed)
+        try:
+            _dry_env(cfg) if cfg.kind == "env" else _dry_task(task)
+        finally:
+            task.close()
+    except PluginError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the plugin's code failed: say where, in one line
+        what = "env" if cfg.kind == "env" else "task"
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise PluginError(f"{what} {cfg.name} failed a dry run ({type(exc).__name__}: {first})") from None
