@@ -73,5 +73,5 @@ def test_existing_flat_configs_still_load():
 
 def test_cli_one_line_exit_2(tmp_path):
     path, lines = trial_error(tmp_path, "task: {name: chain, dataset: x.jsonl}\n")
-    assert len(lines) == 1 and lines[0].startswith(f"{path}: task.dataset: unknown key for task 'chain'")
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}: task.dataset: unknown key for task 'chain'")
     assert "chain_steps" in lines[0]
