@@ -224,20 +224,24 @@ def expand(cfg: CampaignConfig, source: str = "<campaign>", directory: str = "",
 
 
 def check_task_plugin(trial: TrialConfig, checked: dict[str, str]) -> str:
-    """'' when the trial's task is built in or its plugin passes a dry run (workers/tasks/plugins.py), else why
-    not; `checked` remembers each distinct plugin config's answer."""
-    from workers.tasks.config import PluginTaskConfig
+    """'' when the trial's task is built in, its dataset files read, or its plugin passes a dry run
+    (workers/tasks/plugins.py), else why not; `checked` remembers each distinct task config's answer."""
+    from workers.tasks import make_task
+    from workers.tasks.config import DatasetConfig, PluginTaskConfig
     from workers.tasks.plugins import PluginError, dry_check
 
-    if not isinstance(trial.task, PluginTaskConfig):
+    if not isinstance(trial.task, PluginTaskConfig | DatasetConfig):
         return ""
     key = json.dumps(trial.task.model_dump(mode="json"), sort_keys=True)
     if key not in checked:
         try:
-            dry_check(trial.task, trial.seed)
+            if isinstance(trial.task, DatasetConfig):  # the file(s) read, every row's fields found
+                make_task(trial.task, trial.seed).close()
+            else:
+                dry_check(trial.task, trial.seed)
             checked[key] = ""
-        except PluginError as exc:
-            checked[key] = str(exc)
+        except (PluginError, ValueError, ImportError) as exc:
+            checked[key] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return checked[key]
 
 

@@ -27,6 +27,10 @@ def make_task(config: TaskBase, seed: int):
         from .chain import ChainTask
 
         return ChainTask(config, seed)
+    if config.name == "dataset":
+        from .dataset import DatasetTask
+
+        return DatasetTask(config, seed)
     if config.name == "math":
         from .math import MathTask  # imports math_verify/sympy only when needed
 

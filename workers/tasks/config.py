@@ -105,6 +105,48 @@ def check_template(template: str) -> str:
     return template
 
 
+class DatasetConfig(_HeldOut):
+    """Problems from a dataset file (workers/tasks/dataset.py); defaults read verl's parquet schema as it is."""
+
+    name: Literal["dataset"] = "dataset"
+    path: str = Field(description="a .jsonl or .parquet file, or a datasets.save_to_disk directory")
+    format: Literal["jsonl", "parquet", "hf_disk"] | None = Field(None, description="None: from the path")
+    split: str = Field("train", description="hf_disk: the split of a saved DatasetDict")
+    prompt_field: str = Field("prompt", description="dotted path; text, or chat messages [system?, user]")
+    answer_field: str = Field("reward_model.ground_truth", description="dotted path of the reference answer")
+    source_field: str = Field("data_source", description="dotted path of the per-source metric label (optional)")
+    prompt_template: str = Field("{problem}", description="applied to a text prompt")
+    grader: str = Field("math", description="math | exact | regex | a plugin 'module:function(completion, answer)'")
+    answer_pattern: str = Field(r"\\boxed\{([^{}]*)\}", description="regex grader: its first group is the answer")
+    answer_fallback: Literal["last_number", "none"] = "last_number"
+    grader_timeout_s: float = Field(5.0, gt=0.0)
+    heldout_path: str | None = Field(None, description="held-out problems from this file; None: a seeded fraction")
+    heldout_seed: int = Field(0, description="the held-out fraction's permutation seed")
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _template_formats(cls, template: str) -> str:
+        return check_template(template)
+
+    @field_validator("grader")
+    @classmethod
+    def _grader(cls, v: str) -> str:
+        if v not in ("math", "exact", "regex") and ":" not in v:
+            raise ValueError(f"grader must be math, exact, regex or 'module:function', got {v!r}")
+        return v
+
+    @field_validator("answer_pattern")
+    @classmethod
+    def _pattern(cls, v: str) -> str:
+        import re
+
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"answer_pattern is not a regular expression ({e})") from None
+        return v
+
+
 class _GridConfig(TaskBase):
     """Agentic, multi-turn grid tasks (workers/envs)."""
 
@@ -181,7 +223,8 @@ class PluginTaskConfig(TaskBase):
         return {"name": self.name, **self.config.model_dump(mode="json")}
 
 
-BUILTIN = (ArithmeticConfig, ArithmeticMCConfig, ChainConfig, MathConfig, FrozenLakeConfig, SokobanConfig)
+BUILTIN = (ArithmeticConfig, ArithmeticMCConfig, ChainConfig, MathConfig, DatasetConfig, FrozenLakeConfig,
+           SokobanConfig)
 TASK_CLASSES: dict[str, type[TaskBase]] = {c.model_fields["name"].default: c for c in BUILTIN}
 
 
@@ -254,6 +297,6 @@ def validate_task(data: dict) -> TaskBase:
     return _Check.model_validate({"task": data}).task
 
 
-__all__ = ["ArithmeticConfig", "ArithmeticMCConfig", "ChainConfig", "FrozenLakeConfig", "MathConfig",
+__all__ = ["ArithmeticConfig", "ArithmeticMCConfig", "ChainConfig", "DatasetConfig", "FrozenLakeConfig", "MathConfig",
            "PluginTaskConfig", "SokobanConfig", "TASK_CLASSES", "TaskBase", "TaskConfig", "check_template",
            "parse_task", "task_config", "validate_task"]

@@ -44,7 +44,7 @@ def test_dump_round_trips():
      "t.yaml: task.chain_step: unknown key for task 'chain' (did you mean 'chain_steps'?); task 'chain' has: "
      "name, heldout_fraction, chain_steps, chain_max_value, chain_problems"),
     ({"name": "chian"}, "t.yaml: task.name: unknown task 'chian' (did you mean 'chain'?); built-in: arithmetic, "
-                        "arithmetic_mc, chain, math, frozen_lake, sokoban, or a plugin 'module:Class' (docs/tasks.md)"),
+                        "arithmetic_mc, chain, math, dataset, frozen_lake, sokoban, or a plugin 'module:Class' (docs/tasks.md)"),
     ({"name": "math"}, "t.yaml: task.dataset: Field required"),
     ({"name": "chain", "chain_steps": 0}, "t.yaml: task.chain_steps: Input should be greater than or equal to 1"),
     ({"name": "arithmetic", "ops": ["/"]}, "t.yaml: task.ops.0: Input should be '+', '-' or '*'"),
