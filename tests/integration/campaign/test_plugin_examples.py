@@ -1,6 +1,8 @@
-"""The two plugin examples, each from its own directory outside the package, train 2 steps in one campaign run
-through `python -m orchestrator run` on a local Ray: the single-turn countdown task and the multi-turn
-guess_number environment reach the trial's worker processes through the campaign's `plugins.paths`."""
+"""One campaign run through `python -m orchestrator run` on a local Ray, three trials of 2 steps:
+- the two plugin examples, each from its own directory outside the package: the single-turn countdown task and
+  the multi-turn guess_number environment reach the trial's processes through the campaign's `plugins.paths`;
+- a verl-format Parquet file written here (chat prompts, reward_model.ground_truth, two data sources), graded by
+  math-verify, logging per-source train and eval metrics."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import sys
 from pathlib import Path
 
 import yaml
+
+from tests.unit.tasks.test_dataset_task import VERL_ROWS, write_verl_parquet
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -26,6 +30,13 @@ def test_plugin_examples_train_from_their_own_directories(tmp_path):
         base["rollout"].update(prompts_per_step=2, n=2, max_tokens=8)
         base["model"]["max_model_len"] = 512
         conditions[name] = base
+    write_verl_parquet(tmp_path / "train.parquet")
+    write_verl_parquet(tmp_path / "test.parquet", [VERL_ROWS[0], VERL_ROWS[-1]])  # one problem of each source
+    conditions["verl"] = {"steps": 2, "model": {"name": "tiny-qwen2-instruct", "max_model_len": 256},
+                          "task": {"name": "dataset", "path": str(tmp_path / "train.parquet"),
+                                   "heldout_path": str(tmp_path / "test.parquet")},
+                          "rollout": {"prompts_per_step": 4, "n": 2, "max_tokens": 8},
+                          "eval": {"every": 1, "problems": 2, "n": 2, "k": 2}}
     campaign = {"name": "examples", "seeds": [0], "conditions": conditions, "plugins": {"paths": list(conditions)},
                 "resources": {"rollout_workers": 1, "worker_cpus": 1, "learner_cpus": 1, "driver_cpus": 0.5},
                 "max_concurrent_trials": 1, "max_failures": 0, "storage": "results", "wandb": {"mode": "disabled"}}
@@ -44,3 +55,10 @@ def test_plugin_examples_train_from_their_own_directories(tmp_path):
     guess = [json.loads(line) for line in (tmp_path / "results" / "examples" / "trials" / "guess_number_s0" /
                                             "metrics.jsonl").read_text().split("\n") if line]
     assert all("env/success" in r for r in guess)
+    verl = [json.loads(line) for line in (tmp_path / "results" / "examples" / "trials" / "verl_s0" /
+                                           "metrics.jsonl").read_text().split("\n") if line]
+    sources = ("openai_gsm8k", "lighteval_MATH")
+    for r in verl:
+        assert all(f"eval/{s}/pass@1" in r for s in sources), sorted(r)
+        assert any(f"train/{s}/correct_rate" in r for s in sources), sorted(r)
+        assert r["train/grader_errors"] == 0
