@@ -24,7 +24,7 @@ def _trial(args: argparse.Namespace) -> int:
         paths = plugins.get("paths", []) if isinstance(plugins.get("paths", []), list) else []
         data["plugins"] = {**plugins, "paths": [str((here / str(p)).resolve()) for p in [*paths, "."]]}
     cfg = validate(TrialConfig, data, args.config or "<default trial>")
-    from orchestrator.campaign.expand import check_task_plugin
+    from orchestrator.config.task_check import check_task_plugin
     from workers.credit import CreditError, resolve_plugins
 
     why = check_task_plugin(cfg, {})

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import difflib
 import itertools
-import json
 import re
 import typing
 from pathlib import Path
@@ -24,6 +23,7 @@ from orchestrator.campaign.schema import Campaign, CampaignConfig, ExpandedTrial
 from orchestrator.campaign.sections import CONTRAST, MEASURE
 from orchestrator.config.errors import UserError, first_error, format_validation
 from orchestrator.config.files import load_yaml
+from orchestrator.config.task_check import check_task_plugin
 from orchestrator.config.trial import TrialConfig
 
 
@@ -223,28 +223,6 @@ def expand(cfg: CampaignConfig, source: str = "<campaign>", directory: str = "",
     return trials
 
 
-def check_task_plugin(trial: TrialConfig, checked: dict[str, str]) -> str:
-    """'' when the trial's task is built in, its dataset files read, or its plugin passes a dry run
-    (workers/tasks/plugins.py), else why not; `checked` remembers each distinct task config's answer."""
-    from workers.tasks import make_task
-    from workers.tasks.config import DatasetConfig, PluginTaskConfig
-    from workers.tasks.plugins import PluginError, dry_check
-
-    if not isinstance(trial.task, PluginTaskConfig | DatasetConfig):
-        return ""
-    key = json.dumps(trial.task.model_dump(mode="json"), sort_keys=True)
-    if key not in checked:
-        try:
-            if isinstance(trial.task, DatasetConfig):  # the file(s) read, every row's fields found
-                make_task(trial.task, trial.seed).close()
-            else:
-                dry_check(trial.task, trial.seed)
-            checked[key] = ""
-        except (PluginError, ValueError, ImportError) as exc:
-            checked[key] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return checked[key]
-
-
 def load_campaign(path: str | Path) -> Campaign:
     """Read, validate and expand a campaign file; every user mistake raises UserError (one line)."""
     source = str(path)
@@ -259,11 +237,8 @@ def load_campaign(path: str | Path) -> Campaign:
         raise UserError(f"{source}: storage: environment variable {exc.args[0]} is not set "
                         "(use ${VAR:-default} for a fallback)") from None
     directory = store.join(storage, cfg.name)
-    plugins = plugin_paths(cfg, Path(path).resolve().parent)
-    from workers.tasks.plugins import add_plugin_paths
-
-    add_plugin_paths(plugins)  # this process validates the trials, which imports their task plugins
-    trials = expand(cfg, source, directory, plugins)
+    # every trial carries the paths; validating it puts them on sys.path before its task plugin is imported
+    trials = expand(cfg, source, directory, plugin_paths(cfg, Path(path).resolve().parent))
     check_schedule(cfg, trials, source)
     return Campaign(cfg, source, directory, storage, trials)
 

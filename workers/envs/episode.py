@@ -113,8 +113,7 @@ def make_env(config, level_seed: int):
     """The gymnasium env of an agentic task config (`workers.tasks.TaskConfig` with name frozen_lake / sokoban)."""
     seed = config.fixed_level if config.fixed_level is not None else level_seed
     if ":" in config.name:  # an env plugin (workers/envs/plugin.py)
-        from workers.envs.plugin import PluginEnv
-        from workers.tasks.plugins import load_class
+        from workers.envs.plugin import PluginEnv, load_class
 
         return PluginEnv(load_class(config.name)(config.config, seed))
     if config.name == "frozen_lake":

@@ -10,10 +10,35 @@ construction), `state_text()` (what the model reads each turn), `step(action)` -
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
+
+
+class PluginError(ValueError):
+    """A plugin that cannot be used as a task: one line saying why."""
+
+
+def load_class(path: str) -> type:
+    """Import `module:Class`; any failure is a PluginError."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise PluginError(f"{path!r} is not a plugin path like 'package.module:Class'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import-time failure is the plugin's, reported in one line
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise PluginError(f"cannot import module {module_name!r} ({type(exc).__name__}: {first})") from None
+    cls = module
+    for part in attr.split("."):
+        cls = getattr(cls, part, None)
+        if cls is None:
+            raise PluginError(f"module {module_name!r} has no class {attr!r}")
+    if not isinstance(cls, type):
+        raise PluginError(f"{path!r} is not a class")
+    return cls
 
 
 class TextEnv(ABC):

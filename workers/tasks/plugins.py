@@ -9,7 +9,6 @@ Plugin modules are found on `sys.path`: `add_plugin_paths` puts a campaign's `pl
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from typing import Any
@@ -17,11 +16,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
+from workers.envs.plugin import PluginError, load_class
 from workers.tasks.config import PluginTaskConfig, unknown_key_errors
-
-
-class PluginError(ValueError):
-    """A plugin that cannot be used as a task: one line saying why."""
 
 
 def add_plugin_paths(paths: list[str]) -> None:
@@ -29,26 +25,6 @@ def add_plugin_paths(paths: list[str]) -> None:
     for p in reversed([str(p) for p in paths]):
         if p not in sys.path:
             sys.path.insert(0, p)
-
-
-def load_class(path: str) -> type:
-    """Import `module:Class`; any failure is a PluginError."""
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise PluginError(f"{path!r} is not a plugin path like 'package.module:Class'")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any import-time failure is the plugin's, reported in one line
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        raise PluginError(f"cannot import module {module_name!r} ({type(exc).__name__}: {first})") from None
-    cls = module
-    for part in attr.split("."):
-        cls = getattr(cls, part, None)
-        if cls is None:
-            raise PluginError(f"module {module_name!r} has no class {attr!r}")
-    if not isinstance(cls, type):
-        raise PluginError(f"{path!r} is not a class")
-    return cls
 
 
 def plugin_kind(cls: type) -> str:
@@ -149,3 +125,6 @@ def dry_check(cfg: PluginTaskConfig, seed: int = 0) -> None:
         what = "env" if cfg.kind == "env" else "task"
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise PluginError(f"{what} {cfg.name} failed a dry run ({type(exc).__name__}: {first})") from None
+
+
+__all__ = ["PluginError", "add_plugin_paths", "dry_check", "load_class", "plugin_config", "plugin_kind"]
