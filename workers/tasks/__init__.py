@@ -16,7 +16,7 @@ def make_task(config: TaskBase, seed: int):
 
         return EnvTask(config, seed)
     if ":" in config.name:  # a single-turn plugin: its class gets its own validated Config
-        from .plugins import load_class
+        from workers.envs.plugin import load_class
 
         return load_class(config.name)(config.config, seed)
     if config.name == "arithmetic":

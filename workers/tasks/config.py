@@ -263,8 +263,6 @@ def parse_task(value: Any) -> TaskBase:
     if not isinstance(name, str):
         _raise("task", [_custom("task_name", "must be a string", ("name",), name)])
     if ":" in name:
-        from workers.tasks.plugins import plugin_config  # imports the plugin: only for dotted names
-
         return plugin_config(name, {k: v for k, v in value.items() if k != "name"})
     cls = TASK_CLASSES.get(name)
     if cls is None:
@@ -278,6 +276,59 @@ def parse_task(value: Any) -> TaskBase:
     except ValidationError as err:
         _raise("task", unknown_key_errors(err, cls, f"task '{name}'"))
     raise AssertionError("unreachable")
+
+
+# ------------------------------------------------------------------------------------------- plugins
+def plugin_kind(cls: type) -> str:
+    """'task' (a Task subclass) or 'env' (a TextEnv subclass); else a PluginError."""
+    from workers.envs.plugin import TextEnv
+    from workers.tasks.base import Task
+
+    if issubclass(cls, Task):
+        return "task"
+    if issubclass(cls, TextEnv):
+        return "env"
+    from workers.envs.plugin import PluginError
+
+    raise PluginError(f"{cls.__module__}.{cls.__qualname__} is neither a workers.tasks.base.Task (single-turn) "
+                      "nor a workers.envs.plugin.TextEnv (multi-turn) subclass")
+
+
+def config_class(cls: type) -> type[BaseModel]:
+    from workers.envs.plugin import PluginError
+
+    conf = getattr(cls, "Config", None)
+    if not (isinstance(conf, type) and issubclass(conf, BaseModel)):
+        raise PluginError(f"{cls.__qualname__} has no Config class (a pydantic BaseModel with its task: keys)")
+    return conf
+
+
+def _fail(msg: str, value: Any) -> None:
+    err = {"type": PydanticCustomError("task_plugin", msg.replace("{", "{{").replace("}", "}}")),
+           "loc": ("name",), "input": value}
+    raise ValidationError.from_exception_data("task", [err])
+
+
+def plugin_config(name: str, fields: dict[str, Any]) -> PluginTaskConfig:
+    """The validated config of plugin `name` with the user's other `task:` keys."""
+    from workers.envs.plugin import PluginError, load_class  # imports the plugin: only for dotted names
+
+    try:
+        cls = load_class(name)
+        kind, conf = plugin_kind(cls), config_class(cls)
+    except PluginError as exc:
+        _fail(str(exc), name)
+    owner = f"task '{name}'"
+    unknown = [k for k in fields if k not in conf.model_fields]
+    try:
+        if unknown and conf.model_config.get("extra") != "allow":
+            conf.model_validate({k: v for k, v in fields.items() if k not in unknown})  # its own errors first
+            raise ValidationError.from_exception_data(
+                "task", [{"type": "extra_forbidden", "loc": (k,), "input": fields[k]} for k in unknown])
+        config = conf.model_validate(fields)
+    except ValidationError as err:
+        raise ValidationError.from_exception_data("task", unknown_key_errors(err, conf, owner)) from None
+    return PluginTaskConfig(name=name, config=config, kind=kind)
 
 
 TaskConfig = Annotated[SerializeAsAny[TaskBase], PlainValidator(parse_task)]

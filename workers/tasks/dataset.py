@@ -12,6 +12,7 @@ Held-out problems come from `heldout_path` or a seeded `heldout_fraction` of the
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from pathlib import Path
@@ -110,13 +111,15 @@ def _paths(row: dict[str, Any]) -> set[str]:
 
 
 def load_grader(path: str):
-    from .plugins import load_class
-
+    """The plugin grader `module:function`; ValueError (one line) when it does not import or is no function."""
     module_name, _, attr = path.partition(":")
-    fn = getattr(__import__("importlib").import_module(module_name), attr, None) if attr else None
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import-time failure is the plugin's, reported in one line
+        raise ValueError(f"grader: cannot import module {module_name!r} ({type(exc).__name__}: {exc})") from None
+    fn = getattr(module, attr, None)
     if not callable(fn):
-        load_class(path)  # raises the one-line reason (no module / no attribute)
-        raise ValueError(f"grader {path!r} is not callable")
+        raise ValueError(f"grader: module {module_name!r} has no function {attr!r}")
     return fn
 
 

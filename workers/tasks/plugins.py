@@ -13,11 +13,8 @@ import json
 import sys
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
-from pydantic_core import PydanticCustomError
-
 from workers.envs.plugin import PluginError, load_class
-from workers.tasks.config import PluginTaskConfig, unknown_key_errors
+from workers.tasks.config import PluginTaskConfig, plugin_config, plugin_kind
 
 
 def add_plugin_paths(paths: list[str]) -> None:
@@ -25,52 +22,6 @@ def add_plugin_paths(paths: list[str]) -> None:
     for p in reversed([str(p) for p in paths]):
         if p not in sys.path:
             sys.path.insert(0, p)
-
-
-def plugin_kind(cls: type) -> str:
-    """'task' (a Task subclass) or 'env' (a TextEnv subclass); else a PluginError."""
-    from workers.envs.plugin import TextEnv
-    from workers.tasks.base import Task
-
-    if issubclass(cls, Task):
-        return "task"
-    if issubclass(cls, TextEnv):
-        return "env"
-    raise PluginError(f"{cls.__module__}.{cls.__qualname__} is neither a workers.tasks.base.Task (single-turn) "
-                      "nor a workers.envs.plugin.TextEnv (multi-turn) subclass")
-
-
-def config_class(cls: type) -> type[BaseModel]:
-    conf = getattr(cls, "Config", None)
-    if not (isinstance(conf, type) and issubclass(conf, BaseModel)):
-        raise PluginError(f"{cls.__qualname__} has no Config class (a pydantic BaseModel with its task: keys)")
-    return conf
-
-
-def _fail(msg: str, value: Any) -> None:
-    err = {"type": PydanticCustomError("task_plugin", msg.replace("{", "{{").replace("}", "}}")),
-           "loc": ("name",), "input": value}
-    raise ValidationError.from_exception_data("task", [err])
-
-
-def plugin_config(name: str, fields: dict[str, Any]) -> PluginTaskConfig:
-    """The validated config of plugin `name` with the user's other `task:` keys."""
-    try:
-        cls = load_class(name)
-        kind, conf = plugin_kind(cls), config_class(cls)
-    except PluginError as exc:
-        _fail(str(exc), name)
-    owner = f"task '{name}'"
-    unknown = [k for k in fields if k not in conf.model_fields]
-    try:
-        if unknown and conf.model_config.get("extra") != "allow":
-            conf.model_validate({k: v for k, v in fields.items() if k not in unknown})  # its own errors first
-            raise ValidationError.from_exception_data(
-                "task", [{"type": "extra_forbidden", "loc": (k,), "input": fields[k]} for k in unknown])
-        config = conf.model_validate(fields)
-    except ValidationError as err:
-        raise ValidationError.from_exception_data("task", unknown_key_errors(err, conf, owner)) from None
-    return PluginTaskConfig(name=name, config=config, kind=kind)
 
 
 def _dry_task(task: Any) -> None:
