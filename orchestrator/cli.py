@@ -18,8 +18,18 @@ def _trial(args: argparse.Namespace) -> int:
     data = load_yaml(args.config) if args.config else {}
     if args.steps is not None:
         data["steps"] = args.steps
+    if args.config and isinstance(data, dict):  # plugin paths: relative to the trial file, which is one itself
+        here = Path(args.config).resolve().parent
+        plugins = data.get("plugins") if isinstance(data.get("plugins"), dict) else {}
+        paths = plugins.get("paths", []) if isinstance(plugins.get("paths", []), list) else []
+        data["plugins"] = {**plugins, "paths": [str((here / str(p)).resolve()) for p in [*paths, "."]]}
     cfg = validate(TrialConfig, data, args.config or "<default trial>")
+    from orchestrator.config.task_check import check_task_plugin
     from workers.credit import CreditError, resolve_plugins
+
+    why = check_task_plugin(cfg, {})
+    if why:
+        raise UserError(f"{args.config or '<default trial>'}: task: {why}")
 
     try:
         resolve_plugins(cfg.credit)

@@ -23,6 +23,7 @@ from orchestrator.campaign.schema import Campaign, CampaignConfig, ExpandedTrial
 from orchestrator.campaign.sections import CONTRAST, MEASURE
 from orchestrator.config.errors import UserError, first_error, format_validation
 from orchestrator.config.files import load_yaml
+from orchestrator.config.task_check import check_task_plugin
 from orchestrator.config.trial import TrialConfig
 
 
@@ -30,6 +31,8 @@ from orchestrator.config.trial import TrialConfig
 def _field_model(model: type[BaseModel], name: str) -> type[BaseModel] | None:
     """The pydantic model a field holds (unwrapping `X | None`), or None for a plain value or free-form dict."""
     ann = model.model_fields[name].annotation
+    if name == "task" and model is TrialConfig:
+        return None  # a union chosen by task.name: its keys are checked when the trial is validated
     return next((c for c in (ann, *typing.get_args(ann)) if isinstance(c, type) and issubclass(c, BaseModel)), None)
 
 
@@ -142,21 +145,30 @@ def run_id(directory: str, trial: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "-", f"{trial}-{digest}")
 
 
-def expand(cfg: CampaignConfig, source: str = "<campaign>", directory: str = "") -> list[ExpandedTrial]:
-    """All trials of the campaign, validated, in order condition -> sweep point -> seed."""
+def plugin_paths(cfg: CampaignConfig, campaign_dir: Path) -> list[str]:
+    """The campaign's plugin directories, absolute (relative ones from the campaign file's directory)."""
+    paths = cfg.plugins.paths if "plugins" in cfg.model_fields_set else ["."]
+    return [str((campaign_dir / Path(p).expanduser()).resolve()) for p in paths]
+
+
+def expand(cfg: CampaignConfig, source: str = "<campaign>", directory: str = "",
+           plugins: list[str] | None = None) -> list[ExpandedTrial]:
+    """All trials of the campaign, validated, in order condition -> sweep point -> seed; `plugins`: the absolute
+    plugin directories every trial gets (`plugins.paths`)."""
     from workers.credit import CreditError, resolve_plugins
 
-    for key in ("name", "seed", "output_dir", "labels"):
+    checked: dict[str, str] = {}
+    for key in ("name", "seed", "output_dir", "labels", "plugins"):
         if key in cfg.base:
             raise UserError(f"{source}: base.{key}: set by the campaign for each trial; remove it from base")
     for key in cfg.sweep:
         why = check_key_path(key)
         if why:
             raise UserError(f"{source}: sweep.{key}: {why}")
-        if key.split(".")[0] in ("name", "seed", "output_dir", "labels", "wandb"):
+        if key.split(".")[0] in ("name", "seed", "output_dir", "labels", "wandb", "plugins"):
             raise UserError(f"{source}: sweep.{key}: cannot be swept (set by the campaign)")
     for cond, override in cfg.conditions.items():
-        for key in ("name", "seed", "output_dir", "labels"):
+        for key in ("name", "seed", "output_dir", "labels", "plugins"):
             if key in override:
                 raise UserError(f"{source}: conditions.{cond}.{key}: set by the campaign; remove it")
 
@@ -175,6 +187,8 @@ def expand(cfg: CampaignConfig, source: str = "<campaign>", directory: str = "")
                     data.setdefault("rollout", {})["num_workers"] = cfg.resources.rollout_workers
                     data["resources"] = cfg.resources.model_dump(exclude={"rollout_workers"})
                 data.update(name=name, seed=seed, labels={"condition": cond, "seed": seed, **values})
+                if plugins:
+                    data["plugins"] = {"paths": list(plugins)}
                 if directory:
                     data["output_dir"] = store.trial_dir(directory, name)
                 data["wandb"] = {**cfg.wandb.model_dump(), "group": cfg.name, "job_type": cond,
@@ -197,6 +211,10 @@ def expand(cfg: CampaignConfig, source: str = "<campaign>", directory: str = "")
                 except CreditError as exc:
                     origin = f"conditions.{cond}.credit" if "credit" in override else "base.credit"
                     raise UserError(f"{source}: {origin}: {exc} ({where.rstrip(': ')})") from None
+                why = check_task_plugin(trial_cfg, checked)
+                if why:
+                    origin = f"conditions.{cond}.task" if "task" in override else "base.task"
+                    raise UserError(f"{source}: {origin}: {why} ({where.rstrip(': ')})")
                 if name in seen:
                     raise UserError(f"{source}: sweep: trial name {name!r} repeats ({seen[name]}); sweep values "
                                     "must give distinct labels")
@@ -219,7 +237,8 @@ def load_campaign(path: str | Path) -> Campaign:
         raise UserError(f"{source}: storage: environment variable {exc.args[0]} is not set "
                         "(use ${VAR:-default} for a fallback)") from None
     directory = store.join(storage, cfg.name)
-    trials = expand(cfg, source, directory)
+    # every trial carries the paths; validating it puts them on sys.path before its task plugin is imported
+    trials = expand(cfg, source, directory, plugin_paths(cfg, Path(path).resolve().parent))
     check_schedule(cfg, trials, source)
     return Campaign(cfg, source, directory, storage, trials)
 

@@ -16,7 +16,7 @@ from orchestrator.campaign.sections import (
     ScheduleConfig,
     SeedsConfig,
 )
-from orchestrator.config.trial import ResourcesConfig, TrialConfig, WandbConfig
+from orchestrator.config.trial import PluginsConfig, ResourcesConfig, TrialConfig, WandbConfig
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -47,6 +47,9 @@ class CampaignConfig(BaseModel):
     report: ReportSettings = ReportSettings()
     schedule: ScheduleConfig = ScheduleConfig()
     budget: BudgetConfig | None = None
+    plugins: PluginsConfig = Field(PluginsConfig(), description=(
+        "plugins.paths: directories (relative: from the campaign file) that `task: {name: module:Class}` "
+        "plugins are imported from, on every worker; default: the campaign file's directory"))
 
     @field_validator("name")
     @classmethod

@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from workers.credit.config import CreditConfig, SepaConfig
 from workers.learner.config import FULL_MODE_LR, LearnerConfig
 from workers.objectives.interventions import InterventionsConfig, scoring_pass_needs
-from workers.tasks.config import TaskConfig
+from workers.tasks.config import ChainConfig, TaskConfig
+from workers.tasks.plugins import add_plugin_paths
 
 AGENTIC_MAX_MODEL_LEN = 2048
 
@@ -177,13 +178,20 @@ class TrialWandb(WandbConfig):
     run_id: str | None = Field(None, description="stable id so a restored trial resumes its run")
 
 
+class PluginsConfig(_Strict):
+    paths: list[str] = Field(default_factory=list, description=(
+        "directories put first on the Python path of every process of the trial, where `task: {name: "
+        "module:Class}` plugins are imported from (a campaign sets them, absolute, from its own plugins.paths)"))
+
+
 class TrialConfig(_Strict):
     name: str = "local"
     seed: int = 0
     steps: int = Field(40, ge=1)
     output_dir: str | None = Field(None, description="absolute dir or URI for metrics.jsonl; set by the launcher")
     model: ModelConfig = ModelConfig()
-    task: TaskConfig = TaskConfig(name="chain")
+    plugins: PluginsConfig = PluginsConfig()
+    task: TaskConfig = ChainConfig()
     rollout: RolloutConfig = RolloutConfig()
     learner: LearnerConfig = LearnerConfig()
     credit: CreditConfig = CreditConfig()
@@ -194,6 +202,15 @@ class TrialConfig(_Strict):
     wandb: TrialWandb = TrialWandb()
     labels: dict[str, Any] = Field(default_factory=dict, description=(
         "extra top-level keys logged with the config (campaigns set condition, seed and every swept key)"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plugin_paths(cls, data: Any) -> Any:
+        """Plugin directories go on sys.path before `task` is validated: a plugin task is imported to be read."""
+        paths = data.get("plugins", {}).get("paths") if isinstance(data, dict) else None
+        if isinstance(paths, list) and all(isinstance(p, str) for p in paths):
+            add_plugin_paths(paths)
+        return data
 
     @model_validator(mode="after")
     def _learner_mode(self) -> TrialConfig:

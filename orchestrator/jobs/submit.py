@@ -18,6 +18,20 @@ from orchestrator.jobs.env import job_env, secrets_note
 from orchestrator.preflight.working_dir import refuse_storage_inside
 
 
+def plugin_env(campaign: Campaign, src: Path, cwd: Path) -> dict[str, str]:
+    """PYTHONPATH naming the campaign's plugin directories relative to the uploaded working dir: every process of
+    the job starts in that dir on its node, so the entries resolve there (and become absolute at start-up)."""
+    from orchestrator.campaign.expand import plugin_paths
+
+    rel = []
+    for p in plugin_paths(campaign.config, src.parent):
+        if not Path(p).is_relative_to(cwd):
+            raise UserError(f"{campaign.source}: plugins.paths: {p} lies outside the working dir ({cwd}) that is "
+                            "uploaded with the job")
+        rel.append(str(Path(p).relative_to(cwd)) or ".")
+    return {"PYTHONPATH": os.pathsep.join([*rel, "${PYTHONPATH}"])} if rel else {}  # Ray expands ${VAR}
+
+
 def submit(campaign: Campaign, address: str | None) -> str:
     """Submit (or find) the campaign's job; returns its submission id."""
     from ray.job_submission import JobStatus, JobSubmissionClient
@@ -44,6 +58,7 @@ def submit(campaign: Campaign, address: str | None) -> str:
     sid = f"{campaign.config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     # the job resolves `storage` again on the cluster: it needs the variables the local resolution used
     env = job_env(re.findall(r"\$\{(\w+)", campaign.config.storage))  # never a secret: see job_env.py
+    env.update(plugin_env(campaign, src, cwd))
     note = secrets_note(env.get("WANDB_MODE", campaign.config.wandb.mode))
     if note:
         print(note)

@@ -63,6 +63,16 @@ class RolloutSource(Protocol):
         ...
 
 
+def per_source(prefix: str, metric: str, problems, values: list[float]) -> dict:
+    """`<prefix>/<source>/<metric>`: the mean of `values` (one per problem) over each labelled source's problems
+    (a dataset's `data_source`); {} when no problem has a label."""
+    by: dict[str, list[float]] = {}
+    for p, v in zip(problems, values, strict=True):
+        if p.source:
+            by.setdefault(p.source.replace("/", "_"), []).append(float(v))
+    return {f"{prefix}/{s}/{metric}": float(np.mean(v)) for s, v in sorted(by.items())}
+
+
 class SingleTurnSource:
     """Prompts -> one completion per sample -> the task's binary rewards."""
 
@@ -72,7 +82,7 @@ class SingleTurnSource:
     def _completions(self, problems, step: int, seed: int, n: int, temperature: float):
         """The prompts' ids (the chat template when there is one) and the sampler's results, per shard."""
         ctx = self.ctx
-        prompt_ids = [first_prompt_ids(ctx.tokenizer, p.prompt) for p in problems]
+        prompt_ids = [first_prompt_ids(ctx.tokenizer, p.prompt, system=p.system) for p in problems]
         seeds = [step_seed(seed, step, j) for j in range(len(ctx.workers))]
         return prompt_ids, sample(ctx, prompt_ids, n=n, temperature=temperature, seeds=seeds)
 
@@ -92,7 +102,8 @@ class SingleTurnSource:
             scored = self._score(prob, group)
             rewards.append(scored.rewards)
             errors, timeouts = errors + scored.grader_errors, timeouts + scored.grader_timeouts
-        metrics = {"train/grader_errors": errors, "train/grader_timeouts": timeouts,
+        metrics = {**per_source("train", "correct_rate", problems, [np.mean([r > 0.5 for r in g]) for g in rewards]),
+                   "train/grader_errors": errors, "train/grader_timeouts": timeouts,
                    "time/score_s": time.perf_counter() - t0,
                    **({"floor/sampler_min_valid_prob": min(sampler_floor)} if sampler_floor else {})}
         return Rollouts(
@@ -119,7 +130,8 @@ class SingleTurnSource:
             correct = sum(r > 0.5 for r in self._score(prob, group).rewards)
             p1.append(correct / len(group))
             pk.append(pass_at_k(len(group), correct, ev.k))
-        return {"eval/pass@1": float(np.mean(p1)), "eval/pass@k": float(np.mean(pk)), "eval/k": ev.k,
+        return {**per_source("eval", "pass@1", problems, p1),
+                "eval/pass@1": float(np.mean(p1)), "eval/pass@k": float(np.mean(pk)), "eval/k": ev.k,
                 "eval/problems": len(problems), "time/eval_s": time.perf_counter() - t0}
 
 

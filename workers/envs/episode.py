@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from workers.envs.protocol import PlainProtocol, make_protocol
+from workers.envs.text import ACTION_NAMES
 
 FORMAT_PENALTY = -0.1
 EVAL_SEED_LIMIT = 1_000_000  # validation levels use seeds below this, training levels seeds at or above it
@@ -83,7 +84,7 @@ class TextEpisode:
         penalty; the next observation says when no valid action was given."""
         if self.done:
             raise RuntimeError("the episode is over")
-        parsed = self.protocol.parse(text, self.max_per_turn)
+        parsed = self.protocol.parse(text, self.max_per_turn, getattr(self.env, "action_names", ACTION_NAMES))
         penalty, reward, applied = (FORMAT_PENALTY if parsed.invalid else 0.0), 0.0, 0
         for a in parsed.actions:
             if self.stats.actions >= self.max_actions or self.stats.env_done:
@@ -111,6 +112,10 @@ class TextEpisode:
 def make_env(config, level_seed: int):
     """The gymnasium env of an agentic task config (`workers.tasks.TaskConfig` with name frozen_lake / sokoban)."""
     seed = config.fixed_level if config.fixed_level is not None else level_seed
+    if ":" in config.name:  # an env plugin (workers/envs/plugin.py)
+        from workers.envs.plugin import PluginEnv, load_class
+
+        return PluginEnv(load_class(config.name)(config.config, seed))
     if config.name == "frozen_lake":
         from workers.envs.frozen_lake import TextFrozenLake
 

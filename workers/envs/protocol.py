@@ -25,6 +25,13 @@ def reward_text(reward: float) -> str:
     return format(round(float(reward), 6) + 0.0, "g")
 
 
+def _state(env) -> str:
+    """The state block of a ragen turn: a plugin env's own text, else coordinates and the unspaced grid."""
+    if hasattr(env, "state_text"):
+        return env.state_text()
+    return f"Coordinates: \n{env.coordinates()}\nGrid Map: \n{env.grid_text(spaced=False)}"
+
+
 class RagenProtocol:
     name = "ragen"
     prefill = "<think>"
@@ -42,13 +49,12 @@ class RagenProtocol:
              some_invalid: bool = False) -> str:
         head = "" if previous_reward is None else f"Reward:\n{reward_text(previous_reward)}\n"
         warning = NO_VALID_ACTION if no_valid_action else ""
-        return (f"{head}\nTurn {k}:\nState:\nCoordinates: \n{env.coordinates()}\nGrid Map: \n"
-                f"{env.grid_text(spaced=False)}\n{warning}You have {actions_left} actions left. Always output: "
+        return (f"{head}\nTurn {k}:\nState:\n{_state(env)}\n{warning}You have {actions_left} actions left. Always output: "
                 f"{FORMAT_REMINDER} with no extra text. Strictly follow this format. "
                 f"Max response length: {self.max_tokens} words (tokens).\n")
 
-    def parse(self, text: str, max_actions: int) -> ParsedTurn:
-        return parse_strict(text, ACTION_NAMES, max_actions)
+    def parse(self, text: str, max_actions: int, names=ACTION_NAMES) -> ParsedTurn:
+        return parse_strict(text, names, max_actions)
 
 
 class PlainProtocol:
@@ -64,16 +70,17 @@ class PlainProtocol:
 
     def turn(self, env, k: int, actions_left: int, previous_reward: float | None, no_valid_action: bool,
              some_invalid: bool = False) -> str:
-        state = f"State:\n{env.grid_text()}\nActions left: {actions_left}."
+        grid = env.state_text() if hasattr(env, "state_text") else env.grid_text()
+        state = f"State:\n{grid}\nActions left: {actions_left}."
         if previous_reward is None:
-            example = format_answer(ACTION_NAMES[:2][: self.max_per_turn])
+            example = format_answer(getattr(env, "action_names", ACTION_NAMES)[:2][: self.max_per_turn])
             return f"{env.rules} Answer with {example}, at most {self.max_per_turn} actions per turn.\n{state}"
         note = ("No valid action was given. " if no_valid_action else
                 "An invalid action was dropped. " if some_invalid else "")
         return f"{note}Reward: {previous_reward:.1f}\n{state}"
 
-    def parse(self, text: str, max_actions: int) -> ParsedTurn:
-        return parse_answer(text, ACTION_NAMES, max_actions)
+    def parse(self, text: str, max_actions: int, names=ACTION_NAMES) -> ParsedTurn:
+        return parse_answer(text, names, max_actions)
 
 
 def make_protocol(name: str, *, max_tokens: int, max_actions_per_turn: int):

@@ -308,7 +308,7 @@ def evaluate_reasoner(model_dir: str | os.PathLike, problems: Sequence, *, sampl
 def main(argv: Sequence[str] | None = None) -> None:
     import argparse
 
-    from workers.tasks import TaskConfig, make_task
+    from workers.tasks import make_task, task_config
 
     ap = argparse.ArgumentParser(description="Build (or find cached) the tiny reasoning model and measure it.")
     ap.add_argument("--out", default=None, help="directory (default: the trial loop's cache, reasoner_dir)")
@@ -323,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"{NAME}: {path} (built in {info['build_s']}s wall, {info.get('build_cpu_s')}s cpu, final loss {info['final_loss']:.4f}; "
           f"this call {time.perf_counter() - t0:.1f}s)")
     if args.eval:
-        task = make_task(TaskConfig(name="chain", chain_steps=spec.chain_steps, chain_max_value=spec.chain_max_value),
+        task = make_task(task_config(name="chain", chain_steps=spec.chain_steps, chain_max_value=spec.chain_max_value),
                          0)
         print(evaluate_reasoner(path, task.heldout(args.eval), samples=args.samples))
 

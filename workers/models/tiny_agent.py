@@ -52,11 +52,11 @@ def _sample_texts() -> list[str]:
     task (valid, partly invalid and invalid answers), the plain rules, and the answers."""
     from workers.envs.episode import make_env
     from workers.envs.protocol import make_protocol
-    from workers.tasks.config import TaskConfig
+    from workers.tasks.config import task_config
 
     texts = []
-    configs = [TaskConfig(name="frozen_lake"), TaskConfig(name="frozen_lake", success_rate=0.8),
-               TaskConfig(name="frozen_lake", levels="gymnasium"), TaskConfig(name="sokoban")]
+    configs = [task_config(name="frozen_lake"), task_config(name="frozen_lake", success_rate=0.8),
+               task_config(name="frozen_lake", levels="gymnasium"), task_config(name="sokoban")]
     answers = ["<think></think><answer>Up || Left</answer>", "<think></think><answer>Down || Jump</answer>", "?"]
     for cfg in configs:
         for protocol in ("ragen", "plain"):
@@ -123,13 +123,13 @@ def _agent_tokenizer_and_positions(model_dir: Path) -> None:
 def _warm_start(model_dir: Path, seed: int) -> None:
     from transformers import AutoModelForCausalLM
 
-    from workers.tasks.config import TaskConfig
+    from workers.tasks.config import task_config
 
     ws = WARM_START
     tok = load_tokenizer(str(model_dir))
     rng = random.Random(seed)
-    configs = [TaskConfig(name="frozen_lake"), TaskConfig(name="frozen_lake", success_rate=0.8),
-               TaskConfig(name="sokoban")]
+    configs = [task_config(name="frozen_lake"), task_config(name="frozen_lake", success_rate=0.8),
+               task_config(name="sokoban")]
     data = [_episode_tokens(tok, configs[i % len(configs)], rng.randrange(2**31), rng) for i in range(ws["episodes"])]
     state = torch.random.get_rng_state()
     threads = torch.get_num_threads()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from .arithmetic import ArithmeticMCTask, ArithmeticTask
 from .base import Problem, ScoreResult, Task
-from .config import TaskConfig
+from .config import TaskBase, TaskConfig, task_config
 
 
-def make_task(config: TaskConfig, seed: int):
+def make_task(config: TaskBase, seed: int):
     """Build the task named by `config.name`; `seed` (the trial seed) fixes the training order.
 
     Agentic tasks return a `workers.envs.EnvTask` (level seeds, not problems)."""
@@ -15,6 +15,10 @@ def make_task(config: TaskConfig, seed: int):
         from workers.envs import EnvTask
 
         return EnvTask(config, seed)
+    if ":" in config.name:  # a single-turn plugin: its class gets its own validated Config
+        from workers.envs.plugin import load_class
+
+        return load_class(config.name)(config.config, seed)
     if config.name == "arithmetic":
         return ArithmeticTask(config, seed)
     if config.name == "arithmetic_mc":
@@ -23,6 +27,10 @@ def make_task(config: TaskConfig, seed: int):
         from .chain import ChainTask
 
         return ChainTask(config, seed)
+    if config.name == "dataset":
+        from .dataset import DatasetTask
+
+        return DatasetTask(config, seed)
     if config.name == "math":
         from .math import MathTask  # imports math_verify/sympy only when needed
 
@@ -30,4 +38,5 @@ def make_task(config: TaskConfig, seed: int):
     raise ValueError(f"unknown task {config.name!r}")
 
 
-__all__ = ["ArithmeticMCTask", "ArithmeticTask", "Problem", "ScoreResult", "Task", "TaskConfig", "make_task"]
+__all__ = ["ArithmeticMCTask", "ArithmeticTask", "Problem", "ScoreResult", "Task", "TaskBase", "TaskConfig", "make_task",
+           "task_config"]

@@ -13,7 +13,7 @@ import re
 import numpy as np
 
 from .base import EpochCursor, Problem, ScoreResult, Task, check_lengths, held_out_indices
-from .config import TaskConfig
+from .config import ArithmeticConfig
 
 _INT = re.compile(r"-?\d+")
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -46,7 +46,7 @@ class ArithmeticTask(Task):
 
     name = "arithmetic"
 
-    def __init__(self, config: TaskConfig, seed: int):
+    def __init__(self, config: ArithmeticConfig, seed: int):
         problems = self._problems(config)
         held = set(held_out_indices(len(problems), config.heldout_fraction).tolist())
         self.held = [p for i, p in enumerate(problems) if i in held]
@@ -54,7 +54,7 @@ class ArithmeticTask(Task):
         self.cursor = EpochCursor(len(self.train), seed)
 
     @staticmethod
-    def _problems(config: TaskConfig) -> list[Problem]:
+    def _problems(config: ArithmeticConfig) -> list[Problem]:
         return all_problems(config.max_operand, list(config.ops))
 
     @staticmethod
@@ -101,12 +101,12 @@ class ArithmeticMCTask(ArithmeticTask):
 
     name = "arithmetic_mc"
 
-    def __init__(self, config: TaskConfig, seed: int):
+    def __init__(self, config: ArithmeticConfig, seed: int):
         super().__init__(config, seed)
         self._labels = list(LABELS[: config.num_choices])
 
     @staticmethod
-    def _problems(config: TaskConfig) -> list[Problem]:
+    def _problems(config: ArithmeticConfig) -> list[Problem]:
         # the same order as all_problems, so the held-out subset is the same problems as in `arithmetic`
         rng = range(config.max_operand + 1)
         return [mc_problem(a, op, b, config.num_choices) for op, a, b in itertools.product(config.ops, rng, rng)]

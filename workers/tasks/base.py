@@ -25,11 +25,14 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Problem:
-    """One prompt: `prompt` is the text given to the model, `answer` the reference answer as text."""
+    """One prompt: `prompt` is the text given to the model (the user turn), `answer` the reference answer as
+    text; `system`: a system message rendered with it; `source`: a label the trial logs per-source metrics under."""
 
     id: str
     prompt: str
     answer: str
+    system: str | None = None
+    source: str = ""
 
 
 @dataclass

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import EpochCursor, Problem, ScoreResult, Task, check_lengths
-from .config import TaskConfig
+from .config import ChainConfig
 
 _ANSWER = re.compile(r"answer\s*(-?\d+)")
 MAX_OPERAND = 9
@@ -165,7 +165,7 @@ class ChainTask(Task):
 
     name = "chain"
 
-    def __init__(self, config: TaskConfig, seed: int):
+    def __init__(self, config: ChainConfig, seed: int):
         chains = problem_set(config.chain_steps, config.chain_max_value, config.chain_problems)
         frac = {c.id: problem_fraction(c.id) for c in chains}
         held = sorted((c for c in chains if frac[c.id] < config.heldout_fraction), key=lambda c: frac[c.id])

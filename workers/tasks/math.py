@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import EpochCursor, Problem, ScoreResult, Task, check_lengths, held_out_indices
-from .config import TaskConfig
+from .config import MathConfig
 
 _BOXED = re.compile(r"\\boxed\s*\{")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -157,7 +157,7 @@ class IsolatedGrader:
             self._stop()
 
 
-def load_records(config: TaskConfig, split: str) -> list[dict[str, Any]]:
+def load_records(config: MathConfig, split: str) -> list[dict[str, Any]]:
     """Rows of a local JSONL file (when `dataset` is an existing file) or of a Hugging Face split."""
     assert config.dataset is not None
     path = Path(config.dataset).expanduser()
@@ -179,7 +179,7 @@ def load_records(config: TaskConfig, split: str) -> list[dict[str, Any]]:
     return [dict(r) for r in datasets.load_dataset(config.dataset, split=split)]
 
 
-def to_problems(rows: list[dict[str, Any]], config: TaskConfig, prefix: str) -> list[Problem]:
+def to_problems(rows: list[dict[str, Any]], config: MathConfig, prefix: str) -> list[Problem]:
     """Rows -> Problems with ids `prefix:index`; a row missing a field raises ValueError."""
     out = []
     for i, row in enumerate(rows):
@@ -196,7 +196,7 @@ class MathTask(Task):
     name = "math"
     score_time_limit_s = None  # the isolated grader enforces `grader_timeout_s` per answer in a killable process
 
-    def __init__(self, config: TaskConfig, seed: int):
+    def __init__(self, config: MathConfig, seed: int):
         self.config = config
         problems = to_problems(load_records(config, config.split), config, config.split)
         if config.eval_split is not None:

@@ -12,14 +12,14 @@ from __future__ import annotations
 import pytest
 
 from workers.models.reasoner import MARKER, evaluate_reasoner
-from workers.tasks import TaskConfig, make_task
+from workers.tasks import make_task, task_config
 
 
 def test_reasoner_hits_its_targets(reasoner_dir):
     import json
     from pathlib import Path
 
-    task = make_task(TaskConfig(name="chain"), seed=0)
+    task = make_task(task_config(name="chain"), seed=0)
     ev = evaluate_reasoner(reasoner_dir, task.heldout(48), samples=4, seed=0)
     print(ev)
     assert 0.15 <= ev.pass_at_1 <= 0.60
@@ -46,7 +46,7 @@ def _chain_step(reasoner_dir: str, transform_mode: str):
                           sepa={"steps": 1})
     learner = Learner(reasoner_dir, learner=LearnerConfig(), credit=credit, run=RunSettings(seed=0, total_steps=4))
     tok = learner.tokenizer
-    task = make_task(TaskConfig(name="chain"), seed=0)
+    task = make_task(task_config(name="chain"), seed=0)
     rng = np.random.default_rng(0)
     prompts, comps, rewards = [], [], []
     for prob in task.next_batch(3):

@@ -39,9 +39,9 @@ def tok(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def task():
-    from workers.tasks import TaskConfig, make_task
+    from workers.tasks import make_task, task_config
 
-    return make_task(TaskConfig(name="arithmetic_mc", max_operand=4, ops=["+", "-"]), seed=0)
+    return make_task(task_config(name="arithmetic_mc", max_operand=4, ops=["+", "-"]), seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ def test_sweep_campaign_expands_as_the_seed_states(name, variant):
             assert iv.kl.coef == (0.001 if name.startswith("sokoban") else 0.0)
         assert c.task.name == ("sokoban" if name.startswith("sokoban") else "frozen_lake")
         assert (c.task.levels, c.task.protocol, c.task.dynamics) == ("ragen", "ragen", "shared")
-        assert c.task.frozen_prob == 0.9 and c.model.max_model_len >= 3600  # RAGEN's p and context
+        assert (name.startswith("sokoban") or c.task.frozen_prob == 0.9) and c.model.max_model_len >= 3600  # RAGEN p
         assert c.model.name == ("Qwen/Qwen2.5-3B-Instruct" if name.startswith("frozen") else "Qwen/Qwen2.5-3B")
         lrn = c.learner
         if variant:  # LoRA on one learner GPU, its lr scaled for the adapter

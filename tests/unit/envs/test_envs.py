@@ -15,7 +15,7 @@ from workers.envs import ACTION_NAMES, EVAL_SEED_LIMIT, EnvTask, TextEpisode, fo
 from workers.envs.frozen_lake import TextFrozenLake
 from workers.envs.sokoban import MOVES, TARGET, WALL, SokobanEnv
 from workers.envs.solve import frozen_lake_shortest_path, sokoban_optimal_moves, sokoban_random_success
-from workers.tasks.config import TaskConfig
+from workers.tasks.config import task_config
 
 
 class Budget:  # the RolloutConfig fields an episode reads
@@ -192,13 +192,13 @@ def test_slipping_matches_success_rate():
 
 
 def test_level_stream_is_seeded_resumable_and_disjoint_from_validation():
-    a, b = EnvTask(TaskConfig(name="sokoban"), 1), EnvTask(TaskConfig(name="sokoban"), 1)
+    a, b = EnvTask(task_config(name="sokoban"), 1), EnvTask(task_config(name="sokoban"), 1)
     first = a.next_levels(4)
-    assert first == b.next_levels(4) and first != EnvTask(TaskConfig(name="sokoban"), 2).next_levels(4)
+    assert first == b.next_levels(4) and first != EnvTask(task_config(name="sokoban"), 2).next_levels(4)
     assert min(first) >= EVAL_SEED_LIMIT and max(a.eval_levels(512)) < EVAL_SEED_LIMIT
     state = a.state_dict()
     nxt = a.next_levels(3)
-    c = EnvTask(TaskConfig(name="sokoban"), 1)
+    c = EnvTask(task_config(name="sokoban"), 1)
     c.load_state_dict(state)
     assert c.next_levels(3) == nxt
     with pytest.raises(ValueError):
@@ -256,7 +256,7 @@ def test_frozen_lake_ragen_maps_are_solvable_with_random_start_and_goal():
 
 def _fixed_plan_outcomes(dynamics: str, n: int = 16) -> list[tuple]:
     """One group of n members on one slippery level, every member playing the same fixed plan."""
-    task = EnvTask(TaskConfig(name="frozen_lake", success_rate=0.8, frozen_prob=1.0, levels="gymnasium",
+    task = EnvTask(task_config(name="frozen_lake", success_rate=0.8, frozen_prob=1.0, levels="gymnasium",
                               dynamics=dynamics, protocol="plain"), 0)
     level = task.next_levels(1)[0]
     outcomes = []
@@ -274,7 +274,7 @@ def test_shared_dynamics_give_a_group_identical_outcomes_for_one_plan():
 
 
 def test_validation_levels_have_their_own_streams_the_same_for_every_trial_seed():
-    cfg = TaskConfig(name="frozen_lake", success_rate=0.8)
+    cfg = task_config(name="frozen_lake", success_rate=0.8)
     a, b = EnvTask(cfg, 1), EnvTask(cfg, 2)
     assert a.eval_levels(8) == b.eval_levels(8)
 

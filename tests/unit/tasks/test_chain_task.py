@@ -8,7 +8,7 @@ import re
 import numpy as np
 
 from workers.credit.planning import match_spans
-from workers.tasks import TaskConfig, make_task
+from workers.tasks import make_task, task_config
 from workers.tasks.chain import (
     CORPUS_MIN_FRACTION,
     Chain,
@@ -21,7 +21,7 @@ from workers.tasks.chain import (
 
 
 def test_problem_set_split_and_format():
-    cfg = TaskConfig(name="chain", heldout_fraction=0.2)
+    cfg = task_config(name="chain", heldout_fraction=0.2)
     task = make_task(cfg, seed=0)
     train, held = {p.id for p in task.train}, {p.id for p in task.heldout()}
     assert len(train) + len(held) == cfg.chain_problems and not train & held
@@ -39,7 +39,7 @@ def test_problem_set_split_and_format():
 
 
 def test_resume_and_scoring():
-    cfg = TaskConfig(name="chain", chain_problems=300)
+    cfg = task_config(name="chain", chain_problems=300)
     a = make_task(cfg, seed=3)
     a.next_batch(50)
     b = make_task(cfg, seed=3)
@@ -66,7 +66,7 @@ def test_traces_carry_mistakes_catches_and_strategic_grams():
     assert final_answer(caught) == 12 and len(match_spans(caught)) >= 3
     # the default style: imperfect on purpose, and a few strategic phrases
     style = TraceStyle()
-    task = make_task(TaskConfig(name="chain"), 0)
+    task = make_task(task_config(name="chain"), 0)
     traces = [(parse_chain(p.id), solution_trace(parse_chain(p.id), rng, style)) for p in task.train[:800]]
     acc = np.mean([final_answer(t) == c.answer for c, t in traces])
     assert 0.35 < acc < 0.8

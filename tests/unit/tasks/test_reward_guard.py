@@ -11,7 +11,7 @@ import pytest
 
 import workers.tasks.chain  # noqa: F401  (registers every Task subclass)
 import workers.tasks.math as math_task
-from workers.tasks import ArithmeticTask, Problem, ScoreResult, Task, TaskConfig
+from workers.tasks import ArithmeticTask, Problem, ScoreResult, Task, task_config
 
 
 class _Scripted(Task):
@@ -77,7 +77,7 @@ def test_mismatched_lengths_are_still_a_caller_error():
 
 
 def test_a_real_task_with_a_broken_checker(monkeypatch):
-    task = ArithmeticTask(TaskConfig(max_operand=3), seed=0)
+    task = ArithmeticTask(task_config(max_operand=3), seed=0)
     probs = task.next_batch(4)
     good = [p.answer for p in probs]
     assert task.score(probs, good).rewards == [1.0] * 4
@@ -95,7 +95,7 @@ def test_a_real_task_with_a_broken_checker(monkeypatch):
 def test_math_task_errors_outside_its_grader_are_caught(tmp_path, monkeypatch):
     data = tmp_path / "m.jsonl"
     data.write_text("".join(f'{{"problem": "p{i}", "answer": "{i}"}}\n' for i in range(10)))
-    task = math_task.MathTask(TaskConfig(name="math", dataset=str(data)), seed=0)
+    task = math_task.MathTask(task_config(name="math", dataset=str(data)), seed=0)
     assert task.score_time_limit_s is None  # its grader process enforces grader_timeout_s
     probs = task.next_batch(2)
 
@@ -113,7 +113,7 @@ def test_math_task_errors_outside_its_grader_are_caught(tmp_path, monkeypatch):
 
 
 def test_guard_overhead_is_small():
-    task = ArithmeticTask(TaskConfig(max_operand=9), seed=0)
+    task = ArithmeticTask(task_config(max_operand=9), seed=0)
     probs = task.next_batch(64) * 4
     t0 = time.perf_counter()
     task.score(probs, [p.answer for p in probs])

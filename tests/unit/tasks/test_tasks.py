@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 import workers.tasks.math as mathmod
-from workers.tasks import Problem, TaskConfig, make_task
+from workers.tasks import Problem, make_task, task_config
 from workers.tasks.arithmetic import all_problems
 from workers.tasks.math import extract_answer, last_boxed
 
@@ -17,7 +17,7 @@ from workers.tasks.math import extract_answer, last_boxed
 
 
 def test_arithmetic_problem_set_and_heldout_disjoint():
-    cfg = TaskConfig(max_operand=4, ops=["+", "-"], heldout_fraction=0.2)
+    cfg = task_config(max_operand=4, ops=["+", "-"], heldout_fraction=0.2)
     task = make_task(cfg, seed=0)
     train, held = {p.id for p in task.train}, {p.id for p in task.heldout()}
     assert len(train) + len(held) == 2 * 5 * 5 and not train & held
@@ -36,7 +36,7 @@ def test_arithmetic_prompt_and_answer_format():
 
 
 def test_order_seeded_and_epochs_are_permutations():
-    cfg = TaskConfig(max_operand=4)
+    cfg = task_config(max_operand=4)
     a, b, c = make_task(cfg, 1), make_task(cfg, 1), make_task(cfg, 2)
     n = len(a.train)
     first_a, first_c = a.next_batch(n), c.next_batch(n)
@@ -48,7 +48,7 @@ def test_order_seeded_and_epochs_are_permutations():
 
 
 def test_resume_equivalence_via_state_dict():
-    cfg = TaskConfig(max_operand=3, ops=["+", "*"])
+    cfg = task_config(max_operand=3, ops=["+", "*"])
     orig = make_task(cfg, seed=7)
     orig.next_batch(5)
     orig.next_batch(len(orig.train))  # crosses an epoch boundary
@@ -73,13 +73,13 @@ def test_resume_equivalence_via_state_dict():
     ],
 )
 def test_load_state_dict_rejects_corrupt(bad):
-    task = make_task(TaskConfig(max_operand=4), seed=7)  # 25 problems, 20 for training
+    task = make_task(task_config(max_operand=4), seed=7)  # 25 problems, 20 for training
     with pytest.raises(ValueError):
         task.load_state_dict(bad)
 
 
 def test_arithmetic_scoring():
-    task = make_task(TaskConfig(ops=["+", "-"]), seed=0)
+    task = make_task(task_config(ops=["+", "-"]), seed=0)
     p_add = Problem("3+4", "3 + 4 =", "7")
     p_neg = Problem("0-2", "0 - 2 =", "-2")
     res = task.score(
@@ -99,18 +99,18 @@ def test_arithmetic_scoring():
 
 def test_config_validation():
     with pytest.raises(ValidationError):
-        TaskConfig(unknown_key=1)
+        task_config(unknown_key=1)
     with pytest.raises(ValidationError):
-        TaskConfig(name="math")
+        task_config(name="math")
     with pytest.raises(ValidationError):
-        TaskConfig(heldout_fraction=1.0)
+        task_config(heldout_fraction=1.0)
     with pytest.raises(ValidationError):
-        TaskConfig(max_operand=0)
+        task_config(max_operand=0)
     with pytest.raises(ValidationError):
-        TaskConfig(ops=["/"])
+        task_config(ops=["/"])
     with pytest.raises(ValidationError):
-        TaskConfig(prompt_template="no placeholder")
-    assert TaskConfig(name="math", dataset="x.jsonl").dataset == "x.jsonl"
+        task_config(prompt_template="no placeholder")
+    assert task_config(name="math", dataset="x.jsonl").dataset == "x.jsonl"
 
 
 # ---------------------------------------------------------------- math extraction
@@ -145,7 +145,7 @@ def math_data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def math_task(math_data):
-    task = make_task(TaskConfig(name="math", dataset=str(math_data), heldout_fraction=0.2), seed=0)
+    task = make_task(task_config(name="math", dataset=str(math_data), heldout_fraction=0.2), seed=0)
     yield task
     task.close()
 
@@ -195,7 +195,7 @@ def test_math_grader_error_counted(math_task, monkeypatch):
 
 
 def test_math_grader_timeout_counted_then_recovers(math_data, monkeypatch):
-    task = make_task(TaskConfig(name="math", dataset=str(math_data), grader_timeout_s=0.3), seed=0)
+    task = make_task(task_config(name="math", dataset=str(math_data), grader_timeout_s=0.3), seed=0)
     try:
         monkeypatch.setattr(mathmod, "grade_answer", _sleeping_grader)
         t0 = time.monotonic()
@@ -218,11 +218,11 @@ def test_math_scoring_off_main_thread(math_task):
 
 def test_math_missing_file_and_bad_rows(tmp_path):
     with pytest.raises(FileNotFoundError):
-        make_task(TaskConfig(name="math", dataset=str(tmp_path / "missing.jsonl")), seed=0)
+        make_task(task_config(name="math", dataset=str(tmp_path / "missing.jsonl")), seed=0)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question": "q", "answer": "1"}) + "\n")
     with pytest.raises(ValueError):
-        make_task(TaskConfig(name="math", dataset=str(bad)), seed=0)
+        make_task(task_config(name="math", dataset=str(bad)), seed=0)
 
 
 # ---------------------------------------------------------------- arithmetic, multiple choice (arithmetic_mc)
@@ -237,17 +237,17 @@ def _mc_options(prompt: str) -> dict[str, int]:
 def test_mc_config_from_yaml():
     import yaml
 
-    cfg = TaskConfig.model_validate(yaml.safe_load("name: arithmetic_mc\nmax_operand: 3\nops: ['+', '-']\nnum_choices: 3"))
+    cfg = task_config(**yaml.safe_load("name: arithmetic_mc\nmax_operand: 3\nops: ['+', '-']\nnum_choices: 3"))
     assert cfg.name == "arithmetic_mc" and cfg.num_choices == 3
-    assert TaskConfig(name="arithmetic_mc").num_choices == 4
+    assert task_config(name="arithmetic_mc").num_choices == 4
     for bad in (1, 5):
         with pytest.raises(ValidationError):
-            TaskConfig(name="arithmetic_mc", num_choices=bad)
+            task_config(name="arithmetic_mc", num_choices=bad)
 
 
 @pytest.mark.parametrize("num_choices", [2, 3, 4])
 def test_mc_problems_well_formed(num_choices):
-    cfg = TaskConfig(name="arithmetic_mc", max_operand=5, ops=["+", "-", "*"], num_choices=num_choices)
+    cfg = task_config(name="arithmetic_mc", max_operand=5, ops=["+", "-", "*"], num_choices=num_choices)
     task = make_task(cfg, seed=0)
     labels = ["A", "B", "C", "D"][:num_choices]
     assert task.action_tokens == labels
@@ -265,10 +265,10 @@ def test_mc_problems_well_formed(num_choices):
 
 def test_mc_same_problem_split_as_arithmetic_and_seed_independent_content():
     cfg = dict(max_operand=4, ops=["+", "*"], heldout_fraction=0.2)
-    mc, ar = make_task(TaskConfig(name="arithmetic_mc", **cfg), 0), make_task(TaskConfig(**cfg), 0)
+    mc, ar = make_task(task_config(name="arithmetic_mc", **cfg), 0), make_task(task_config(**cfg), 0)
     assert [p.id for p in mc.heldout()] == [p.id for p in ar.heldout()]
     assert sorted(p.id for p in mc.train) == sorted(p.id for p in ar.train)
-    other = make_task(TaskConfig(name="arithmetic_mc", **cfg), 99)
+    other = make_task(task_config(name="arithmetic_mc", **cfg), 99)
     assert sorted(mc.train, key=lambda p: p.id) == sorted(other.train, key=lambda p: p.id)  # prompts fixed
 
 
@@ -276,7 +276,7 @@ def test_mc_prompts_and_labels_are_tiny_vocab_tokens(tmp_path):
     from workers.models.loading import build_tiny_model, load_tokenizer
 
     tok = load_tokenizer(str(build_tiny_model(tmp_path / "tiny")))
-    task = make_task(TaskConfig(name="arithmetic_mc", max_operand=4, ops=["+", "-", "*"]), 0)
+    task = make_task(task_config(name="arithmetic_mc", max_operand=4, ops=["+", "-", "*"]), 0)
     for p in task.train + task.heldout():
         assert tok.unk_token_id not in tok.encode(p.prompt, add_special_tokens=False)
     ids = [tok.encode(label, add_special_tokens=False) for label in task.action_tokens]
@@ -284,7 +284,7 @@ def test_mc_prompts_and_labels_are_tiny_vocab_tokens(tmp_path):
 
 
 def test_mc_scoring_first_label():
-    task = make_task(TaskConfig(name="arithmetic_mc"), 0)
+    task = make_task(task_config(name="arithmetic_mc"), 0)
     p = task.train[0]
     wrong = next(lbl for lbl in task.action_tokens if lbl != p.answer)
     cases = {p.answer: 1.0, f" {p.answer} 7 .": 1.0, f"{p.answer}.": 1.0, wrong: 0.0, f"{wrong} {p.answer}": 0.0,
@@ -296,7 +296,7 @@ def test_mc_scoring_first_label():
 
 
 def test_mc_seeded_order_and_resume():
-    cfg = TaskConfig(name="arithmetic_mc", max_operand=3, ops=["+", "-"])
+    cfg = task_config(name="arithmetic_mc", max_operand=3, ops=["+", "-"])
     a, b, c = make_task(cfg, 3), make_task(cfg, 3), make_task(cfg, 4)
     n = len(a.train)
     assert a.next_batch(n) == b.next_batch(n) and c.next_batch(n) != make_task(cfg, 3).next_batch(n)
@@ -312,4 +312,4 @@ def test_mc_seeded_order_and_resume():
 
 
 def test_action_tokens_none_for_free_form_tasks():
-    assert make_task(TaskConfig(), 0).action_tokens is None
+    assert make_task(task_config(), 0).action_tokens is None

@@ -1,0 +1,30 @@
+"""Before launch: a trial's dataset files are read and its task plugin is built and called once (a dry run), so
+a missing file or a broken plugin is one line and exit code 2, not a failed trial."""
+
+from __future__ import annotations
+
+import json
+
+from orchestrator.config.trial import TrialConfig
+
+
+def check_task_plugin(trial: TrialConfig, checked: dict[str, str]) -> str:
+    """'' when the trial's task is built in, its dataset files read, or its plugin passes a dry run
+    (workers/tasks/plugins.py), else why not; `checked` remembers each distinct task config's answer."""
+    from workers.tasks import make_task
+    from workers.tasks.config import DatasetConfig, PluginTaskConfig
+    from workers.tasks.plugins import PluginError, dry_check
+
+    if not isinstance(trial.task, PluginTaskConfig | DatasetConfig):
+        return ""
+    key = json.dumps(trial.task.model_dump(mode="json"), sort_keys=True)
+    if key not in checked:
+        try:
+            if isinstance(trial.task, DatasetConfig):  # the file(s) read, every row's fields found
+                make_task(trial.task, trial.seed).close()
+            else:
+                dry_check(trial.task, trial.seed)
+            checked[key] = ""
+        except (PluginError, ValueError, ImportError) as exc:
+            checked[key] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return checked[key]

@@ -1,0 +1,65 @@
+"""A campaign's `plugins.paths` reach every trial's config (absolute, from the campaign file), and `submit` names
+them in the job's PYTHONPATH relative to the uploaded working dir."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from orchestrator.campaign.expand import load_campaign
+from orchestrator.config.errors import UserError
+from orchestrator.jobs.submit import plugin_env
+
+PLUGIN = """
+from pydantic import BaseModel
+from workers.tasks.base import EpochCursor, Problem, ScoreResult, Task
+
+class Conf(BaseModel):
+    size: int = 4
+
+class Tiny(Task):
+    name = "tiny"
+    Config = Conf
+    def __init__(self, config, seed):
+        self.train = [Problem(str(i), f"{i} =", str(i)) for i in range(config.size)]
+        self.held = self.train[:1]
+        self.cursor = EpochCursor(len(self.train), seed)
+    def score(self, problems, completions):
+        return ScoreResult([0.0 for _ in completions])
+"""
+
+
+def _campaign(directory, name, **extra):
+    data = {"name": "p", "seeds": [0], "conditions": {"a": {}},
+            "base": {"model": {"name": "tiny"}, "task": {"name": f"{name}:Tiny", "size": 6}}, **extra}
+    path = directory / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_paths_default_to_the_campaign_directory_and_reach_the_trials(tmp_path):
+    (tmp_path / "tiny_plugin_a.py").write_text(PLUGIN)
+    campaign = load_campaign(_campaign(tmp_path, "tiny_plugin_a"))
+    t = campaign.trials[0]
+    assert t.config["plugins"] == {"paths": [str(tmp_path)]}
+    assert t.config["task"] == {"name": "tiny_plugin_a:Tiny", "size": 6}
+    assert plugin_env(campaign, tmp_path / "c.yaml", tmp_path) == {"PYTHONPATH": ".:${PYTHONPATH}"}
+
+
+def test_named_paths_are_relative_to_the_campaign_and_must_be_uploaded(tmp_path):
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "tiny_plugin_b.py").write_text(PLUGIN)
+    campaign = load_campaign(_campaign(tmp_path, "tiny_plugin_b", plugins={"paths": ["plugins"]}))
+    assert campaign.trials[0].config["plugins"] == {"paths": [str(tmp_path / "plugins")]}
+    assert plugin_env(campaign, tmp_path / "c.yaml", tmp_path)["PYTHONPATH"].startswith("plugins:")
+    with pytest.raises(UserError, match="plugins.paths: .* lies outside the working dir"):
+        plugin_env(campaign, tmp_path / "c.yaml", tmp_path / "plugins" / "elsewhere")
+
+
+def test_plugins_in_base_are_refused(tmp_path):
+    path = _campaign(tmp_path, "x")
+    data = yaml.safe_load(path.read_text())
+    data["base"]["plugins"] = {"paths": ["."]}
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(UserError, match="base.plugins: set by the campaign"):
+        load_campaign(path)
