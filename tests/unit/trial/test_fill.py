@@ -19,7 +19,7 @@ from workers.credit import SepaController
 from workers.credit.config import SepaConfig
 
 P, G = 4, 2  # prompts per round, samples per group
-U, I = [1.0, 1.0], [1.0, 0.0]  # a uniform and an informative group's rewards
+UNI, INF = [1.0, 1.0], [1.0, 0.0]  # a uniform and an informative group's rewards
 
 
 class ScriptedSource:
@@ -68,7 +68,7 @@ def _prepare(cfg, roll, step=0):
 
 def test_all_uniform_for_every_round_runs_max_rounds_and_trains_nothing():
     cfg = _cfg(groups=3, max_rounds=3)
-    src = ScriptedSource([U])
+    src = ScriptedSource([UNI])
     roll = gather(cfg, src, step=0)
     assert src.calls == [(0, 0), (0, 1), (0, 2)]
     assert len(roll) == 12 and roll.train == [False] * 12 and roll.metrics["train/fill_rounds"] == 3
@@ -81,7 +81,7 @@ def test_all_uniform_for_every_round_runs_max_rounds_and_trains_nothing():
 
 def test_exactly_n_on_round_two():
     # round 0: positions 0-3 -> 1 informative (2); round 1: positions 4-7 -> 2 informative (5, 7): 3 in all
-    stream = [U, U, I, U, U, I, U, I, I, I, I, I]
+    stream = [UNI, UNI, INF, UNI, UNI, INF, UNI, INF, INF, INF, INF, INF]
     cfg = _cfg(groups=3, max_rounds=4)
     src = ScriptedSource(stream)
     roll = gather(cfg, src, step=5)
@@ -91,12 +91,12 @@ def test_exactly_n_on_round_two():
     assert row["train/fill_rounds"] == 2 and row["train/groups_kept"] == 3
     assert (row["train/groups_sampled"], row["train/groups_informative"]) == (8, 3)
     assert row["train/tokens_trained"] == 3 * 3 * G
-    assert batch.rewards == [I, I, I] and [ids[0] for ids in batch.prompt_ids] == [2, 2, 5, 5, 7, 7]
+    assert batch.rewards == [INF, INF, INF] and [ids[0] for ids in batch.prompt_ids] == [2, 2, 5, 5, 7, 7]
 
 
 def test_surplus_of_the_last_round_is_cut_in_sampling_order():
     # round 0 gives 1 (position 1); round 1 gives 4 (4, 5, 6, 7) where 2 are needed: 4 and 5 train, 6 and 7 not
-    stream = [U, I, U, U, I, I, I, I]
+    stream = [UNI, INF, UNI, UNI, INF, INF, INF, INF]
     cfg = _cfg(groups=3, max_rounds=3)
     first, again = gather(cfg, ScriptedSource(stream), 0), gather(cfg, ScriptedSource(stream), 0)
     assert _trained(first) == _trained(again) == [1, 4, 5]
@@ -108,7 +108,7 @@ def test_surplus_of_the_last_round_is_cut_in_sampling_order():
 
 def test_without_fill_one_round_as_before():
     cfg = _cfg()
-    src = ScriptedSource([U, I, I, U])
+    src = ScriptedSource([UNI, INF, INF, UNI])
     roll = gather(cfg, src, 0)
     assert src.calls == [(0, 0)] and roll.train == []
     row, batch, _ = _prepare(cfg, roll)
@@ -119,13 +119,13 @@ def test_gae_counts_uniform_groups_as_usable_by_default():
     cfg = TrialConfig(model={"name": "tiny"}, task={"name": "arithmetic"}, credit={"advantage_mode": "gae"},
                       rollout={"prompts_per_step": P, "n": G, "fill": {"groups": 3}})
     assert cfg.rollout.skip_uninformative is False
-    src = ScriptedSource([U])
+    src = ScriptedSource([UNI])
     roll = gather(cfg, src, 0)
     assert src.calls == [(0, 0)] and _trained(roll) == [0, 1, 2]
 
 
 def test_resume_in_the_middle_of_a_refill_gives_the_same_batch():
-    stream = [U, U, U, I, U, U, U, U, I, U, I, I]
+    stream = [UNI, UNI, UNI, INF, UNI, UNI, UNI, UNI, INF, UNI, INF, INF]
     cfg = _cfg(groups=3, max_rounds=4)
     ref = ScriptedSource(stream)
     assert _trained(gather(cfg, ref, 0)) == [3, 8, 10]  # three rounds: positions 0-11
