@@ -105,6 +105,8 @@ def _per_step(g: Group, key: str) -> dict[int, list[float]]:
 def figure(groups: Sequence[Group], path: Path | str) -> Path | None:
     """Informative groups sampled and groups trained per step, one line per group (mean over seeds, min-max
     shaded); None when no run logged them."""
+    from matplotlib.ticker import MaxNLocator
+
     from orchestrator.report.figures import new_figure, save
 
     if not any(_per_step(g, key) for g in groups for key in PANELS):
@@ -122,6 +124,7 @@ def figure(groups: Sequence[Group], path: Path | str) -> Path | None:
             ax.fill_between(steps, [v.min() for v in vals], [v.max() for v in vals], color=f"C{i % 10}",
                             alpha=0.12, linewidth=0)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(title)
         ax.set_title(f"{title} per step (mean over seeds, min-max shaded)", fontsize=10)
         ax.grid(alpha=0.3)
