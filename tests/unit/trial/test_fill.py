@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 
 from orchestrator.config.trial import TrialConfig
@@ -206,3 +207,64 @@ def test_merge_metrics_table():
 def test_bad_fill_and_overlong_settings(rollout, needle):
     with pytest.raises(ValueError, match=needle):
         TrialConfig(model={"name": "tiny"}, task={"name": "arithmetic"}, rollout=rollout)
+
+
+def test_single_turn_source_rounds_seeds_cursor_and_length_flags(tmp_path, monkeypatch):
+    """The real SingleTurnSource and task cursor, a fake sampler: round r samples the next prompts_per_step
+    problems with the seeds of (seed, step, r) (round 0: today's), the completions' finish_reason "length" marks
+    them truncated; a restored cursor replays the refilled step exactly."""
+    from types import SimpleNamespace
+
+    import orchestrator.trial.sources as sources
+    from workers.models.loading import build_tiny_model, load_tokenizer
+    from workers.tasks import make_task
+
+    seen = []
+
+    def fake_sample(ctx, prompt_ids, *, n, temperature, seeds, floor=True):
+        seen.append((tuple(map(tuple, prompt_ids)), tuple(seeds)))
+        rng = np.random.default_rng(seeds[0])
+        comps = [[{"token_ids": [int(t) for t in rng.integers(5, 9, size=int(rng.integers(1, 5)))],
+                   "logprobs": [-0.5] * 4, "finish_reason": "stop"} for _ in range(n)] for _ in prompt_ids]
+        for g in comps:
+            for c in g:
+                c["logprobs"] = c["logprobs"][: len(c["token_ids"])]
+                c["finish_reason"] = "length" if len(c["token_ids"]) == 4 else "stop"
+        return [{"completions": comps, "num_tokens": sum(len(c["token_ids"]) for g in comps for c in g),
+                 "adapter_version": None}]
+
+    def fake_score(self, prob, group):  # reward: the first token is even
+        return SimpleNamespace(rewards=[float(c["token_ids"][0] % 2 == 0) for c in group], grader_errors=0,
+                               grader_timeouts=0)
+
+    monkeypatch.setattr(sources, "sample", fake_sample)
+    monkeypatch.setattr(sources.SingleTurnSource, "_score", fake_score)
+    cfg = TrialConfig(model={"name": "tiny"}, task={"name": "arithmetic"}, seed=3,
+                      rollout={"prompts_per_step": 2, "n": 3, "max_tokens": 4, "fill": {"groups": 3, "max_rounds": 6},
+                               "overlong": {"mode": "mask"}})
+    tok = load_tokenizer(str(build_tiny_model(tmp_path / "tiny", seed=0)))
+
+    def run(state=None):
+        task = make_task(cfg.task, cfg.seed)
+        if state is not None:
+            task.load_state_dict(state)
+        seen.clear()
+        src = sources.SingleTurnSource(TrialContext(cfg, [None], None, tok, task))
+        return task, gather(cfg, src, step=7), list(seen)
+
+    task, roll, calls = run()
+    rounds = roll.metrics["train/fill_rounds"]
+    assert rounds >= 2  # 2 prompts a round, 3 groups wanted
+    assert len(calls) == rounds and sum(roll.train) == 3 and len(roll) == 2 * rounds
+    assert [s for _, s in calls] == [(step_seed(3, 7, 0, round=r),) for r in range(rounds)]
+    assert calls[0][1] == ((3 * 1_000_003 + 7 * 9_973) % (2**31 - 1),)
+    assert len({p for ps, _ in calls for p in ps}) == 2 * rounds  # fresh prompts every round
+    assert task.state_dict()["position"] == 2 * rounds
+    assert roll.truncated == [[len(r) == 4 for r in g] for g in roll.response_ids]
+    assert roll.metrics["train/overlong_masked"] == sum(c for t in roll.truncated for c in t)
+    assert all(not any(m) for g, t in zip(roll.loss_mask, roll.truncated, strict=True)
+               for m, c in zip(g, t, strict=True) if c)
+
+    _, again, _ = run(make_task(cfg.task, cfg.seed).state_dict())  # restored from the step's start
+    strip = {"metrics": {}}
+    assert dataclasses.replace(again, **strip) == dataclasses.replace(roll, **strip)
