@@ -62,6 +62,29 @@ class EngineConfig(_Strict):
         return self
 
 
+class FillConfig(_Strict):
+    """Refill (DAPO's dynamic sampling): sample rounds of `rollout.prompts_per_step` fresh prompts (or levels)
+    until `groups` usable groups are in hand (rewards not all equal, finite, kept by the RV filter; under
+    credit.advantage_mode gae, whose uniform groups still carry signal, rollout.skip_uninformative defaults to
+    false and uniform groups count too) or `max_rounds` rounds have run; the learner trains on exactly the first
+    `groups` of them (the last round's surplus is dropped, in sampling order)."""
+
+    groups: int = Field(ge=1, description="usable groups the learner trains on every step")
+    max_rounds: int = Field(4, ge=1, description="rounds of prompts_per_step prompts at most per step")
+
+
+class OverlongConfig(_Strict):
+    """What happens to samples that hit the length limit (single-turn: the completion stopped at
+    rollout.max_tokens; multi-turn: a turn did, or the episode ran out of model.max_model_len)."""
+
+    mode: Literal["keep", "mask", "penalty"] = Field("keep", description=(
+        "keep: trained like finished ones; mask: their tokens leave the loss (DAPO's overlong filtering, "
+        "counted in train/overlong_masked); penalty: DAPO's soft overlong punishment, reward - penalty x "
+        "(length - (max_tokens - buffer)) / buffer over the last `buffer` tokens before the limit"))
+    buffer: int = Field(16, ge=1, description="penalty: the last this many tokens before max_tokens (per turn)")
+    penalty: float = Field(1.0, ge=0.0, description="penalty: reward subtracted at the limit")
+
+
 class RolloutConfig(_Strict):
     num_workers: int = Field(2, ge=1)
     prompts_per_step: int = Field(16, ge=1)
@@ -73,6 +96,9 @@ class RolloutConfig(_Strict):
     skip_uninformative: bool | None = Field(None, description=(
         "drop groups whose rewards are all equal before training (their group-relative advantages are 0). "
         "None: true, except under credit.advantage_mode gae, whose advantages of such groups are not 0"))
+    fill: FillConfig | None = Field(None, description=(
+        "refill to a fixed number of usable groups per step; None: train on what prompts_per_step gives"))
+    overlong: OverlongConfig = OverlongConfig()
     # agentic (multi-turn) tasks; max_tokens is then per turn
     max_turns: int = Field(5, ge=1, description="turns per episode (agentic tasks)")
     max_actions_per_turn: int = Field(2, ge=1, description="actions read from one answer (agentic tasks)")
@@ -89,6 +115,15 @@ class RolloutConfig(_Strict):
     def _one_step_off_weights(self) -> RolloutConfig:
         if self.tis_cap is None and self.mode == "one_step_off":
             self.tis_cap = 2.0
+        return self
+
+    @model_validator(mode="after")
+    def _fill_reachable(self) -> RolloutConfig:
+        if self.fill is not None and self.fill.groups > self.prompts_per_step * self.fill.max_rounds:
+            raise ValueError(f"fill.groups ({self.fill.groups}) can never be reached: at most prompts_per_step x "
+                             f"fill.max_rounds = {self.prompts_per_step * self.fill.max_rounds} groups are sampled")
+        if self.overlong.mode == "penalty" and self.overlong.buffer > self.max_tokens:
+            raise ValueError(f"overlong.buffer ({self.overlong.buffer}) must be <= max_tokens ({self.max_tokens})")
         return self
 
     @model_validator(mode="after")

@@ -1,4 +1,5 @@
-"""Report sections added after the mechanistic diagnostic: the paired design (common random numbers) with each
+"""Report sections added after the mechanistic diagnostic: the effective batch each condition trained on
+(`effective_batch`), the paired design (common random numbers) with each
 condition's distance from the baseline per step (`trajectories`), surprisal vs entropy (`decomposition`), and for
 sweeps and agentic campaigns the metric against the swept value (`sweeps`).
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestrator.report import decomposition, sweeps, trajectories
+from orchestrator.report import decomposition, effective_batch, sweeps, trajectories
 from orchestrator.report.load import Group
 
 TRAIN_METRIC = "train/correct_rate"
@@ -27,7 +28,9 @@ def extra_sections(groups: Sequence[Group], base: Group | None, metric: str, out
     metrics = [metric] + ([TRAIN_METRIC] if metric != TRAIN_METRIC else [])
     distance = trajectories.distance_table(groups, base, metrics)
     steps, summary = decomposition.decomposition_tables(groups)
-    tables = {"trajectory_distance": distance, "decomposition_steps": steps, "decomposition": summary}
+    batch = effective_batch.table(groups)
+    tables = {"effective_batch": batch, "trajectory_distance": distance, "decomposition_steps": steps,
+              "decomposition": summary}
     if sweeps.applies(groups):
         tables["sweeps"] = sweeps.sweep_table(groups, metric, step, interpolate)
         tables["sweep_trend"], tables["sweep_deltas"] = sweeps.trend_tables(groups, metric, step, interpolate)
@@ -36,12 +39,14 @@ def extra_sections(groups: Sequence[Group], base: Group | None, metric: str, out
         df.to_csv(out_dir / f"{name}.csv", index=False)
     written: list[Path] = []
     if figures:
-        for path in (trajectories.figure(distance, out_dir / "trajectory_distance.png", metrics),
+        for path in (effective_batch.figure(groups, out_dir / "informative_groups.png"),
+                     trajectories.figure(distance, out_dir / "trajectory_distance.png", metrics),
                      decomposition.figure(steps, out_dir / "decomposition.png"),
                      sweeps.figure(tables["sweeps"], out_dir / "sweeps.png", metric) if "sweeps" in tables else None):
             if path is not None:
                 written.append(path)
-    md = trajectories.markdown(distance, groups, base, metrics) + decomposition.markdown(summary)
+    md = (effective_batch.markdown(batch) + trajectories.markdown(distance, groups, base, metrics)
+          + decomposition.markdown(summary))
     if "sweeps" in tables:
         md += sweeps.markdown(tables["sweeps"], tables["sweep_trend"], tables["sweep_deltas"], metric)
     if written:

@@ -26,6 +26,8 @@ CRITIC = ("critic/vf_clip_frac", "critic/grad_norm", "critic/value_mean", "criti
           "critic/explained_variance", "critic/optimizer_steps", "loss/value")
 TIS = ("tis/weight_mean", "tis/ratio_max", "tis/ratio_min", "tis/truncated_frac")
 FLOOR_CLASSES = ("planning", "execution", "all")
+EFFECTIVE_BATCH = ("train/groups_sampled", "train/groups_informative", "train/tokens_trained", "train/overlong_share",
+                   "train/fill_rounds")  # step.py: prepare; fill.py: gather (the report's effective batch)
 
 
 def report_metric(cfg: TrialConfig) -> str:
@@ -41,7 +43,9 @@ def _step(cfg: TrialConfig) -> set[str]:
              "train/groups_skipped_all_wrong", "train/completion_len", "rollout/tokens_per_s",
              "rollout/adapter_version", "credit/sepa_lambda", "credit/sepa_gate_open", "train/nonfinite_groups",
              "train/nonfinite_reward_groups", "train/nonfinite_logprob_groups", "time/generate_s", "time/train_s",
-             "time/sync_s"}
+             "time/sync_s", *EFFECTIVE_BATCH}
+    if cfg.rollout.overlong.mode == "mask":  # orchestrator/trial/fill.py: apply_overlong
+        names.add("train/overlong_masked")
     if cfg.task.agentic:
         names |= {f"env/{k}" for k in EPISODE} | {"env/turns_max"}
     else:

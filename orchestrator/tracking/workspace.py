@@ -166,6 +166,17 @@ def _env(m: CampaignMetrics) -> ws.Section | None:
     ])
 
 
+def _effective_batch(m: CampaignMetrics) -> ws.Section | None:
+    """The report's effective-batch section as panels: did the conditions train on comparable batches?"""
+    return _section("Effective batch", [
+        _line(m, "groups sampled / informative / trained", "train/groups_sampled", "train/groups_informative",
+              "train/groups_kept"),
+        _line(m, "tokens trained", "train/tokens_trained"),
+        _line(m, "overlong share / masked", "train/overlong_share", "train/overlong_masked"),
+        _line(m, "refill rounds", "train/fill_rounds"),
+    ], is_open=True)
+
+
 def _rollout_and_timing(m: CampaignMetrics) -> ws.Section:
     return _section("Rollout and timing", [
         _line(m, "seconds per phase", "time/generate_s", "time/score_s", "time/train_s", "time/sync_s",
@@ -190,8 +201,8 @@ def build_workspace(campaign: Campaign, entity: str, project: str) -> ws.Workspa
     """The campaign's saved view (not yet saved)."""
     m = campaign_metrics(campaign)
     cfg = campaign.config
-    sections = [_outcome(m), *_sweep_sections(m), _credit(m), _interventions(m), _ppo(m), _env(m),
-                _rollout_and_timing(m)]
+    sections = [_outcome(m), *_sweep_sections(m), _effective_batch(m), _credit(m), _interventions(m), _ppo(m),
+                _env(m), _rollout_and_timing(m)]
     view = ws.Workspace(
         entity=entity, project=project, name=cfg.name, sections=[s for s in sections if s is not None],
         settings=ws.WorkspaceSettings(max_runs=max(10, len(campaign.trials))),

@@ -35,7 +35,9 @@ class Trajectory:
     logprobs: list[float] = field(default_factory=list)
     reward_positions: list[int] = field(default_factory=list)
     observations: list[str] = field(default_factory=list)  # the user turns after the first, as text
-    truncated: bool = False
+    truncated: bool = False  # cut: the next turn would not fit model.max_model_len
+    hit_max_tokens: bool = False  # some turn stopped at rollout.max_tokens (finish_reason "length")
+    longest_turn: int = 0  # sampled ids of the longest turn (rollout.overlong's penalty measures it)
 
     @property
     def turn_rewards(self) -> list[float]:
@@ -55,8 +57,9 @@ class Trajectory:
 
 
 def play_episodes(ctx: TrialContext, episodes: list[TextEpisode], *, seed: int, step: int,
-                  temperature: float) -> tuple[list[Trajectory], dict]:
-    """Play `episodes` to the end; returns their trajectories and {"num_tokens", "versions", "turns"}."""
+                  temperature: float, round: int = 0) -> tuple[list[Trajectory], dict]:
+    """Play `episodes` to the end (sampling seeds of refill round `round`); returns their trajectories and
+    {"num_tokens", "versions", "turns"}."""
     cfg, workers, tokenizer = ctx.cfg, ctx.workers, ctx.tokenizer
     ro, limit = cfg.rollout, cfg.model.max_model_len
     trajs = [Trajectory(first_prompt_ids(tokenizer, ep.prompt(), system=ep.system(), prefill=ep.prefill), ep)
@@ -68,7 +71,7 @@ def play_episodes(ctx: TrialContext, episodes: list[TextEpisode], *, seed: int, 
     num_tokens, versions, turn = 0, set(), 0
     while active := [t for t in trajs if not t.done]:
         histories = [t.prompt_ids + t.response_ids for t in active]
-        seeds = [step_seed(seed, step, j, turn) for j in range(len(workers))]
+        seeds = [step_seed(seed, step, j, turn, round) for j in range(len(workers))]
         results = sample(ctx, histories, n=1, temperature=temperature, seeds=seeds, floor=False)
         versions |= {res["adapter_version"] for res in results}
         samples = [group[0] for res in results for group in res["completions"]]
@@ -79,6 +82,8 @@ def play_episodes(ctx: TrialContext, episodes: list[TextEpisode], *, seed: int, 
             t.loss_mask += [True] * len(ids)
             t.logprobs += list(s["logprobs"])
             t.reward_positions.append(len(t.response_ids) - 1)
+            t.hit_max_tokens |= s.get("finish_reason") == "length"
+            t.longest_turn = max(t.longest_turn, len(ids))
             out = t.episode.play(t.episode.prefill + tokenizer.decode(ids, skip_special_tokens=True))
             if out.done:
                 continue

@@ -58,7 +58,7 @@ class OneStepOff:
         self.timeline: list[dict] = []  # driver-side intervals of the latest steps (tests, benchmarks)
 
     def _collect(self, step: int) -> Rollouts:
-        return collect(self.source, step)
+        return collect(self.ctx, self.source, step)
 
     def step(self, step: int, sepa: SepaController, version: int) -> dict:
         """Train on step `step` (prefetched, or generated now on the first step of this process) while

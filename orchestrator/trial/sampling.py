@@ -14,9 +14,13 @@ from workers.envs.tokens import stop_token_ids
 from workers.rollout.worker import SamplingRequest, shard
 
 
-def step_seed(seed: int, step: int, shard_idx: int, turn: int = 0) -> int:
-    """Sampling seed of one shard at one step (and turn, for multi-turn episodes): a pure function of its
-    arguments, so resumes replay. Turn 0 keeps the single-turn formula."""
+def step_seed(seed: int, step: int, shard_idx: int, turn: int = 0, round: int = 0) -> int:
+    """Sampling seed of one shard at one step (and turn, for multi-turn episodes; and refill round,
+    `rollout.fill`): a pure function of its arguments, so resumes replay. Turn 0 of round 0 keeps the
+    single-turn formula and round 0 every earlier seed, so runs without refill reproduce."""
+    if round:
+        return int(np.random.SeedSequence([seed % 2**63, step, shard_idx, turn, round]).generate_state(1)[0]
+                   % (2**31 - 1))
     if turn:
         return int(np.random.SeedSequence([seed % 2**63, step, shard_idx, turn]).generate_state(1)[0] % (2**31 - 1))
     return (seed * 1_000_003 + step * 9_973 + shard_idx * 101) % (2**31 - 1)

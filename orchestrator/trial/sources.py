@@ -9,12 +9,14 @@ in here: implement the two methods of `RolloutSource` and return it from `rollou
 - `EpisodeSource` (agentic tasks): levels -> `rollout.n` multi-turn episodes each -> episode returns (a group
   plays one level; orchestrator/trial/episodes.py plays them).
 
-Both keep training's randomness a pure function of (seed, step): sampling seeds come from `step_seed`, the task
-cursor advances once per `collect`, and `evaluate` uses its own seeds and no cursor, so resumes stay equivalent.
+Both keep training's randomness a pure function of (seed, step, round): sampling seeds come from `step_seed`
+(round 0 keeps the seeds of runs without refill), the task cursor advances once per `collect` (one refill round),
+and `evaluate` uses its own seeds and no cursor, so resumes stay equivalent.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -34,7 +36,13 @@ EVAL_SEED_OFFSET = 104_729  # held-out sampling seeds: trial seed + this, never 
 @dataclass
 class Rollouts:
     """One step's samples in groups (group i shares a prompt or a level). Lists are `[N][G][*]` / `[N][G]`;
-    response ids, loss mask and log-probs are aligned (single-turn: the completion, all in the loss mask)."""
+    response ids, loss mask and log-probs are aligned (single-turn: the completion, all in the loss mask).
+
+    Every list field of length N is per group (`select` / `concat` carry it without naming it); an empty list
+    means "not recorded". `truncated` / `lengths` ([N][G]): the sample hit its length limit (single-turn: the
+    completion stopped at rollout.max_tokens; multi-turn: a turn did, or the episode ran out of context) and
+    the length rollout.overlong measures against max_tokens. `train` ([N]): the refill's choice of the groups
+    the learner trains on (orchestrator/trial/fill.py); empty: every usable group."""
 
     prompt_ids: list[list[list[int]]]
     response_ids: list[list[list[int]]]
@@ -46,15 +54,77 @@ class Rollouts:
     versions: set
     metrics: dict
     extra: dict = field(default_factory=dict)  # per-sequence extras for the learner ([N][G][*] lists)
+    truncated: list[list[bool]] = field(default_factory=list)
+    lengths: list[list[int]] = field(default_factory=list)
+    train: list[bool] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.rewards)
+
+    def _group_fields(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self)
+                if isinstance(getattr(self, f.name), list) and len(getattr(self, f.name)) == len(self)]
+
+    def select(self, indices: list[int]) -> Rollouts:
+        """The groups at `indices`, in that order, with every per-group field and extra; `num_tokens` becomes the
+        selected groups' sampled (loss-mask) tokens, `metrics` is kept as is."""
+        picked = {name: [getattr(self, name)[i] for i in indices] for name in self._group_fields()}
+        extra = {k: [v[i] for i in indices] for k, v in self.extra.items()}
+        tokens = sum(sum(m) for i in indices for m in self.loss_mask[i])
+        return dataclasses.replace(self, **picked, extra=extra, num_tokens=tokens, metrics=dict(self.metrics))
+
+    @staticmethod
+    def concat(parts: list[Rollouts]) -> Rollouts:
+        """The groups of `parts` one after another (refill rounds): per-group fields and extras concatenated,
+        tokens summed, versions united, metrics merged by `merge_metrics`. A per-group field recorded in some
+        parts and not in others is an error."""
+        if len(parts) == 1:
+            return parts[0]
+        first, values = parts[0], {}
+        for f in dataclasses.fields(first):
+            if not isinstance(getattr(first, f.name), list):
+                continue
+            have = [len(getattr(p, f.name)) == len(p) and len(p) > 0 for p in parts]
+            if any(have) and not all(have):
+                raise ValueError(f"Rollouts.concat: per-group field {f.name!r} is missing in some parts")
+            values[f.name] = [x for p in parts for x in getattr(p, f.name)] if all(have) else []
+        keys = set(first.extra)
+        if any(set(p.extra) != keys for p in parts):
+            raise ValueError("Rollouts.concat: the parts carry different extras")
+        return dataclasses.replace(
+            first, **values, extra={k: [x for p in parts for x in p.extra[k]] for k in first.extra},
+            num_tokens=sum(p.num_tokens for p in parts), versions=set().union(*(p.versions for p in parts)),
+            metrics=merge_metrics([p.metrics for p in parts], [len(p) for p in parts]))
+
+
+def merge_metrics(rows: list[dict], weights: list[int]) -> dict:
+    """Refill rounds' metrics as one step's: `time/*` and counts (`*_errors`, `*_timeouts`, `*_masked`) summed,
+    `*min*` / `*max*` keys by min / max, everything else (rates, means) averaged weighted by groups."""
+    out: dict = {}
+    for key in dict.fromkeys(k for r in rows for k in r):
+        vals = [(r[key], w) for r, w in zip(rows, weights, strict=True) if key in r]
+        xs = [v for v, _ in vals]
+        if key.startswith("time/") or key.endswith(("_errors", "_timeouts", "_masked")):
+            out[key] = sum(xs)
+        elif "min" in key.rsplit("/", 1)[-1]:
+            out[key] = min(xs)
+        elif "max" in key.rsplit("/", 1)[-1]:
+            out[key] = max(xs)
+        else:
+            total = sum(w for _, w in vals)
+            out[key] = sum(v * w for v, w in vals) / total if total else xs[0]
+    return out
 
 
 class RolloutSource(Protocol):
     """One kind of task's way to produce training samples and a held-out score."""
 
-    def collect(self, step: int) -> Rollouts:
-        """Step `step`'s groups, sampled with the adapter the workers hold now. `versions` holds every adapter
-        version the workers reported; `metrics` goes into the step's row (time spent scoring, if any, as
-        `time/score_s`: it is excluded from `time/generate_s`)."""
+    def collect(self, step: int, round: int = 0) -> Rollouts:
+        """Step `step`'s groups of refill round `round` (fresh prompts / levels from the task cursor, sampling
+        seeds of (step, round); round 0 is the only round without `rollout.fill`), sampled with the adapter
+        the workers hold now. `versions` holds every adapter version the workers reported; `metrics` goes into
+        the step's row (time spent scoring, if any, as `time/score_s`: it is excluded from `time/generate_s`);
+        `truncated` / `lengths` say which samples hit the length limit."""
         ...
 
     def evaluate(self, step: int) -> dict:
@@ -79,21 +149,21 @@ class SingleTurnSource:
     def __init__(self, ctx: TrialContext):
         self.ctx = ctx
 
-    def _completions(self, problems, step: int, seed: int, n: int, temperature: float):
+    def _completions(self, problems, step: int, seed: int, n: int, temperature: float, round: int = 0):
         """The prompts' ids (the chat template when there is one) and the sampler's results, per shard."""
         ctx = self.ctx
         prompt_ids = [first_prompt_ids(ctx.tokenizer, p.prompt, system=p.system) for p in problems]
-        seeds = [step_seed(seed, step, j) for j in range(len(ctx.workers))]
+        seeds = [step_seed(seed, step, j, round=round) for j in range(len(ctx.workers))]
         return prompt_ids, sample(ctx, prompt_ids, n=n, temperature=temperature, seeds=seeds)
 
     def _score(self, prob, group: list[dict]):
         texts = [self.ctx.tokenizer.decode(c["token_ids"], skip_special_tokens=True) for c in group]
         return self.ctx.task.score([prob] * len(group), texts)
 
-    def collect(self, step: int) -> Rollouts:
+    def collect(self, step: int, round: int = 0) -> Rollouts:
         cfg, ro = self.ctx.cfg, self.ctx.cfg.rollout
         problems = self.ctx.task.next_batch(ro.prompts_per_step)
-        prompt_ids, results = self._completions(problems, step, cfg.seed, ro.n, ro.temperature)
+        prompt_ids, results = self._completions(problems, step, cfg.seed, ro.n, ro.temperature, round)
         groups = [g for res in results for g in res["completions"]]
         sampler_floor = [math.exp(lp) for g in groups for c in g for lp in c.get("action_logprobs", {}).values()]
         t0 = time.perf_counter()
@@ -114,6 +184,8 @@ class SingleTurnSource:
             rewards=rewards, correct=[[r > 0.5 for r in g] for g in rewards],
             num_tokens=sum(res["num_tokens"] for res in results),
             versions={res["adapter_version"] for res in results}, metrics=metrics,
+            truncated=[[c.get("finish_reason") == "length" for c in g] for g in groups],
+            lengths=[[len(c["token_ids"]) for c in g] for g in groups],
         )
 
     def evaluate(self, step: int) -> dict:
@@ -141,11 +213,12 @@ class EpisodeSource:
     def __init__(self, ctx: TrialContext):
         self.ctx = ctx
 
-    def collect(self, step: int) -> Rollouts:
+    def collect(self, step: int, round: int = 0) -> Rollouts:
         cfg, task, ro = self.ctx.cfg, self.ctx.task, self.ctx.cfg.rollout
         levels = task.next_levels(ro.prompts_per_step)
         episodes = [task.episode(level, g, ro) for level in levels for g in range(ro.n)]
-        trajs, info = play_episodes(self.ctx, episodes, seed=cfg.seed, step=step, temperature=ro.temperature)
+        trajs, info = play_episodes(self.ctx, episodes, seed=cfg.seed, step=step, temperature=ro.temperature,
+                                    round=round)
         groups = [trajs[i:i + ro.n] for i in range(0, len(trajs), ro.n)]
 
         def per_group(fn):
@@ -159,6 +232,9 @@ class EpisodeSource:
             metrics={**episode_metrics(trajs), "env/turns_max": info["turns"]},
             extra={"turn_rewards": per_group(lambda t: t.turn_rewards),
                    "reward_positions": per_group(lambda t: t.reward_positions)},
+            # out of context: at the limit, whatever its turns' lengths
+            truncated=per_group(lambda t: t.truncated or t.hit_max_tokens),
+            lengths=per_group(lambda t: ro.max_tokens if t.truncated else t.longest_turn),
         )
 
     def evaluate(self, step: int) -> dict:

@@ -1,28 +1,24 @@
 """One training step's pieces, shared by the sync loop (`one_step`) and one_step_off (orchestrator/trial/one_step_off.py):
 collect (from the trial's rollout source, orchestrator/trial/sources.py: prompts -> completions -> rewards, or
-levels -> episodes -> returns; this module never asks which) -> prepare (check the adapter, drop uninformative /
-non-finite groups, build the row and the learner batch) -> train -> absorb (SEPA observes the step) ->
+levels -> episodes -> returns; this module never asks which; refill rounds and rollout.overlong: fill.py) ->
+prepare (check the adapter, drop uninformative / non-finite groups, build the row and the learner batch) -> train -> absorb (SEPA observes the step) ->
 push_policy (the new policy to every worker)."""
 
 from __future__ import annotations
 
 import time
 
-import torch
-
 from orchestrator.trial.context import TrialContext
+from orchestrator.trial.fill import gather, usable_groups
 from orchestrator.trial.sources import Rollouts, RolloutSource
 from workers.credit import SepaController
 from workers.learner.inputs import LearnerBatch, StepResult
-from workers.objectives.filters import nonfinite_groups, rv_filter
 
 
-def collect(source: RolloutSource, step: int) -> Rollouts:
-    """One step's groups from the trial's source; `time/generate_s` (scoring excluded) in its metrics."""
-    t0 = time.perf_counter()
-    roll = source.collect(step)
-    roll.metrics["time/generate_s"] = time.perf_counter() - t0 - roll.metrics.get("time/score_s", 0.0)
-    return roll
+def collect(ctx: TrialContext, source: RolloutSource, step: int) -> Rollouts:
+    """One step's groups from the trial's source, refilled to rollout.fill.groups usable ones when set
+    (fill.py); `time/generate_s` (all rounds, scoring excluded) and `train/fill_rounds` in its metrics."""
+    return gather(ctx.cfg, source, step)
 
 
 def prepare(ctx: TrialContext, step: int, roll: Rollouts, sepa: SepaController,
@@ -35,14 +31,13 @@ def prepare(ctx: TrialContext, step: int, roll: Rollouts, sepa: SepaController,
     if roll.versions - {expected}:
         raise RuntimeError(f"a rollout worker sampled with adapter {sorted(roll.versions - {expected}, key=str)}, "
                            f"expected {expected}")
-    finite = nonfinite_groups(roll.rewards, roll.logprobs, roll.loss_mask)  # NaN/inf never reach the learner
+    usable = usable_groups(cfg, roll)  # over every sampled group; the refill's choice (roll.train) wins
+    finite, filtered, uniform = usable.finite, usable.filtered, usable.uniform
     rewards = finite.rewards  # a dropped group's rewards count as 0 in the statistics below
     flat = [r for g in rewards for r in g]
     correct_rate = sum(c for g in roll.correct for c in g) / len(flat)
     rv = cfg.interventions.rv_filter
-    filtered = rv_filter(torch.tensor(rewards, dtype=torch.float64), rv)  # keeps everything unless enabled
-    uniform = [len(set(g)) == 1 and i not in finite.bad for i, g in enumerate(rewards)]
-    keep = [i for i in filtered.keep if i not in finite.bad and not (ro.skip_uninformative and uniform[i])]
+    keep = [i for i, t in enumerate(roll.train) if t] if roll.train else usable.keep
 
     lam = sepa.lambda_for(step)
     metrics = dict(roll.metrics)
@@ -52,6 +47,12 @@ def prepare(ctx: TrialContext, step: int, roll: Rollouts, sepa: SepaController,
         "train/correct_rate": correct_rate,
         "train/reward_mean": sum(flat) / len(flat),
         "train/groups_kept": len(keep),
+        # the effective batch (the report's table): sampled, informative (not uniform, finite), trained tokens
+        "train/groups_sampled": len(rewards),
+        "train/groups_informative": sum(1 for i, u in enumerate(uniform) if not u and i not in finite.bad),
+        "train/tokens_trained": sum(sum(m) for i in keep for m in roll.loss_mask[i]),
+        **({"train/overlong_share": sum(c for t in roll.truncated for c in t) / len(flat)} if roll.truncated
+           else {}),
         "train/groups_skipped_all_correct": sum(1 for i, u in enumerate(uniform)
                                                 if ro.skip_uninformative and u and all(roll.correct[i])),
         "train/groups_skipped_all_wrong": sum(1 for i, u in enumerate(uniform)
@@ -102,7 +103,7 @@ def push_policy(ctx: TrialContext, version: int) -> int:
 
 def one_step(ctx: TrialContext, source: RolloutSource, step: int, sepa: SepaController, version: int) -> dict:
     """Collect (the source's groups) -> drop uninformative groups -> train -> push the new adapter."""
-    roll = collect(source, step)
+    roll = collect(ctx, source, step)
     row, batch, correct_rate = prepare(ctx, step, roll, sepa, version)
     t0 = time.perf_counter()
     out = ctx.learner.train_step(batch) if batch is not None else None

@@ -177,3 +177,52 @@ def test_sigkilled_campaign_resumes_with_the_same_command(ray_local, tmp_path):
     report_runs = [read_run(f) for f in (cdir / "wandb").glob("offline-run-*/run-*.wandb")
                    if "report" in f.name]
     assert len(report_runs) == 1 and report_runs[0]["job_type"] == "report" and report_runs[0]["group"] == "resume"
+
+
+def _fill_campaign(tmp_path: Path, name: str, fill: dict | None) -> Path:
+    """Two conditions that sample at different temperatures (so their informative groups differ), tiny reasoner
+    on the chain task, 2 steps at the smallest sizes; `fill`: every condition's rollout.fill."""
+    rollout = {"prompts_per_step": 4, "n": 4, "max_tokens": 48, **({"fill": fill} if fill else {})}
+    return _write(tmp_path, name=name, wandb={"mode": "disabled"}, max_concurrent_trials=2,
+                  base={"steps": 2, "model": {"name": "tiny-reasoner"}, "task": {"name": "chain"}, "rollout": rollout,
+                        "eval": {"every": 0}, "checkpoint": {"every": 2, "keep": 2}},
+                  conditions={"hot": {"rollout": {"temperature": 1.0}}, "cool": {"rollout": {"temperature": 0.5}}},
+                  resources={"rollout_workers": 1, "worker_cpus": 0.4, "learner_cpus": 0.4, "driver_cpus": 0.2})
+
+
+def test_refill_trains_every_condition_on_the_same_number_of_groups(ray_local, reasoner_dir, tmp_path):
+    from orchestrator.report import ReportOptions, build_report
+    from orchestrator.report.effective_batch import MARGIN
+
+    rows = {}
+    for name, fill in (("unfilled", None), ("filled", {"groups": 3, "max_rounds": 8})):
+        campaign = load_campaign(_fill_campaign(tmp_path, name, fill))
+        assert run_campaign(campaign) == 0
+        rows[name] = {t.condition: _jsonl(Path(campaign.directory) / "trials" / t.name / "metrics.jsonl")
+                      for t in campaign.trials}
+        assert all([r["step"] for r in v] == [0, 1] for v in rows[name].values()), name
+
+    for cond, rs in rows["filled"].items():  # exactly fill.groups every step, in as many rounds as it took
+        for r in rs:
+            assert r["train/groups_kept"] == 3, (cond, r)
+            assert r["train/groups_sampled"] == 4 * r["train/fill_rounds"] and r["train/groups_informative"] >= 3
+            assert r["train/tokens_trained"] > 0
+    unfilled = rows["unfilled"]
+    assert all(r["train/fill_rounds"] == 1 and r["train/groups_sampled"] == 4 for v in unfilled.values() for r in v)
+    # without the refill the conditions train on batches of different sizes (groups, or at least tokens)
+    batch = {c: [(r["train/groups_kept"], r["train/tokens_trained"]) for r in v] for c, v in unfilled.items()}
+    assert batch["hot"] != batch["cool"], batch
+
+    # the report's table: each condition's means over its steps, read back from metrics.jsonl by hand
+    out = tmp_path / "store" / "unfilled" / "report"
+    rep = build_report(tmp_path / "store" / "unfilled", ReportOptions(out_dir=out, figures=False))
+    tab = rep.tables["effective_batch"].set_index("group")
+    means = {c: {k: sum(r[f"train/{k}"] for r in v) / 2 for k in ("groups_kept", "tokens_trained")}
+             for c, v in unfilled.items()}
+    for c in unfilled:
+        assert tab.loc[c, "groups_trained"] == means[c]["groups_kept"]
+        assert tab.loc[c, "tokens_trained"] == means[c]["tokens_trained"]
+    spreads = [(max(x) - min(x)) / max(x) for x in ([m[k] for m in means.values()]
+                                                    for k in ("groups_kept", "tokens_trained"))]
+    assert "## Effective batch" in rep.markdown
+    assert ("Warning: unequal effective batch" in rep.markdown) == (max(spreads) > MARGIN), (spreads, rep.markdown)

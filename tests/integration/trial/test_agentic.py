@@ -102,6 +102,9 @@ def test_multi_turn_batch_is_token_exact_and_matches_the_learner(ray_local, agen
         assert tok.unk_token_id not in t.response_ids  # the tiny agent vocabulary covers the env text
         assert t.reward_positions == [i for i, m in enumerate(expected_mask)
                                       if m and (i + 1 == len(expected_mask) or not expected_mask[i + 1])]
+        # rollout.overlong reads these: a turn stopped at max_tokens, and the longest turn
+        assert t.hit_max_tokens == any(s["finish_reason"] == "length" for s in samples)
+        assert t.longest_turn == max(len(s["token_ids"]) for s in samples) <= cfg.rollout.max_tokens
 
     learner = Learner(agent_model_dir, learner=cfg.learner, credit=cfg.credit, run=RunSettings(seed=0, total_steps=1))
     batch = LearnerBatch(prompt_ids=[t.prompt_ids for t in trajs], response_ids=[t.response_ids for t in trajs],

@@ -53,6 +53,21 @@ def test_shipped_campaigns_expand(file, conditions, seeds, steps):
             assert cfg.credit.log_decomposition and cfg.rollout.max_tokens >= 48
 
 
+def test_refill_is_a_sweepable_setting_of_the_seed_campaigns():
+    """The seeds' campaigns say whether the seed refilled and keep its behaviour (no refill) as the default;
+    `rollout.fill.groups` sweeps on top of a base without `fill`."""
+    for path in [*sorted((ROOT / "campaigns").glob("*.yaml")), *sorted((ROOT / "campaigns" / "ragen").glob("*.yaml"))]:
+        assert "# Refill: the seed's runs did not refill" in path.read_text(), path
+        c = load_campaign(path)
+        assert all(TrialConfig.model_validate(t.config).rollout.fill is None for t in c.trials), path
+    c = expand(CampaignConfig.model_validate({
+        "name": "t", "seeds": [0], "conditions": {"A": {}}, "base": {"model": {"name": "tiny"},
+                                                                   "task": {"name": "arithmetic"}},
+        "sweep": {"rollout.fill.groups": [4, 8]}}), directory="/x/t")
+    fills = [TrialConfig.model_validate(t.config).rollout.fill for t in c]
+    assert [(f.groups, f.max_rounds) for f in fills] == [(4, 4), (8, 4)]
+
+
 def test_interventions_sweep_crosses_three_settings():
     c = load_campaign(ROOT / "campaigns" / "sweeps" / "demo_interventions.yaml")
     assert len(c.trials) == 8 and len({t.name for t in c.trials}) == 8

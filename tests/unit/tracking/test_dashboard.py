@@ -71,7 +71,12 @@ def test_view_is_filtered_grouped_and_names_only_logged_metrics(path):
 def test_sepa_lean_shows_credit_diagnostics_and_no_interventions_or_sweep():
     _, view = _view("campaigns/sepa_lean.yaml")
     sections = _panels(view)
-    assert list(sections) == ["Outcome", "Credit diagnostics", "PPO and critic", "Rollout and timing"]
+    assert list(sections) == ["Outcome", "Effective batch", "Credit diagnostics", "PPO and critic", "Rollout and timing"]
+    batch = {p.title: p.y for p in sections["Effective batch"]}
+    assert batch["groups sampled / informative / trained"] == [
+        "train/groups_sampled", "train/groups_informative", "train/groups_kept"]
+    assert batch["tokens trained"] == ["train/tokens_trained"] and batch["refill rounds"] == ["train/fill_rounds"]
+    assert batch["overlong share / masked"] == ["train/overlong_share"]  # overlong mode keep: nothing masked
     outcome = {p.title: p for p in sections["Outcome"]}
     curve = outcome["eval/pass@1 (report metric)"]
     assert curve.y == ["eval/pass@1"] and (curve.groupby_aggfunc, curve.groupby_rangefunc) == ("mean", "stderr")
