@@ -51,6 +51,11 @@ class TaskConfig(BaseModel):
     dynamics: Literal["shared", "independent"] = Field("shared", description=(
         "env randomness (FrozenLake slips) of a group. shared: every member plays the level's own random stream "
         "(RAGEN's: a fixed plan gives the same outcome across the group); independent: one stream per member"))
+    training_context: Literal["sampled", "ragen"] = Field("sampled", description=(
+        "the context each agentic turn is trained in. sampled: exactly the ids the turn was sampled from; ragen: "
+        "RAGEN's rebuilt training sequence, which drops the 'No valid action provided previously' warning from "
+        "the user turn after a turn with no valid action (it is still shown at generation); needs protocol ragen "
+        "and learner.old_logprobs 'recompute' (vLLM's log-probs are of another context)"))
     frozen_prob: float = Field(0.9, gt=0.0, le=1.0, description="frozen_lake: probability a tile is ice")
     success_rate: float = Field(1.0, gt=0.0, le=1.0,
                                 description="frozen_lake: chance a move goes where intended (1 = not slippery)")
@@ -82,6 +87,9 @@ class TaskConfig(BaseModel):
     def _math_needs_dataset(self) -> TaskConfig:
         if self.name == "math" and not self.dataset:
             raise ValueError("task 'math' requires 'dataset' (a local .jsonl path or a Hugging Face name)")
+        if self.training_context == "ragen" and self.protocol != "ragen":
+            raise ValueError("training_context 'ragen' is RAGEN's rebuilt training sequence: it needs protocol "
+                             f"'ragen', got {self.protocol!r}")
         if self.name == "sokoban" and self.levels != "ragen":
             raise ValueError(f"levels {self.levels!r} is for frozen_lake; sokoban has levels 'ragen' only")
         return self
