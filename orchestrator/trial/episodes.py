@@ -29,7 +29,13 @@ from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.context import TrialContext
 from orchestrator.trial.sampling import sample, step_seed
 from workers.envs import TextEpisode
-from workers.envs.tokens import closing_length, end_of_turn_id, first_prompt_ids, observation_ids, opening_length
+from workers.envs.tokens import (
+    closing_length,
+    end_of_turn_id,
+    first_prompt_ids,
+    observation_ids,
+    opening_length,
+)
 
 
 @dataclass
