@@ -15,8 +15,9 @@ assistant turn in the history is closed by the end-of-turn token, as the templat
 on it is not closed again (never `<|im_end|><|im_end|>`); a turn that stopped on another stop token (eos
 `<|endoftext|>`) or was cut by max_tokens is closed by the glue, so the observation's ids begin with the
 end-of-turn token (`<|endoftext|><|im_end|>\n<|im_start|>user...`: well-formed ChatML, the sampled ids untouched,
-the added id on the observation side, never trained). Models without a chat template (the tiny local models) get
-plain text with a newline between turns and stop at eos.
+the added id on the observation side, out of the loss mask unless `learner.loss_mask` is `assistant_segments`).
+Models without a chat template (the tiny local models) get plain text with a newline between turns and stop at
+eos.
 """
 
 from __future__ import annotations

@@ -88,6 +88,9 @@ def test_sokoban_turn_two_after_an_invalid_answer_carries_the_warning():
         + "No valid action provided previously. Environment state remains the same. Please try again.\n"
         + "You have 10 actions left. Always output: <think> [Your thoughts] </think> <answer> [your answer] </answer>"
           " with no extra text. Strictly follow this format. Max response length: 100 words (tokens).\n")
+    assert out.training_observation == out.observation.replace(NO_ACTION, "")  # RAGEN's rebuilt training turn
+    out = ep.play("<think>x</think><answer>Down</answer>")  # a valid answer: the same turn in both
+    assert out.training_observation == out.observation and NO_ACTION not in out.observation
 
 
 def test_sokoban_box_and_player_on_targets_are_listed():
