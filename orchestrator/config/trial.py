@@ -291,6 +291,17 @@ class TrialConfig(_Strict):
         if self.rollout.tis_cap is not None and self.learner.old_logprobs == "rollout":
             raise ValueError("rollout.tis_cap weights the loss by pi_old / pi_rollout: it needs learner.old_logprobs "
                              "'recompute' (with 'rollout' the ratio is already to vLLM's log-probs)")
+        if self.learner.loss_mask == "assistant_segments":
+            if not self.task.agentic:
+                raise ValueError("learner.loss_mask 'assistant_segments' is for agentic tasks (frozen_lake, sokoban); "
+                                 f"task '{self.task.name}' trains its one completion: use 'sampled'")
+            if self.learner.old_logprobs == "rollout" or self.rollout.tis_cap is not None:
+                raise ValueError("learner.loss_mask 'assistant_segments' trains tokens vLLM never sampled (no "
+                                 "rollout log-probs): it needs learner.old_logprobs 'recompute' and no "
+                                 "rollout.tis_cap")
+        if getattr(self.task, "training_context", "sampled") == "ragen" and self.learner.old_logprobs == "rollout":
+            raise ValueError("task.training_context 'ragen' trains in a context other than the one vLLM sampled "
+                             "from: it needs learner.old_logprobs 'recompute'")
         if self.interventions.probability_floor.is_active and self.rollout.top_p != 1.0:
             raise ValueError("interventions.probability_floor needs rollout.top_p = 1 (the learner cannot "
                              "reproduce a top-p truncated, floored distribution)")

@@ -231,7 +231,8 @@ class EpisodeSource:
             num_tokens=info["num_tokens"], versions=info["versions"],
             metrics={**episode_metrics(trajs), "env/turns_max": info["turns"]},
             extra={"turn_rewards": per_group(lambda t: t.turn_rewards),
-                   "reward_positions": per_group(lambda t: t.reward_positions)},
+                   "reward_positions": per_group(lambda t: t.reward_positions),
+                   "sampled_mask": per_group(lambda t: t.sampled_mask)},
             # out of context: at the limit, whatever its turns' lengths
             truncated=per_group(lambda t: t.truncated or t.hit_max_tokens),
             lengths=per_group(lambda t: ro.max_tokens if t.truncated else t.longest_turn),

@@ -82,6 +82,7 @@ def prepare(ctx: TrialContext, step: int, roll: Rollouts, sepa: SepaController,
         want_uncertainty="sepa" in cfg.credit.stages,  # the report's mechanistic histogram
         reward_positions=rows(roll.extra["reward_positions"]) if "reward_positions" in roll.extra else None,
         turn_rewards=rows(roll.extra["turn_rewards"]) if "turn_rewards" in roll.extra else None,
+        sampled_mask=rows(roll.extra["sampled_mask"]) if "sampled_mask" in roll.extra else None,
     )
     return row, batch, correct_rate
 

@@ -28,6 +28,9 @@ class TurnOutcome:
     observation: str | None  # the next user turn (None when done)
     invalid: bool
     actions: int  # actions applied this turn
+    # the next user turn as RAGEN's rebuilt training sequence has it: without the ragen protocol's no-valid-action
+    # warning (shown at generation only); None when done
+    training_observation: str | None = None
 
 
 @dataclass
@@ -104,9 +107,14 @@ class TextEpisode:
         turns = len(self.stats.env_rewards)
         self.done = self.stats.env_done or self.stats.actions >= self.max_actions or turns >= self.max_turns
         shown = reward + (0.0 if self.protocol.penalty_at_end else penalty)
-        obs = None if self.done else self.protocol.turn(
-            self.env, turns + 1, self.max_actions - self.stats.actions, shown, not parsed.actions, parsed.invalid)
-        return TurnOutcome(reward=shown, done=self.done, observation=obs, invalid=parsed.invalid, actions=applied)
+        obs = unwarned = None
+        if not self.done:
+            left = self.max_actions - self.stats.actions
+            obs = self.protocol.turn(self.env, turns + 1, left, shown, not parsed.actions, parsed.invalid)
+            unwarned = obs if parsed.actions or self.protocol.name != "ragen" else \
+                self.protocol.turn(self.env, turns + 1, left, shown, False, parsed.invalid)
+        return TurnOutcome(reward=shown, done=self.done, observation=obs, invalid=parsed.invalid, actions=applied,
+                           training_observation=unwarned)
 
 
 def make_env(config, level_seed: int):

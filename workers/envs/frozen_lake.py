@@ -29,6 +29,8 @@ INSTRUCTION = ("You are solving the FrozenLake puzzle. The observation includes 
                "{slip}Respond with a sequence of actions such as <answer>Left || Up || Up</answer>.\n")
 SLIP = "Beware that the ice is slippery, so the agent might slide and end up in an unintended tile.\n"
 INSTRUCTION_ACTIONS = ("Left", "Down", "Right", "Up")
+# RAGEN's symbol legend (FrozenLakeEnvConfig.grid_vocab, in its order), shown in the ragen protocol's system message
+LEGEND = "P: player, _: empty, O: hole, G: goal, X: player in hole, √: player on goal"
 
 
 def ragen_map(size: int, frozen_prob: float, seed: int) -> list[str]:
@@ -62,6 +64,7 @@ class TextFrozenLake(FrozenLakeEnv):
 
     metadata = {**FrozenLakeEnv.metadata, "render_modes": ["ansi"]}
     instruction_actions = INSTRUCTION_ACTIONS
+    legend = LEGEND
 
     def __init__(self, size: int = 4, frozen_prob: float = 0.9, success_rate: float = 1.0, level_seed: int = 0,
                  render_mode: str | None = "ansi", desc: list[str] | None = None, levels: str = "ragen"):

@@ -2,7 +2,9 @@
 
 `ragen` (RAGEN's default for seed 004: `enable_think`, the Coord* environments):
 - a system message: "You're a helpful assistant. ", the environment's instruction (rules, coordinate
-  convention, an example answer), the action list and the episode's action budget;
+  convention, an example answer), the symbol legend, the action list and the episode's action budget (RAGEN's
+  legend comes from its top-level `observation_format`, which defaults to "grid", while `grid_coord` sits in the
+  nested env_config: its model read both);
 - user turn k: "Turn k:", the state as zero-indexed coordinates and the grid (no spaces), a warning when the
   previous turn had no valid action, the actions left, the format reminder and "Max response length: N words
   (tokens)." (N = rollout.max_tokens); from turn 2 on it starts with "Reward:" and the previous turn's env reward;
@@ -42,7 +44,8 @@ class RagenProtocol:
 
     def system(self, env, max_actions: int) -> str:
         actions = ", ".join(env.instruction_actions)
-        return (f"You're a helpful assistant. {env.instruction}\nYour available actions are:\n{actions}\n"
+        return (f"You're a helpful assistant. {env.instruction}\nThe meaning of each symbol in the state is:\n"
+                f"{env.legend}\nYour available actions are:\n{actions}\n"
                 f"You can make up to {max_actions} actions, separated by the action separator \" || \"\n")
 
     def turn(self, env, k: int, actions_left: int, previous_reward: float | None, no_valid_action: bool,

@@ -32,14 +32,16 @@ MOVES = ((-1, 0), (1, 0), (0, -1), (0, 1))  # Up, Down, Left, Right (ACTION_NAME
 STEP_PENALTY, BOX_ON, BOX_OFF, SOLVED = -0.1, 1.0, -1.0, 10.0
 RULES = ("Sokoban: push every box X onto a target O. P is you, # is a wall, _ is floor, √ is a box on a target, "
          "S is you on a target. You push a box by walking into it. Actions: Up, Down, Left, Right.")
-# RAGEN's CoordSokoban instruction
+# RAGEN's CoordSokoban instruction (config/envs.yaml, a YAML literal block: three lines end with a space)
 INSTRUCTION = ("You are solving the Sokoban puzzle. You are the player and you need to push all boxes to targets.\n"
                "You are provided with a symbol grid and the zero-indexed coordinates of the player, each box, and "
-               "each target.\n"
-               "Coordinates range from the top-left corner (0, 0) to the bottom-right corner ({last}, {last}).\n"
-               "When you are exactly next to a box, you can push it by moving in the same direction.\n"
+               "each target. \n"
+               "Coordinates range from the top-left corner (0, 0) to the bottom-right corner ({last}, {last}). \n"
+               "When you are exactly next to a box, you can push it by moving in the same direction. \n"
                "You cannot push a box through a wall, and you cannot pull a box.\n"
                "The answer should be a sequence of actions, like <answer>Right || Right || Up</answer>.\n")
+# RAGEN's symbol legend (SokobanEnvConfig.grid_vocab, in its order), shown in the ragen protocol's system message
+LEGEND = "#: wall, _: empty, O: target, √: box on target, X: box, P: player, S: player on target"
 SEARCH_DEPTH, SEARCH_STATES = 300, 300_000
 # the 3x3 floor masks the room walk stamps (gym-sokoban's five shapes: a bar each way, three corners)
 _MASKS = tuple(np.array(m, dtype=bool) for m in (
@@ -172,6 +174,7 @@ class SokobanEnv(gym.Env):
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
     instruction_actions = ACTION_NAMES
+    legend = LEGEND
 
     def __init__(self, size: int = 6, boxes: int = 1, max_env_steps: int = 100, level_seed: int = 0,
                  render_mode: str | None = "ansi", layout: list[str] | None = None):

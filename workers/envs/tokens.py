@@ -10,10 +10,14 @@ turns once a user turn follows, and the history the policy conditions on (and is
 concatenation, with every think block as it was sampled, not the template's re-rendering of it.
 
 End of turn: the template's end-of-turn token (`<|im_end|>` for ChatML) is a stop token besides eos, so a base
-model whose eos is `<|endoftext|>` stops where its turn ends instead of writing an invented user turn. A turn
-that stopped on a stop token is not closed again (never `<|endoftext|><|im_end|>` or `<|im_end|><|im_end|>`);
-a turn cut by max_tokens is closed by the glue. Models without a chat template (the tiny local models) get plain
-text with a newline between turns and stop at eos.
+model whose eos is `<|endoftext|>` stops where its turn ends instead of writing an invented user turn. Every
+assistant turn in the history is closed by the end-of-turn token, as the template renders it: a turn that stopped
+on it is not closed again (never `<|im_end|><|im_end|>`); a turn that stopped on another stop token (eos
+`<|endoftext|>`) or was cut by max_tokens is closed by the glue, so the observation's ids begin with the
+end-of-turn token (`<|endoftext|><|im_end|>\n<|im_start|>user...`: well-formed ChatML, the sampled ids untouched,
+the added id on the observation side, out of the loss mask unless `learner.loss_mask` is `assistant_segments`).
+Models without a chat template (the tiny local models) get plain text with a newline between turns and stop at
+eos.
 """
 
 from __future__ import annotations
@@ -118,6 +122,38 @@ def observation_ids(tokenizer, text: str, sampled: list[int], *, prefill: str = 
     head, tail = chat_glue(tokenizer)
     end = end_of_turn_id(tokenizer)
     end_text = tokenizer.convert_ids_to_tokens(end) if end is not None else None
-    if end_text and head.startswith(end_text) and sampled and sampled[-1] in stop_token_ids(tokenizer):
-        head = head[len(end_text):]  # the turn already ended on a stop token: never a second end token
+    if end_text and head.startswith(end_text) and sampled and sampled[-1] == end:
+        head = head[len(end_text):]  # the turn already ended on the end-of-turn token: never a second one
     return _ids(tokenizer, head + text + tail) + _prefill_ids(tokenizer, prefill)
+
+
+@lru_cache(maxsize=8)
+def assistant_header_ids(tokenizer) -> tuple[int, ...]:
+    """Ids of the template's generation prompt (`<|im_start|>assistant\\n` for ChatML): the role header that opens
+    every assistant turn. Empty without a chat template."""
+    if not _chat(tokenizer):
+        return ()
+    user = [{"role": "user", "content": _B}]
+    bare = tokenizer.apply_chat_template(user, add_generation_prompt=False, tokenize=False)
+    full = tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
+    return tuple(_ids(tokenizer, full[len(bare):])) if full.startswith(bare) else ()
+
+
+def opening_length(tokenizer, ids: list[int], prefill: str = "") -> int:
+    """How many trailing ids of a first prompt or an observation (`ids`, ending with the generation prompt and
+    the prefill) open the next assistant turn: the role header and the prefill. The forced tokens that
+    `learner.loss_mask: assistant_segments` trains with the turn."""
+    pre = _prefill_ids(tokenizer, prefill)
+    header = list(assistant_header_ids(tokenizer))
+    n = len(header) + len(pre)
+    if n > len(ids) or ids[len(ids) - n:] != header + pre:
+        raise ValueError("the template's generation prompt does not tokenise on its own at the end of a turn; "
+                         "learner.loss_mask 'assistant_segments' cannot find the assistant segments")
+    return n
+
+
+def closing_length(tokenizer, ids: list[int], sampled: list[int]) -> int:
+    """1 when observation `ids` begin with the end-of-turn token closing the turn `sampled` (the turn stopped on
+    eos or was cut), else 0: the forced token `assistant_segments` trains at a turn's end."""
+    end = end_of_turn_id(tokenizer)
+    return int(end is not None and bool(ids) and ids[0] == end and (not sampled or sampled[-1] != end))

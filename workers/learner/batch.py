@@ -27,12 +27,13 @@ def pad(rows: list[list[Any]], fill: Any, dtype: torch.dtype) -> Tensor:
 
 @dataclass(frozen=True)
 class Batch:
-    """One training batch as padded tensors. `mask` is the loss mask (sampled ids only)."""
+    """One training batch as padded tensors. `mask` is the loss mask."""
 
     seqs: Tensor  # [B, P + T] long: prompt + response ids, right-padded
     attn: Tensor  # [B, P + T] long
     start: Tensor  # [B] long: index of the first response id in seqs
     mask: Tensor  # [B, T] bool
+    sampled: Tensor  # [B, T] bool: the ids vLLM sampled (the loss mask unless it covers forced tokens too)
     old_lp: Tensor  # [B, T] float32: rollout log-probs (0 where mask is False)
     rewards: Tensor  # [N, G] float32: episode returns
     response_rows: list[list[int]]
@@ -81,11 +82,14 @@ def collate(batch: LearnerBatch, pad_id: int) -> Batch:
     if rewards.dim() != 2 or rewards.numel() != len(responses):
         raise ValueError(f"rewards must be [N][G] with N*G = {len(responses)} sequences")
     masks = [[bool(x) for x in m] for m in masks]
+    sampled = batch.sampled_mask or masks
+    if [len(x) for x in sampled] != [len(m) for m in masks]:
+        raise ValueError("sampled_mask needs one flag per response id")
     return Batch(
         seqs=pad([p + r for p, r in zip(prompts, responses, strict=True)], pad_id, torch.long),
         attn=pad([[1] * (len(p) + len(r)) for p, r in zip(prompts, responses, strict=True)], 0, torch.long),
         start=torch.tensor([len(p) for p in prompts]),
-        mask=pad(masks, False, torch.bool),
+        mask=pad(masks, False, torch.bool), sampled=pad([[bool(x) for x in m] for m in sampled], False, torch.bool),
         old_lp=pad([[lp if m else 0.0 for lp, m in zip(row, mrow, strict=True)]
                     for row, mrow in zip(old, masks, strict=True)], 0.0, torch.float32),
         rewards=rewards, response_rows=[list(r) for r in responses], mask_rows=masks,

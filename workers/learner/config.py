@@ -87,6 +87,11 @@ class LearnerConfig(_Strict):
     cpu_offload: bool = Field(False, description=(
         "keep the sharded parameters, gradients and optimizer state in CPU memory and step the optimizer there "
         "(FSDP2's CPUOffloadPolicy): less GPU memory, slower steps"))
+    loss_mask: Literal["sampled", "assistant_segments"] = Field("sampled", description=(
+        "which response tokens the policy loss covers (agentic tasks). sampled: the ids vLLM sampled; "
+        "assistant_segments: RAGEN's, the whole assistant segment of every turn: its role header, the protocol's "
+        "prefill (<think>), the sampled ids and the end-of-turn token, never an observation; needs old_logprobs "
+        "'recompute' and no rollout.tis_cap (the forced tokens have no vLLM log-probs)"))
     old_logprobs: Literal["recompute", "rollout"] = Field("recompute", description=(
         "the PPO ratio's anchor pi_old. recompute: the learner's log-probs from a no-grad scoring pass (eval mode) "
         "before the step's first update (verl's default, 'decoupled'; rollout.tis_cap adds the truncated importance "

@@ -22,7 +22,8 @@ class LearnerBatch:
     rollout_logprobs  [B][*] vLLM's log-probs, aligned with response_ids; read only where loss_mask is True
     rewards           [N][G] episode returns
     temperature       the sampling temperature (the learner scores at it)
-    loss_mask         [B][*] True on sampled ids; None = all True (the single-turn case)
+    loss_mask         [B][*] True on the trained ids: the sampled ids, and under learner.loss_mask
+                      'assistant_segments' each turn's forced tokens too; None = all True (the single-turn case)
     sepa_lambda       SEPA's lambda this step
     step              the training step (seeds the mini-batch shuffle, drives the entropy-floor schedule)
     loss_scale        multiplies the loss (the reward-variance filter's scaling)
@@ -33,6 +34,7 @@ class LearnerBatch:
     reward_positions  [B][*] the critic's turn ends: the response index of each turn's last sampled id; None =
                       one turn ending at the last sampled id
     turn_rewards      [B][*] each turn's reward, aligned with reward_positions; None = the sequence's reward
+    sampled_mask      [B][*] True on the ids vLLM sampled (where rollout_logprobs are vLLM's); None = loss_mask
     """
 
     prompt_ids: list[list[int]]
@@ -49,6 +51,7 @@ class LearnerBatch:
     want_uncertainty: bool = False
     reward_positions: list[list[int]] | None = None
     turn_rewards: list[list[float]] | None = None
+    sampled_mask: list[list[bool]] | None = None
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ def step_metrics(plan: UpdatePlan, sums: dict[str, float], floor_metrics: dict[s
     b, scored, scale, floor = plan.b, plan.scored, plan.scale, plan.scoring.floor
     mask = b.mask
     total_tokens = float(mask.sum())
-    gap = (scored.learner_lp - b.old_lp).abs()[mask]
+    gap = (scored.learner_lp - b.old_lp).abs()[b.sampled & mask]  # vLLM's log-probs exist on sampled ids only
     grad_norm = sums["grad_norm"]
     metrics = {
         # the objective itself (the floor's gradient surrogate is not its value)

@@ -20,6 +20,7 @@ from pydantic import (
     ValidationError,
     field_validator,
     model_serializer,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -162,6 +163,18 @@ class _GridConfig(TaskBase):
     fixed_level: int | None = Field(None, ge=0, description=(
         "play this one level seed in training and validation (e.g. a fixed FrozenLake map); None: a new level "
         "per group"))
+    training_context: Literal["sampled", "ragen"] = Field("sampled", description=(
+        "the context each agentic turn is trained in. sampled: exactly the ids the turn was sampled from; ragen: "
+        "RAGEN's rebuilt training sequence, which drops the 'No valid action provided previously' warning from "
+        "the user turn after a turn with no valid action (it is still shown at generation); needs protocol ragen "
+        "and learner.old_logprobs 'recompute' (vLLM's log-probs are of another context)"))
+
+    @model_validator(mode="after")
+    def _ragen_context_needs_ragen_protocol(self):
+        if self.training_context == "ragen" and self.protocol != "ragen":
+            raise ValueError("training_context 'ragen' is RAGEN's rebuilt training sequence: it needs protocol "
+                             f"'ragen', got {self.protocol!r}")
+        return self
 
 
 class FrozenLakeConfig(_GridConfig):

@@ -20,6 +20,9 @@ SMALL = {"num_workers": 1, "prompts_per_step": 2, "n": 2, "max_tokens": 8, "max_
 CASES = {"chain-qwen3": ("tiny-qwen3", "chain"), "frozen-qwen2-base": ("tiny-qwen2-base", "frozen_lake"),
          "frozen-qwen3": ("tiny-qwen3", "frozen_lake"), "sokoban-qwen2-base": ("tiny-qwen2-base", "sokoban"),
          "sokoban-qwen3": ("tiny-qwen3", "sokoban")}
+# one case trains RAGEN's assistant segments (header, prefill, end-of-turn token too): the gap is still measured on
+# the sampled ids only, and must still be 0 there
+LOSS_MASK = {"sokoban-qwen2-base": "assistant_segments"}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -32,7 +35,8 @@ def test_family_trial_runs_with_hot_swapped_adapters(ray_local, tmp_path, case):
     cfg = TrialConfig(name=case, steps=2, seed=1, output_dir=str(tmp_path / case), task={"name": task},
                       model={"name": model, "max_model_len": 2048}, rollout=SMALL, eval={"every": 0},
                       checkpoint={"every": 2}, credit={"advantage_mode": "gae"},
-                      learner={"optim": {"lr": 0.05}, "critic": {"lr": 1e-3}}, interventions={"kl": {"measure": True}})
+                      learner={"optim": {"lr": 0.05}, "critic": {"lr": 1e-3}, "loss_mask": LOSS_MASK.get(case, "sampled")},
+                      interventions={"kl": {"measure": True}})
     assert run_single_trial(cfg, tmp_path) is not None
     rows = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]

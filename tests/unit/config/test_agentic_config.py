@@ -35,6 +35,13 @@ def test_agentic_defaults_validate():
     ({"task": {"name": "frozen_lake", "levels": "corner"}}, "task.levels"),
     ({"task": {"name": "frozen_lake", "protocol": "ragen2"}}, "task.protocol"),
     ({"task": {"name": "frozen_lake", "dynamics": "same"}}, "task.dynamics"),
+    ({"task": {"name": "frozen_lake", "protocol": "plain", "training_context": "ragen"}}, "needs protocol 'ragen'"),
+    ({"task": {"name": "frozen_lake", "training_context": "rebuilt"}}, "task.training_context"),
+    ({"task": {"name": "frozen_lake", "training_context": "ragen"}, "learner": {"old_logprobs": "rollout"}},
+     "training_context 'ragen' trains in a context other"),
+    ({"learner": {"loss_mask": "assistant_segments"}, "rollout": {"tis_cap": 2.0}}, "vLLM never sampled"),
+    ({"learner": {"loss_mask": "assistant_segments", "old_logprobs": "rollout"}}, "vLLM never sampled"),
+    ({"learner": {"loss_mask": "segments"}}, "learner.loss_mask"),
 ])
 def test_bad_agentic_configs(over, needle):
     data = {"model": AGENT, "task": {"name": "frozen_lake"}}
@@ -47,3 +54,12 @@ def test_bad_agentic_configs(over, needle):
 def test_cli_reports_one_line_exit_2(tmp_path):
     path, lines = trial_error(tmp_path, "model: {name: tiny}\ntask: {name: sokoban, boxes: 9}\n")
     assert len(lines) == 1 and "task.boxes" in lines[0] and str(path) in lines[0]
+
+
+def test_ragen_training_sequence_settings_validate_and_are_for_agentic_tasks():
+    cfg = TrialConfig(model=AGENT, task={"name": "sokoban", "training_context": "ragen"},
+                      learner={"loss_mask": "assistant_segments"})
+    assert (cfg.task.training_context, cfg.learner.loss_mask) == ("ragen", "assistant_segments")
+    assert (TrialConfig().task.training_context, TrialConfig().learner.loss_mask) == ("sampled", "sampled")
+    with pytest.raises(ValidationError, match="is for agentic tasks"):
+        TrialConfig(learner={"loss_mask": "assistant_segments"})

@@ -17,21 +17,38 @@ from workers.envs.text import MAX_TEXT_CHARS, parse_strict
 
 REMINDER = ("You have {left} actions left. Always output: <think> [Your thoughts] </think> <answer> [your answer] "
             "</answer> with no extra text. Strictly follow this format. Max response length: 100 words (tokens).\n")
+# Written by hand from RAGEN @20daedc: config/envs.yaml's CoordSokoban / CoordFrozenLake `env_instruction` (YAML
+# literal blocks: every line ends in "\n", three Sokoban lines with a space before it), then
+# ragen/llm_agent/ctx_manager.py `_init_prefix_lookup`: "\nThe meaning of each symbol in the state is:\n" + the
+# env config's grid_vocab joined by ", " (ragen/env/*/config.py), "\nYour available actions are:\n" + its
+# action_lookup, "\nYou can make up to 10 actions, separated by the action separator \" || \"\n"; and
+# `_build_system_content`: "You're a helpful assistant. " before it all.
 SOKOBAN_SYSTEM = (
-    "You're a helpful assistant. You are solving the Sokoban puzzle. You are the player and you need to push all "
-    "boxes to targets.\nYou are provided with a symbol grid and the zero-indexed coordinates of the player, each "
-    "box, and each target.\nCoordinates range from the top-left corner (0, 0) to the bottom-right corner (5, 5).\n"
-    "When you are exactly next to a box, you can push it by moving in the same direction.\nYou cannot push a box "
-    "through a wall, and you cannot pull a box.\nThe answer should be a sequence of actions, like "
-    "<answer>Right || Right || Up</answer>.\n\nYour available actions are:\nUp, Down, Left, Right\nYou can make up "
-    "to 10 actions, separated by the action separator \" || \"\n")
+    "You're a helpful assistant. "
+    "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to targets.\n"
+    "You are provided with a symbol grid and the zero-indexed coordinates of the player, each box, and each target. \n"
+    "Coordinates range from the top-left corner (0, 0) to the bottom-right corner (5, 5). \n"
+    "When you are exactly next to a box, you can push it by moving in the same direction. \n"
+    "You cannot push a box through a wall, and you cannot pull a box.\n"
+    "The answer should be a sequence of actions, like <answer>Right || Right || Up</answer>.\n"
+    "\nThe meaning of each symbol in the state is:\n"
+    "#: wall, _: empty, O: target, \u221a: box on target, X: box, P: player, S: player on target"
+    "\nYour available actions are:\n"
+    "Up, Down, Left, Right"
+    "\nYou can make up to 10 actions, separated by the action separator \" || \"\n")
+# RAGEN says "(5, 5)" here for a 4x4 board; ours names the board's real corner (docs/agentic.md)
 FROZEN_SYSTEM = (
-    "You're a helpful assistant. You are solving the FrozenLake puzzle. The observation includes both a symbol "
-    "grid and zero-indexed coordinates for the start, goal, player, and any holes.\nCoordinates range from the "
-    "top-left corner (0, 0) to the bottom-right corner (3, 3).\nBeware that the ice is slippery, so the agent "
-    "might slide and end up in an unintended tile.\nRespond with a sequence of actions such as "
-    "<answer>Left || Up || Up</answer>.\n\nYour available actions are:\nLeft, Down, Right, Up\nYou can make up to "
-    "10 actions, separated by the action separator \" || \"\n")
+    "You're a helpful assistant. "
+    "You are solving the FrozenLake puzzle. The observation includes both a symbol grid and zero-indexed coordinates "
+    "for the start, goal, player, and any holes.\n"
+    "Coordinates range from the top-left corner (0, 0) to the bottom-right corner (3, 3).\n"
+    "Beware that the ice is slippery, so the agent might slide and end up in an unintended tile.\n"
+    "Respond with a sequence of actions such as <answer>Left || Up || Up</answer>.\n"
+    "\nThe meaning of each symbol in the state is:\n"
+    "P: player, _: empty, O: hole, G: goal, X: player in hole, \u221a: player on goal"
+    "\nYour available actions are:\n"
+    "Left, Down, Right, Up"
+    "\nYou can make up to 10 actions, separated by the action separator \" || \"\n")
 NO_ACTION = "No valid action provided previously. Environment state remains the same. Please try again.\n"
 
 
@@ -60,6 +77,22 @@ def test_sokoban_turns_as_rendered_by_hand():
     assert ep.stats.turn_rewards == pytest.approx([-0.2, -0.1]) and ep.stats.episode_return == pytest.approx(-0.3)
 
 
+def test_sokoban_turn_two_after_an_invalid_answer_carries_the_warning():
+    ep = _sokoban()
+    state1 = ("Board size: 6 rows x 6 cols (zero-indexed).\nTargets: (2, 4)\nBoxes: (1, 3)\nPlayer: (1, 1)\n"
+              "Grid Map: \n######\n#P_X_#\n#___O#\n#____#\n#____#\n######\n")
+    out = ep.play("<think>x</think> <answer>Right, Right</answer>")  # no valid action
+    assert out.invalid and out.actions == 0
+    assert out.observation == (
+        "Reward:\n0\n\nTurn 2:\nState:\nCoordinates: \n" + state1
+        + "No valid action provided previously. Environment state remains the same. Please try again.\n"
+        + "You have 10 actions left. Always output: <think> [Your thoughts] </think> <answer> [your answer] </answer>"
+          " with no extra text. Strictly follow this format. Max response length: 100 words (tokens).\n")
+    assert out.training_observation == out.observation.replace(NO_ACTION, "")  # RAGEN's rebuilt training turn
+    out = ep.play("<think>x</think><answer>Down</answer>")  # a valid answer: the same turn in both
+    assert out.training_observation == out.observation and NO_ACTION not in out.observation
+
+
 def test_sokoban_box_and_player_on_targets_are_listed():
     ep = _episode(SokobanEnv(layout=["######", "#____#", "#_P√_#", "#_O__#", "#_X__#", "######"]))
     assert "Targets: (2, 3), (3, 2)\nBoxes: (4, 2)\nBoxes on target: (2, 3)\nPlayer: (2, 2)\n" in ep.prompt()
@@ -81,6 +114,26 @@ def test_frozen_lake_turns_as_rendered_by_hand():
     out = ep.play("<answer>Up</answer>")  # no think block: a format failure, no move
     assert out.invalid and out.actions == 0 and NO_ACTION in out.observation
     assert "Reward:\n0\n" in out.observation and "-0.1" not in out.observation
+
+
+def test_frozen_lake_deterministic_turns_as_rendered_by_hand():
+    """success_rate 1: no slip sentence, and turn 2's state is fixed: turn 2 after a valid and an invalid answer."""
+    desc = ["FFFF", "FHFS", "FFFH", "HGFF"]
+    ep = _episode(TextFrozenLake(desc=desc, success_rate=1.0))
+    assert ep.system() == FROZEN_SYSTEM.replace(
+        "Beware that the ice is slippery, so the agent might slide and end up in an unintended tile.\n", "")
+    coords = "Board size: 4 rows x 4 cols (zero-indexed).\nStart: (1, 3)\nGoal: (3, 1)\n"
+    holes = "Holes: (1, 1), (2, 3), (3, 0)\n"
+    assert ep.prompt() == ("\nTurn 1:\nState:\nCoordinates: \n" + coords + "Player: (1, 3)\n" + holes
+                           + "Grid Map: \n____\n_O_P\n___O\nOG__\n" + REMINDER.format(left=10))
+    out = ep.play("<think>left then down</think><answer>Left || Down</answer>")
+    assert out.observation == ("Reward:\n0\n\nTurn 2:\nState:\nCoordinates: \n" + coords + "Player: (2, 2)\n"
+                               + holes + "Grid Map: \n____\n_O__\n__PO\nOG__\n" + REMINDER.format(left=8))
+    ep = _episode(TextFrozenLake(desc=desc, success_rate=1.0))
+    out = ep.play("<think>up</think><answer>Fly</answer>")
+    assert out.observation == ("Reward:\n0\n\nTurn 2:\nState:\nCoordinates: \n" + coords + "Player: (1, 3)\n"
+                               + holes + "Grid Map: \n____\n_O_P\n___O\nOG__\n" + NO_ACTION
+                               + REMINDER.format(left=10))
 
 
 def test_frozen_lake_player_on_goal_and_in_hole():

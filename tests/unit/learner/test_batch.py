@@ -34,6 +34,19 @@ def test_collate_pads_and_zeroes_unsampled_logprobs():
     assert (b.size, b.t, b.n_groups, b.group) == (2, 3, 2, 1)
 
 
+def test_collate_keeps_the_sampled_ids_apart_from_a_wider_loss_mask():
+    """learner.loss_mask assistant_segments: the loss covers forced tokens too; `sampled` marks where vLLM's
+    log-probs are (None: the loss mask)."""
+    base = _batch([2, 5], [3, 1])
+    assert collate(base, pad_id=0).sampled.tolist() == collate(base, pad_id=0).mask.tolist()
+    wide = dataclasses.replace(base, loss_mask=[[True, True, True], [True]], sampled_mask=[[False, True, False], [True]])
+    b = collate(wide, pad_id=0)
+    assert b.mask.tolist() == [[True, True, True], [True, False, False]]
+    assert b.sampled.tolist() == [[False, True, False], [True, False, False]]
+    with pytest.raises(ValueError, match="one flag per response id"):
+        collate(dataclasses.replace(wide, sampled_mask=[[True], [True]]), pad_id=0)
+
+
 @pytest.mark.parametrize("key, bad, msg", [
     ("loss_mask", [[True], [True]], "a response of 3 ids has 1 mask flags"),
     ("rollout_logprobs", [[-1.0] * 3], "one row per sequence"),

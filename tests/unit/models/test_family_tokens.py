@@ -67,14 +67,41 @@ def test_base_model_stops_at_im_end_and_never_doubles_an_end_token(toks):
     eot, eos = tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(ENDOFTEXT)
     assert end_of_turn_id(tok) == eot and stop_token_ids(tok) == sorted([eos, eot])
     assert stop_token_ids(toks["tiny-qwen3"]) == [eot]  # instruct: eos is the end-of-turn token
-    for end in (ENDOFTEXT, IM_END):
-        sampled = _sampled(tok, ANSWER, end)
-        seq = sampled + observation_ids(tok, OBS, sampled)
-        pairs = list(zip(seq, seq[1:], strict=False))
-        assert (eos, eot) not in pairs and (eot, eot) not in pairs and (eot, eos) not in pairs
-        assert tok.decode(seq).startswith(ANSWER + end + "\n<|im_start|>user\n" + OBS)
+    sampled = _sampled(tok, ANSWER, IM_END)
+    seq = sampled + observation_ids(tok, OBS, sampled)
+    assert (eot, eot) not in zip(seq, seq[1:], strict=False)
+    assert tok.decode(seq).startswith(ANSWER + IM_END + "\n<|im_start|>user\n" + OBS)
     cut = _sampled(tok, ANSWER, ENDOFTEXT)[:-1]  # cut by max_tokens: the glue closes the turn
     assert observation_ids(tok, OBS, cut)[0] == eot
+
+
+def test_a_turn_that_stopped_on_eos_is_closed_on_the_observation_side(toks):
+    """tiny-qwen2-base stops on `<|endoftext|>`: the sampled ids stay as sampled and the observation's ids begin
+    with `<|im_end|>`, so turn 2 reads well-formed ChatML; the loss mask (sampled ids only) excludes it."""
+    tok = toks["tiny-qwen2-base"]
+    eot, eos = tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(ENDOFTEXT)
+    sampled = _sampled(tok, ANSWER, ENDOFTEXT)
+    obs = observation_ids(tok, OBS, sampled, prefill="<think>")
+    assert sampled[-1] == eos and obs[0] == eot
+    assert tok.decode(sampled + obs) == (ANSWER + "<|endoftext|><|im_end|>\n<|im_start|>user\n" + OBS
+                                         + "<|im_end|>\n<|im_start|>assistant\n<think>")
+    mask = [True] * len(sampled) + [False] * len(obs)  # what the episode player writes (sampled ids only)
+    assert [t for t, m in zip(sampled + obs, mask, strict=True) if m] == sampled
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2-base", "tiny-qwen2-instruct", "tiny-qwen3", "tiny-qwen3-2507"])
+def test_every_stop_token_leaves_one_end_of_turn_token(toks, name):
+    """Every family's template, every stop token (and a turn cut by max_tokens): exactly one end-of-turn token
+    closes the turn, on the observation side unless the model sampled it."""
+    tok = toks[name]
+    eot = end_of_turn_id(tok)
+    for stop in [*stop_token_ids(tok), None]:
+        sampled = list(tok(ANSWER, add_special_tokens=False)["input_ids"]) + ([stop] if stop is not None else [])
+        obs = observation_ids(tok, OBS, sampled)
+        seq = sampled + obs
+        closing = seq[len(sampled) - (stop == eot):]
+        assert closing[0] == eot and eot not in closing[1:closing.index(tok.convert_tokens_to_ids("<|im_start|>"))]
+        assert (obs[0] == eot) == (stop != eot)
 
 
 def test_a_sample_forced_past_im_end_is_cut_there(toks):
