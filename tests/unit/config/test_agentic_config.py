@@ -60,6 +60,9 @@ def test_ragen_training_sequence_settings_validate_and_are_for_agentic_tasks():
     cfg = TrialConfig(model=AGENT, task={"name": "sokoban", "training_context": "ragen"},
                       learner={"loss_mask": "assistant_segments"})
     assert (cfg.task.training_context, cfg.learner.loss_mask) == ("ragen", "assistant_segments")
-    assert (TrialConfig().task.training_context, TrialConfig().learner.loss_mask) == ("sampled", "sampled")
+    default = TrialConfig(model=AGENT, task={"name": "frozen_lake"})
+    assert (default.task.training_context, default.learner.loss_mask) == ("sampled", "sampled")
+    with pytest.raises(ValidationError, match="unknown key for task 'chain'"):  # a grid task's key only
+        TrialConfig(task={"name": "chain", "training_context": "ragen"})
     with pytest.raises(ValidationError, match="is for agentic tasks"):
         TrialConfig(learner={"loss_mask": "assistant_segments"})
