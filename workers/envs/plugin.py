@@ -3,7 +3,7 @@ lets the turn protocols (workers/envs/protocol.py) and `TextEpisode` play it lik
 
 A plugin subclasses `TextEnv`: a nested pydantic `Config` (its `task:` keys), `actions` (the action names the
 model writes inside `<answer>...</answer>`, matched case-insensitively, never evaluated), `instruction` (the
-rules, shown once), `reset(seed)` (the episode's own randomness; the level comes from `level_seed` at
+rules, shown once), `legend` (optional: what the state's symbols mean, shown after the rules), `reset(seed)` (the episode's own randomness; the level comes from `level_seed` at
 construction), `state_text()` (what the model reads each turn), `step(action)` -> (reward, done) and `solved`.
 `solve(config, level_seed)` (optional) returns the fewest actions that solve a level, for difficulty tables.
 """
@@ -47,6 +47,7 @@ class TextEnv(ABC):
     Config: ClassVar[type[BaseModel]]
     actions: tuple[str, ...] = ()
     instruction: str = ""
+    legend: str = ""  # optional; the ragen protocol's system message shows it under "The meaning of each symbol"
 
     def __init__(self, config: Any, level_seed: int):
         self.config, self.level_seed = config, int(level_seed)
@@ -90,6 +91,10 @@ class PluginEnv:
     @property
     def rules(self) -> str:
         return self.env.instruction
+
+    @property
+    def legend(self) -> str:
+        return self.env.legend
 
     def state_text(self) -> str:
         return self.env.state_text()

@@ -44,8 +44,8 @@ class RagenProtocol:
 
     def system(self, env, max_actions: int) -> str:
         actions = ", ".join(env.instruction_actions)
-        return (f"You're a helpful assistant. {env.instruction}\nThe meaning of each symbol in the state is:\n"
-                f"{env.legend}\nYour available actions are:\n{actions}\n"
+        legend = f"The meaning of each symbol in the state is:\n{env.legend}\n" if env.legend else ""
+        return (f"You're a helpful assistant. {env.instruction}\n{legend}Your available actions are:\n{actions}\n"
                 f"You can make up to {max_actions} actions, separated by the action separator \" || \"\n")
 
     def turn(self, env, k: int, actions_left: int, previous_reward: float | None, no_valid_action: bool,
