@@ -55,8 +55,9 @@ class Trajectory:
 
 
 def play_episodes(ctx: TrialContext, episodes: list[TextEpisode], *, seed: int, step: int,
-                  temperature: float) -> tuple[list[Trajectory], dict]:
-    """Play `episodes` to the end; returns their trajectories and {"num_tokens", "versions", "turns"}."""
+                  temperature: float, phase: str = "generate") -> tuple[list[Trajectory], dict]:
+    """Play `episodes` to the end; returns their trajectories and {"num_tokens", "versions", "turns"}. Each turn's
+    sampling waits under `phase`'s deadline (generate, or eval)."""
     cfg, workers, tokenizer = ctx.cfg, ctx.workers, ctx.tokenizer
     ro, limit = cfg.rollout, cfg.model.max_model_len
     trajs = [Trajectory(first_prompt_ids(tokenizer, ep.prompt(), system=ep.system(), prefill=ep.prefill), ep)
@@ -69,7 +70,7 @@ def play_episodes(ctx: TrialContext, episodes: list[TextEpisode], *, seed: int, 
     while active := [t for t in trajs if not t.done]:
         histories = [t.prompt_ids + t.response_ids for t in active]
         seeds = [step_seed(seed, step, j, turn) for j in range(len(workers))]
-        results = sample(ctx, histories, n=1, temperature=temperature, seeds=seeds, floor=False)
+        results = sample(ctx, histories, n=1, temperature=temperature, seeds=seeds, floor=False, phase=phase)
         versions |= {res["adapter_version"] for res in results}
         samples = [group[0] for res in results for group in res["completions"]]
         for t, s in zip(active, samples, strict=True):
