@@ -121,6 +121,6 @@ class ObjectStoreFiles:
         return data[start - first * self.piece:end - first * self.piece]
 
     def _get(self, name: str, k: int) -> bytes:
-        if self._last is None or self._last[:2] != (name, k):
-            self._last = (name, k, ray.get(self.pieces[name][k]))
+        if self._last is None or self._last[:2] != (name, k):  # runs in a learner rank: the driver's wait on
+            self._last = (name, k, ray.get(self.pieces[name][k]))  # `restore` bounds it (calls.py, "checkpoint")
         return self._last[2]
