@@ -129,7 +129,8 @@ class Calls:
     def _hang(self, phase: str, late: list[str], handles: dict[str, object], limit: float) -> None:
         health = probe(handles)
         frozen = [n for n in late if n not in health]
-        hang = Hang(phase, late, frozen, limit, self.step, health)
+        sick = [f"{n}: {health[n]['reason']}" for n in late if health.get(n, {}).get("reason")]  # e.g. its engine
+        hang = Hang(phase, late, frozen, limit, self.step, health, "; ".join(sick))
         if self.on_hang is not None:
             self.on_hang(hang)
         raise PhaseTimeout(hang)

@@ -103,6 +103,17 @@ def test_a_late_call_names_the_phase_the_late_actors_and_the_frozen_one(fake_ray
     assert fake_ray.timeouts[0] == 5.0
 
 
+def test_a_late_worker_whose_engine_is_stopped_says_so(fake_ray):
+    class Alive:  # answers health on its own thread while its generate waits on the frozen engine
+        health = SimpleNamespace(remote=lambda: Ref({"pid": 2, "ok": False, "reason": "process 9 (X) is stopped"}))
+
+    calls = Calls(Deadlines(TimeoutsConfig(generate=3.0)))
+    with pytest.raises(PhaseTimeout) as err:
+        calls.get([Ref(None, ready=False)], "generate", [("rollout[0]", Alive())])
+    hang = err.value.hang
+    assert hang.frozen == [] and hang.reason == "rollout[0]: process 9 (X) is stopped"
+
+
 def test_wait_each_yields_as_ready_and_fails_on_the_late_one(fake_ray):
     calls = Calls(Deadlines(TimeoutsConfig(checkpoint=9.0)))
     a = Actor(frozen=False)
