@@ -6,7 +6,8 @@ phase (generate, train, sync, checkpoint, eval, health, setup) and the actors it
 phase's fixed value or a multiple of its recent median (`Deadlines`). When it passes, `Calls` asks the late actors'
 `health` (which a frozen process does not answer), hands a `Hang` to its `on_hang` (the trial loop records it and
 kills its actors: orchestrator/trial/loop.py) and raises `PhaseTimeout`, so Tune retries the trial from its newest
-checkpoint.
+checkpoint. Scoring is no actor call (the task scores in the driver, each grader under its own per-completion
+timeout: workers/tasks/), so it has no phase here; a learner's scoring pass is part of its `train` call.
 """
 
 from __future__ import annotations
