@@ -41,7 +41,7 @@ def runs(ray_local, tmp_path_factory) -> dict:
     plain = TrialConfig(name="plain", output_dir=str(storage / "plain"), **BASE)
     assert run_single_trial(plain, storage) is not None
     stopped = TrialConfig(name="stopped", output_dir=str(storage / "stopped"),
-                          timeouts={"multiple": 5.0, "min_s": 45.0, "first_s": 300.0}, **BASE)
+                          timeouts={"multiple": 5.0, "min_s": 45.0, "first_s": 300.0, "warmup": 1}, **BASE)
     out, frozen, errors = Path(stopped.output_dir), [], []
 
     def injector() -> None:
