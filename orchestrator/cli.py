@@ -1,4 +1,4 @@
-"""`python -m orchestrator {expand,plan,run,status,submit,report,dashboard,trial}`. User mistakes: one line on stderr, exit code 2."""
+"""`python -m orchestrator {expand,plan,run,status,submit,report,dashboard,doctor,trial}`. User mistakes: one line on stderr, exit code 2."""
 
 from __future__ import annotations
 
@@ -172,6 +172,35 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    import ray
+
+    from orchestrator import storage as store
+    from orchestrator.preflight.doctor import campaign_check, reach_wandb, render, wandb_check
+    from orchestrator.preflight.probes import cluster_checks
+    from orchestrator.tracking.mode import wandb_mode
+    from orchestrator.tune.launch import ensure_ray
+
+    mode = wandb_mode(args.wandb_mode)
+    if mode is None and args.campaign:
+        from orchestrator.campaign.expand import load_campaign
+
+        mode = load_campaign(args.campaign).config.wandb.mode
+    storage = args.storage
+    if storage and not store.is_uri(storage):
+        storage = str(Path(storage).resolve())
+    if args.address:
+        ray.init(address=args.address)
+    else:
+        ensure_ray(2)  # $RAY_ADDRESS's cluster, else a local one
+    checks = cluster_checks(storage)
+    checks.append(wandb_check(mode, bool(os.environ.get("WANDB_API_KEY")), reach_wandb))
+    checks.append(campaign_check(args.campaign))
+    text, code = render(checks)
+    print(text)
+    return code
+
+
 def _dashboard(args: argparse.Namespace) -> int:
     from orchestrator.campaign.expand import load_campaign
     from orchestrator.tracking.dashboard import dashboard
@@ -228,6 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--entity", help="W&B entity (default: the campaign's wandb.entity, else your default)")
     d.add_argument("--project", help="W&B project (default: the campaign's wandb.project)")
     d.set_defaults(fn=_dashboard)
+    doc = sub.add_parser("doctor", help="check a cluster end to end before a campaign (exit 0: all checks pass)")
+    doc.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)")
+    doc.add_argument("--storage", help="storage path or URI the campaign will use (written and read from a node)")
+    doc.add_argument("--campaign", help="campaign YAML: its models resolve and their max_model_len fits")
+    doc.add_argument("--wandb-mode", choices=("offline", "online", "disabled"),
+                     help="the W&B mode to check (default: $WANDB_MODE, else the campaign's)")
+    doc.set_defaults(fn=_doctor)
     t = sub.add_parser("trial", help="run one trial (default: the tiny local default)")
     t.add_argument("config", nargs="?", help="trial config YAML (keys of orchestrator.config.trial.TrialConfig)")
     t.add_argument("--steps", type=int, help="override the number of steps")

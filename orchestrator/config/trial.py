@@ -191,6 +191,38 @@ class ResourcesConfig(_Strict):
         description="GPU model every GPU bundle needs (Ray's accelerator_type:<T> resource: H100, L4, A100, ...)")
 
 
+class TimeoutsConfig(_Strict):
+    """Deadlines of the trial loop's actor calls (orchestrator/trial/calls.py). A phase without a fixed value
+    gets `multiple` x the median of its last `window` durations, at least `min_s`; before `warmup` durations are
+    known, `first_s`. A missed deadline records the phase and the actor (events.jsonl, W&B), kills the trial's
+    actors and fails the trial, so Tune retries it from its newest checkpoint (`max_failures`)."""
+
+    generate: float | None = Field(None, gt=0.0, description="seconds for one step's sampling (fixed; None: adaptive)")
+    train: float | None = Field(None, gt=0.0, description="seconds for one learner step (fixed; None: adaptive)")
+    sync: float | None = Field(None, gt=0.0, description="seconds to push a policy to every worker")
+    checkpoint: float | None = Field(None, gt=0.0, description="seconds to write or restore a checkpoint")
+    eval: float | None = Field(None, gt=0.0, description="seconds for one held-out evaluation")
+    setup: float = Field(3600.0, gt=0.0, description="seconds for the actors to build their models (a download "
+                         "of a large model included)")
+    health: float = Field(60.0, gt=0.0, description="seconds for a rollout worker's health call before a long phase")
+    multiple: float = Field(10.0, ge=1.0, description="adaptive deadline: this many times the recent median")
+    min_s: float = Field(300.0, gt=0.0, description="adaptive deadline: never shorter than this")
+    first_s: float = Field(1800.0, gt=0.0, description="adaptive deadline before `warmup` durations are known "
+                           "(first steps: compilation, caches)")
+    warmup: int = Field(2, ge=1, description="durations of a phase needed before its adaptive deadline applies")
+    window: int = Field(20, ge=1, description="recent durations the median is taken over")
+    collective: float = Field(600.0, gt=0.0, description=(
+        "seconds a learner rank waits in one torch.distributed collective (gloo and NCCL) before failing, so a "
+        "lost rank fails the others (torch's defaults: 10 min NCCL, 30 min gloo)"))
+
+    @model_validator(mode="after")
+    def _first_covers_min(self) -> TimeoutsConfig:
+        if self.first_s < self.min_s:
+            raise ValueError(f"first_s ({self.first_s:g}) must be >= min_s ({self.min_s:g}): the first steps are "
+                             "the slow ones")
+        return self
+
+
 class WandbConfig(_Strict):
     """What a user writes under `wandb:`. The API key never appears here: it comes from WANDB_API_KEY or
     `api_key_file` (read on the node that runs the trial) and is never logged."""
@@ -234,6 +266,7 @@ class TrialConfig(_Strict):
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointSettings = CheckpointSettings()
     resources: ResourcesConfig = ResourcesConfig()
+    timeouts: TimeoutsConfig = TimeoutsConfig()
     wandb: TrialWandb = TrialWandb()
     labels: dict[str, Any] = Field(default_factory=dict, description=(
         "extra top-level keys logged with the config (campaigns set condition, seed and every swept key)"))

@@ -55,6 +55,16 @@ def driver_alive(directory: str) -> bool | None:
         return False
 
 
+def hang_label(hangs: list[dict], starts: list[dict]) -> str:
+    """A trial that missed a deadline (orchestrator/trial/calls.py): retrying (no start since its last hang) or
+    resumed, with the phase and the actors of the last hang."""
+    last = hangs[-1]
+    who = ", ".join(last.get("frozen") or last.get("late") or [])
+    retrying = not starts or starts[-1].get("time", 0) < last.get("time", 0)
+    return (f"({'retrying' if retrying else 'resumed'} after a hang in {last.get('phase')}"
+            f"{f' of {who}' if who else ''} at step {last.get('step')}; {len(hangs)} so far)")
+
+
 def trial_rows(campaign: Campaign) -> list[dict]:
     from orchestrator.tune.pending import pending_label
 
@@ -66,13 +76,16 @@ def trial_rows(campaign: Campaign) -> list[dict]:
     for t in campaign.trials:
         tdir = store.trial_dir(campaign.directory, t.name)
         rows = store.read_jsonl(store.join(tdir, store.METRICS_FILE))
-        starts = store.read_jsonl(store.join(tdir, store.EVENTS_FILE))
-        starts = [e for e in starts if e.get("event") == "start"]
+        events = store.read_jsonl(store.join(tdir, store.EVENTS_FILE))
+        starts = [e for e in events if e.get("event") == "start"]
+        hangs = [e for e in events if e.get("event") == "hang"]
         steps = t.config["steps"]
         last = rows[-1] if rows else {}
         state = states.get(t.name) or ("NOT STARTED" if not starts else "UNKNOWN")
         if state in ("PENDING", "NOT STARTED", "UNKNOWN") and alive is not False:  # the driver: waiting how long
             state = pending_label(campaign.directory, t.name) or state
+        if hangs and state not in ("TERMINATED", "ERROR"):
+            state = f"{state} {hang_label(hangs, starts)}"
         out.append({"trial": t.name, "state": state, "step": f"{len(rows)}/{steps}", "starts": len(starts),
                     **{k: last[k] for k in KEY_METRICS if k in last}})
     return out

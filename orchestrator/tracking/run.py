@@ -86,6 +86,16 @@ class TrialTracker:
         if self.run is not None:
             self.run.log({k: v for k, v in row.items() if k != "step"}, step=step)
 
+    def record_hang(self, event: dict) -> None:
+        """A missed deadline (orchestrator/trial/calls.py) in the run's summary (`hang/*`: phase, actors, step,
+        why), written out at once: the trial fails right after."""
+        if self.run is None:
+            return
+        self.run.summary.update({"hang/phase": event["phase"], "hang/step": event["step"],
+                                 "hang/actors": ", ".join(event["frozen"] or event["late"]),
+                                 "hang/reason": event["reason"]})
+        self.finish()
+
     def auc_summary(self) -> dict[str, float]:
         """`auc/<metric>`: the normalized AUC over the whole run of the report's metric and the train correct
         rate (the dashboard's swept-value panels plot it); a metric with fewer than two points has none."""

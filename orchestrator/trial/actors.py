@@ -4,24 +4,27 @@ and learner actor classes, and the placement-group bundles that pack them ([driv
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import ray
 import torch
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.config.trial import ModelConfig, TrialConfig
+from orchestrator.trial.calls import Calls
 from orchestrator.trial.learner_group import LearnerGroup
 from orchestrator.trial.models import resolve_model
 from workers.learner.inputs import RunSettings
 from workers.learner.learner import Learner
 from workers.learner.ranks import Ranks, rendezvous_address
 from workers.models.gpu_runtime import check_gpu_runtime
-from workers.rollout.worker import RolloutWorker, RolloutWorkerSettings
+from workers.rollout.worker import RolloutWorker, RolloutWorkerSettings, process_health
 
 
 def _where() -> dict:
     ctx = ray.get_runtime_context()
-    return {"placement_group": ctx.get_placement_group_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+    return {"placement_group": ctx.get_placement_group_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "pid": os.getpid()}
 
 
 def _engine_dtype(dtype: str) -> str:
@@ -31,10 +34,11 @@ def _engine_dtype(dtype: str) -> str:
     return "bfloat16" if torch.cuda.is_available() else "float32"
 
 
-@ray.remote
+@ray.remote(concurrency_groups={"health": 1})
 class TrialRolloutActor(RolloutWorker):
     """A rollout worker whose model is a trial's `model` config (resolved where the actor runs) and whose dtype
-    may be "auto" (`_engine_dtype`)."""
+    may be "auto" (`_engine_dtype`). `health` runs on its own thread: it answers while `generate` waits on a
+    frozen engine (orchestrator/trial/calls.py asks it after a missed deadline)."""
 
     def __init__(self, model_cfg: dict, settings: RolloutWorkerSettings):
         check_gpu_runtime()
@@ -44,14 +48,19 @@ class TrialRolloutActor(RolloutWorker):
     def placement(self) -> dict:
         return _where()
 
+    @ray.method(concurrency_group="health")
+    def health(self) -> dict:
+        return super().health()  # its own thread: answers while generate waits
 
-@ray.remote
+
+@ray.remote(concurrency_groups={"health": 1})
 class LearnerRankActor(Learner):
     """One learner rank. Built in two calls so the group's address (rank 0's node and a free port there) is known
     before any rank joins: `rendezvous` on rank 0, then `start` on every rank (orchestrator/trial/learner_group.py)."""
 
     def __init__(self, model_cfg: dict, rank: int = 0, world: int = 1, **kw):
         self._args = (model_cfg, Ranks(rank, world), kw)
+        self._rank = rank
 
     def rendezvous(self) -> str:
         return rendezvous_address()
@@ -64,6 +73,11 @@ class LearnerRankActor(Learner):
     def placement(self) -> dict:
         return _where()
 
+    @ray.method(concurrency_group="health")
+    def health(self) -> dict:
+        """Answers on its own thread while a training step runs: a rank that does not answer is frozen."""
+        return process_health()
+
 
 def _placement(pg, bundle: int) -> dict:
     if pg is None:
@@ -75,15 +89,23 @@ def _placement(pg, bundle: int) -> dict:
 
 
 
-def placement_record(pg, workers, learner: LearnerGroup) -> dict:
-    """Where the trial's actors run: their placement group and GPU ids (checked by tests, handy on a cluster);
-    `learner` is rank 0, `learner_ranks` every rank."""
+def rollout_names(workers: list) -> list[tuple[str, object]]:
+    """The rollout workers as (name, handle), the names a hang is recorded with."""
+    return [(f"rollout[{i}]", w) for i, w in enumerate(workers)]
+
+
+def placement_record(pg, workers, learner: LearnerGroup, health: list[dict]) -> dict:
+    """Where the trial's actors run: their placement group, GPU ids and pids (checked by tests, handy on a
+    cluster; a rollout worker's `engine_pids` are its engine's processes, from `health`); `learner` is rank 0,
+    `learner_ranks` every rank."""
     ctx = ray.get_runtime_context()
     ranks = learner.placements()
+    where = learner.calls.get([w.placement.remote() for w in workers], "setup", rollout_names(workers))
     return {
         "placement_group": pg.id.hex() if pg is not None else None,
         "driver": _where(),
-        "workers": ray.get([w.placement.remote() for w in workers]),
+        "workers": [{**w, "engine_pids": [c["pid"] for c in h["children"]]}
+                    for w, h in zip(where, health, strict=True)],
         "learner": ranks[0],
         "learner_ranks": ranks,
         "node_id": ctx.get_node_id(),
@@ -119,9 +141,10 @@ def shutdown_actors(workers: list, learner: LearnerGroup | None = None) -> None:
         learner.shutdown()
 
 
-def start_actors(cfg: TrialConfig, pg) -> tuple[list, LearnerGroup]:
+def start_actors(cfg: TrialConfig, pg, calls: Calls | None = None) -> tuple[list, LearnerGroup]:
     """The trial's rollout workers and learner group, each actor in its bundle of the trial's placement group `pg`
-    (None: no group). Returns at once; `ready` on each says when it has built its model."""
+    (None: no group), waited on through `calls` (the trial's deadlines). Returns at once; `ready` on each says
+    when it has built its model."""
     k, r = cfg.rollout.num_workers, cfg.resources
     model_cfg = cfg.model.model_dump()
     settings = rollout_settings(cfg)
@@ -133,8 +156,9 @@ def start_actors(cfg: TrialConfig, pg) -> tuple[list, LearnerGroup]:
     ranks = [
         LearnerRankActor.options(num_cpus=r.learner_cpus, num_gpus=r.learner_gpus, **_placement(pg, 1 + k + i)).remote(
             model_cfg, rank=i, world=r.learner_ranks, learner=cfg.learner, credit=cfg.credit,
-            run=RunSettings(seed=cfg.seed, total_steps=cfg.steps, dtype=cfg.model.dtype),
+            run=RunSettings(seed=cfg.seed, total_steps=cfg.steps, dtype=cfg.model.dtype,
+                            collective_timeout_s=cfg.timeouts.collective),
             interventions=cfg.interventions)
         for i in range(r.learner_ranks)
     ]
-    return workers, LearnerGroup(ranks, full=not settings.enable_lora)
+    return workers, LearnerGroup(ranks, full=not settings.enable_lora, calls=calls)

@@ -9,15 +9,17 @@ stay separate arguments.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.config.trial import TrialConfig
+from orchestrator.trial.calls import Calls
 
 
 @dataclass(frozen=True)
 class TrialContext:
     """The trial's fixed parts. `learner`: a LearnerGroup (orchestrator/trial/learner_group.py), None where only
-    rollouts run (tests); `actions`: the task's action token ids when the probability floor is on, else None."""
+    rollouts run (tests); `actions`: the task's action token ids when the probability floor is on, else None;
+    `calls`: the trial's deadlines (orchestrator/trial/calls.py; the default ones where a test builds a context)."""
 
     cfg: TrialConfig
     workers: list
@@ -25,3 +27,4 @@ class TrialContext:
     tokenizer: object
     task: object
     actions: list[int] | None = None
+    calls: Calls = field(default_factory=Calls)

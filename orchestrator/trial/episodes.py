@@ -83,9 +83,9 @@ class Trajectory:
 
 
 def play_episodes(ctx: TrialContext, episodes: list[TextEpisode], *, seed: int, step: int,
-                  temperature: float, round: int = 0) -> tuple[list[Trajectory], dict]:
+                  temperature: float, round: int = 0, phase: str = "generate") -> tuple[list[Trajectory], dict]:
     """Play `episodes` to the end (sampling seeds of refill round `round`); returns their trajectories and
-    {"num_tokens", "versions", "turns"}."""
+    {"num_tokens", "versions", "turns"}. Each turn's sampling waits under `phase`'s deadline (generate, or eval)."""
     cfg, workers, tokenizer = ctx.cfg, ctx.workers, ctx.tokenizer
     ro, limit = cfg.rollout, cfg.model.max_model_len
     segments = cfg.learner.loss_mask == "assistant_segments"
@@ -99,7 +99,7 @@ def play_episodes(ctx: TrialContext, episodes: list[TextEpisode], *, seed: int, 
     while active := [t for t in trajs if not t.done]:
         histories = [t.prompt_ids + t.context_ids for t in active]
         seeds = [step_seed(seed, step, j, turn, round) for j in range(len(workers))]
-        results = sample(ctx, histories, n=1, temperature=temperature, seeds=seeds, floor=False)
+        results = sample(ctx, histories, n=1, temperature=temperature, seeds=seeds, floor=False, phase=phase)
         versions |= {res["adapter_version"] for res in results}
         samples = [group[0] for res in results for group in res["completions"]]
         for t, s in zip(active, samples, strict=True):

@@ -12,24 +12,28 @@ from __future__ import annotations
 
 import ray
 
+from orchestrator.trial.calls import Calls
 from workers.learner.inputs import LearnerBatch, StepResult
 from workers.sync.policy import push
 
 
 class LearnerGroup:
     """`ranks`: the learner actors (orchestrator/trial/actors.py:LearnerRankActor), rank order, built but not started; or
-    `started`: any actors with the Learner's methods whose models are already built (one rank, in tests)."""
+    `started`: any actors with the Learner's methods whose models are already built (one rank, in tests).
+    `calls`: the trial's deadlines (orchestrator/trial/calls.py); every wait on a rank goes through it."""
 
-    def __init__(self, ranks: list, full: bool, started: bool = False):
+    def __init__(self, ranks: list, full: bool, started: bool = False, calls: Calls | None = None):
         self.ranks, self.full = ranks, full
+        self.calls = calls or Calls()
+        self.named = [(f"learner[{i}]", r) for i, r in enumerate(ranks)]
         self._started = []
         if not started:
-            init = ray.get(ranks[0].rendezvous.remote()) if len(ranks) > 1 else None
+            init = self.calls.get(ranks[0].rendezvous.remote(), "setup", self.named[:1]) if len(ranks) > 1 else None
             self._started = [r.start.remote(init) for r in ranks]  # model loads on every rank at once
 
     def ready(self) -> bool:
-        ray.get(self._started)
-        return all(ray.get([r.ready.remote() for r in self.ranks]))
+        self.calls.get(self._started, "setup", self.named)
+        return all(self.calls.get([r.ready.remote() for r in self.ranks], "setup", self.named))
 
     # -- training -------------------------------------------------------------------------------------
     def submit_train_step(self, batch: LearnerBatch) -> list:
@@ -37,9 +41,8 @@ class LearnerGroup:
         ref = ray.put(batch)
         return [r.train_step.remote(ref) for r in self.ranks]
 
-    @staticmethod
-    def result(futures: list) -> StepResult:
-        return ray.get(futures)[0]
+    def result(self, futures: list) -> StepResult:
+        return self.calls.get(futures, "train", self.named)[0]
 
     def train_step(self, batch: LearnerBatch) -> StepResult:
         return self.result(self.submit_train_step(batch))
@@ -48,8 +51,9 @@ class LearnerGroup:
     def push_policy(self, workers: list, version: int) -> int:
         """The learner's policy as `version` on every worker (workers/sync/: the LoRA adapter, or the full
         weights checked by checksum on each worker). Returns `version` once every worker holds it."""
-        update = ray.get([r.export_policy.remote(version) for r in self.ranks])[0]
-        return push(workers, update)
+        update = self.calls.get([r.export_policy.remote(version) for r in self.ranks], "sync", self.named)[0]
+        named = [(f"rollout[{i}]", w) for i, w in enumerate(workers)]
+        return push(workers, update, wait=lambda refs: self.calls.get(refs, "sync", named))
 
     # -- checkpoints ----------------------------------------------------------------------------------
     def write_checkpoint(self, directory: str) -> list[str]:
@@ -58,11 +62,8 @@ class LearnerGroup:
         share at a time (about 16 bytes per trained parameter / ranks in full mode). Returns the names."""
         from pathlib import Path
 
-        names, pending = [], [r.checkpoint_files.remote() for r in self.ranks]
-        while pending:
-            [done], pending = ray.wait(pending, num_returns=1)
-            part = ray.get(done)
-            del done
+        names = []
+        for part in self.calls.wait_each([r.checkpoint_files.remote() for r in self.ranks], "checkpoint", self.named):
             for name, data in part.items():
                 path = Path(directory) / name
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,10 +75,10 @@ class LearnerGroup:
     def restore(self, files: dict[str, bytes], source: str) -> None:
         """Load a checkpoint saved by a group of any size; each rank fetches only the pieces it reads."""
         pieces = ObjectStoreFiles(files)
-        ray.get([r.restore.remote(pieces, source) for r in self.ranks])
+        self.calls.get([r.restore.remote(pieces, source) for r in self.ranks], "checkpoint", self.named)
 
     def placements(self) -> list[dict]:
-        return ray.get([r.placement.remote() for r in self.ranks])
+        return self.calls.get([r.placement.remote() for r in self.ranks], "setup", self.named)
 
     def shutdown(self) -> None:
         """Kill every rank actor (their models and process group go with them). Idempotent. Use
@@ -120,6 +121,6 @@ class ObjectStoreFiles:
         return data[start - first * self.piece:end - first * self.piece]
 
     def _get(self, name: str, k: int) -> bytes:
-        if self._last is None or self._last[:2] != (name, k):
-            self._last = (name, k, ray.get(self.pieces[name][k]))
+        if self._last is None or self._last[:2] != (name, k):  # runs in a learner rank: the driver's wait on
+            self._last = (name, k, ray.get(self.pieces[name][k]))  # `restore` bounds it (calls.py, "checkpoint")
         return self._last[2]

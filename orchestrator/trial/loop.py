@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import ray
 from ray import tune
 from ray.util import get_current_placement_group
 
@@ -25,7 +24,8 @@ from orchestrator import storage as store
 from orchestrator.config.trial import TrialConfig, sepa_settings
 from orchestrator.storage import EVENTS_FILE, METRICS_FILE, PLACEMENT_FILE, STATE_FILE, UNCERTAINTY_DIR
 from orchestrator.tracking.run import TrialTracker
-from orchestrator.trial.actors import placement_record, start_actors
+from orchestrator.trial.actors import placement_record, rollout_names, shutdown_actors, start_actors
+from orchestrator.trial.calls import Calls, Deadlines, Hang, check_health
 from orchestrator.trial.context import TrialContext
 from orchestrator.trial.learner_group import LearnerGroup
 from orchestrator.trial.models import resolve_model
@@ -87,6 +87,22 @@ def _resume(cfg: TrialConfig, out_dir: str) -> Resume:
     return Resume(state["step"] + 1, state["adapter_version"], state, files, restored.rows, pending)
 
 
+def _hang_handler(cfg: TrialConfig, out_dir: str, workers: list, learner: LearnerGroup, trackers: list):
+    """What a missed deadline does before the trial fails (orchestrator/trial/calls.py raises after it): record
+    the phase and the actors in events.jsonl and the W&B run, and kill this trial's actors (only them), whose
+    GPUs would otherwise stay held by a frozen process; Tune then retries from the newest checkpoint."""
+
+    def handle(hang: Hang) -> None:
+        store.append_line(store.join(out_dir, EVENTS_FILE), hang.event())
+        print(f"[{cfg.name}] {hang.message()}; killing the trial's actors, the trial fails and is retried",
+              flush=True)
+        shutdown_actors(workers, learner)
+        for tracker in trackers:
+            tracker.record_hang(hang.event())
+
+    return handle
+
+
 def _restore_actors(resume: Resume, learner: LearnerGroup, workers, task, sepa: SepaController,
                     source: str) -> None:
     """Put the checkpoint's learner state (saved by a group of any size), task cursor, SEPA controller and
@@ -136,7 +152,10 @@ def run_trial(config: dict) -> None:
         return  # restored from the final checkpoint: nothing left to run
 
     pg = get_current_placement_group()
-    workers, learner = start_actors(cfg, pg)
+    calls = Calls(Deadlines(cfg.timeouts))
+    workers, learner = start_actors(cfg, pg, calls)
+    trackers: list[TrialTracker] = []  # the W&B run, once it exists, hears of a hang too
+    calls.on_hang = _hang_handler(cfg, out_dir, workers, learner, trackers)
     tokenizer = load_tokenizer(resolve_model(cfg.model))
     fmt = turn_format(tokenizer)  # from the model's own files: which template and end-of-turn token this run uses
     store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "model", "name": cfg.model.name, **fmt})
@@ -146,17 +165,20 @@ def run_trial(config: dict) -> None:
     sepa = SepaController(sepa_settings(cfg))
     learner.ready()
     _restore_actors(resume, learner, workers, task, sepa, f"{out_dir} checkpoint of step {resume.start - 1}")
-    ray.get([w.ready.remote() for w in workers])
-    store.write_text(store.join(out_dir, PLACEMENT_FILE), json.dumps(placement_record(pg, workers, learner)))
+    calls.get([w.ready.remote() for w in workers], "setup", rollout_names(workers))
+    health = check_health(calls, rollout_names(workers))  # also: the engines' pids, for the placement record
+    store.write_text(store.join(out_dir, PLACEMENT_FILE), json.dumps(placement_record(pg, workers, learner, health)))
     tracker = TrialTracker(cfg)
+    trackers.append(tracker)
     for row in rows:  # steps before the checkpoint that no earlier attempt got written (killed writer)
         tracker.log(row)
 
-    ctx = TrialContext(cfg, workers, learner, tokenizer, task, action_ids(cfg, task, tokenizer))
+    ctx = TrialContext(cfg, workers, learner, tokenizer, task, action_ids(cfg, task, tokenizer), calls)
     source = rollout_source(ctx)  # single-turn or episodes, chosen once from the task
     pipe = OneStepOff(ctx, source, resume.pending) if cfg.rollout.mode == "one_step_off" else None
     for step in range(resume.start, cfg.steps):
-        row = {}
+        row, calls.step = {}, step
+        check_health(calls, rollout_names(workers))  # a frozen engine fails here, before a long phase waits on it
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps - 1):
             row.update(source.evaluate(step))
         if pipe is not None:  # generates step + 1 while the learner trains on step

@@ -6,7 +6,6 @@ Seeds are a pure function of (trial seed, step, shard), so a restored trial repl
 from __future__ import annotations
 
 import numpy as np
-import ray
 
 from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.context import TrialContext
@@ -37,17 +36,19 @@ def action_ids(cfg: TrialConfig, task, tokenizer) -> list[int] | None:
 
 
 def sample(ctx: TrialContext, prompt_ids: list[list[int]], *, n: int, temperature: float, seeds: list[int],
-           floor: bool = True) -> list[dict]:
+           floor: bool = True, phase: str = "generate") -> list[dict]:
     """Shard prompts over the workers and sample; one result dict per non-empty shard. `floor`: apply the
-    probability floor on the trial's action ids (`ctx.actions`; multi-turn episodes sample without it)."""
+    probability floor on the trial's action ids (`ctx.actions`; multi-turn episodes sample without it); `phase`:
+    whose deadline the wait is under (generate, or eval for held-out sampling)."""
     cfg, workers, actions = ctx.cfg, ctx.workers, ctx.actions if floor else None
     parts = shard(list(range(len(prompt_ids))), len(workers))
     floor_kw = {"action_token_ids": actions, "action_min_prob": cfg.interventions.probability_floor.min_prob} \
         if actions else {}
+    named = [(f"rollout[{j}]", w) for j, (w, idx) in enumerate(zip(workers, parts, strict=True)) if idx]
     futures = [
         w.generate.remote([prompt_ids[i] for i in idx], SamplingRequest(
             n=n, temperature=temperature, top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_tokens,
             seed=seeds[j], stop_token_ids=stop_token_ids(ctx.tokenizer), **floor_kw))
         for j, (w, idx) in enumerate(zip(workers, parts, strict=True)) if idx
     ]
-    return ray.get(futures)
+    return ctx.calls.get(futures, phase, named)

@@ -149,12 +149,14 @@ class SingleTurnSource:
     def __init__(self, ctx: TrialContext):
         self.ctx = ctx
 
-    def _completions(self, problems, step: int, seed: int, n: int, temperature: float, round: int = 0):
-        """The prompts' ids (the chat template when there is one) and the sampler's results, per shard."""
+    def _completions(self, problems, step: int, seed: int, n: int, temperature: float, *, round: int = 0,
+                     phase: str = "generate"):
+        """The prompts' ids (the chat template when there is one) and the sampler's results, per shard (waited on
+        under `phase`'s deadline)."""
         ctx = self.ctx
         prompt_ids = [first_prompt_ids(ctx.tokenizer, p.prompt, system=p.system) for p in problems]
         seeds = [step_seed(seed, step, j, round=round) for j in range(len(ctx.workers))]
-        return prompt_ids, sample(ctx, prompt_ids, n=n, temperature=temperature, seeds=seeds)
+        return prompt_ids, sample(ctx, prompt_ids, n=n, temperature=temperature, seeds=seeds, phase=phase)
 
     def _score(self, prob, group: list[dict]):
         texts = [self.ctx.tokenizer.decode(c["token_ids"], skip_special_tokens=True) for c in group]
@@ -163,7 +165,7 @@ class SingleTurnSource:
     def collect(self, step: int, round: int = 0) -> Rollouts:
         cfg, ro = self.ctx.cfg, self.ctx.cfg.rollout
         problems = self.ctx.task.next_batch(ro.prompts_per_step)
-        prompt_ids, results = self._completions(problems, step, cfg.seed, ro.n, ro.temperature, round)
+        prompt_ids, results = self._completions(problems, step, cfg.seed, ro.n, ro.temperature, round=round)
         groups = [g for res in results for g in res["completions"]]
         sampler_floor = [math.exp(lp) for g in groups for c in g for lp in c.get("action_logprobs", {}).values()]
         t0 = time.perf_counter()
@@ -195,7 +197,8 @@ class SingleTurnSource:
         if not problems:
             return {}
         t0 = time.perf_counter()
-        _, results = self._completions(problems, step, cfg.seed + EVAL_SEED_OFFSET, ev.n, ev.temperature)
+        _, results = self._completions(problems, step, cfg.seed + EVAL_SEED_OFFSET, ev.n, ev.temperature,
+                                       phase="eval")
         groups = [g for res in results for g in res["completions"]]
         p1, pk = [], []
         for prob, group in zip(problems, groups, strict=True):
@@ -246,7 +249,7 @@ class EpisodeSource:
         levels = task.eval_levels(ev.problems)
         episodes = [task.episode(level, g, cfg.rollout) for level in levels for g in range(ev.n)]
         trajs, _ = play_episodes(self.ctx, episodes, seed=cfg.seed + EVAL_SEED_OFFSET, step=step,
-                                 temperature=ev.temperature)
+                                 temperature=ev.temperature, phase="eval")
         wins = [sum(t.success for t in trajs[i:i + ev.n]) for i in range(0, len(trajs), ev.n)]
         metrics = episode_metrics(trajs, prefix="eval")
         return {**metrics, "eval/pass@1": metrics["eval/success"],

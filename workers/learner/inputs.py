@@ -73,8 +73,10 @@ class StepResult:
 class RunSettings:
     """What a learner takes from its trial besides the `learner:` / `credit:` / `interventions:` settings:
     the `seed` (initial weights, RNGs, mini-batch shuffle; the same on every rank), the trial's `total_steps`
-    (LR schedule, entropy-floor schedule) and the compute `dtype` ("auto": bfloat16 on a GPU, float32 on CPU)."""
+    (LR schedule, entropy-floor schedule), the compute `dtype` ("auto": bfloat16 on a GPU, float32 on CPU) and the
+    process group's collective timeout."""
 
     seed: int
     total_steps: int
     dtype: str = "auto"
+    collective_timeout_s: float = 600.0  # one torch.distributed collective, before the rank fails (ranks.join_group)

@@ -72,7 +72,7 @@ class Learner:
         offload = learner.cpu_offload and cuda  # offloads GPU state; nothing to offload on a CPU
         self.sharded = ranks.grouped or offload or (self.full and cuda)
         if self.sharded:  # FSDP needs a process group, of one rank when this learner has no group
-            join_group(ranks, init_method or rendezvous_address(), cuda)
+            join_group(ranks, init_method or rendezvous_address(), cuda, timeout_s=run.collective_timeout_s)
         weights_dtype = torch.float32 if self.sharded else self.dtype
         self.credit = credit
         self.iv = interventions if interventions is not None else InterventionsConfig()

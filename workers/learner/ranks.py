@@ -46,9 +46,13 @@ def rendezvous_address() -> str:
     return f"tcp://{ip}:{port}"
 
 
-def join_group(ranks: Ranks, init_method: str, cuda: bool) -> None:
+def join_group(ranks: Ranks, init_method: str, cuda: bool, timeout_s: float = 600.0) -> None:
     """Join the learner's process group: NCCL on GPU, gloo on CPU. Ray gives each rank's actor its own GPU as
-    device 0 (CUDA_VISIBLE_DEVICES), so NCCL's device is cuda:0 everywhere."""
+    device 0 (CUDA_VISIBLE_DEVICES), so NCCL's device is cuda:0 everywhere. `timeout_s` bounds every collective
+    (and the rendezvous): a lost or frozen rank makes the others fail instead of waiting torch's default 10 min
+    (NCCL) or 30 min (gloo); NCCL's async error handling (1: tear the process down) acts on that timeout."""
+    import datetime
+
     import torch.distributed as dist
 
     if dist.is_initialized():  # one group per process: a second learner in it (tests) reuses it
@@ -57,7 +61,7 @@ def join_group(ranks: Ranks, init_method: str, cuda: bool) -> None:
         torch.cuda.set_device(0)
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     dist.init_process_group("nccl" if cuda else "gloo", init_method=init_method, rank=ranks.rank,
-                            world_size=ranks.world)
+                            world_size=ranks.world, timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def split_rows(rows: Tensor, lengths: Tensor, world: int) -> list[Tensor]:

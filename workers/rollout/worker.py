@@ -293,6 +293,11 @@ class RolloutWorker:
             "dirs": sorted(p.name for p in self._root.iterdir()),
         }
 
+    def health(self) -> dict:
+        """Cheap liveness of this worker and its engine's processes (`process_health`): the trial loop asks it
+        before a long phase, and after a missed deadline to say which process froze."""
+        return process_health()
+
     def ready(self) -> bool:
         """True once the engine is built (await it to surface construction errors)."""
         return self._llm is not None
@@ -308,6 +313,26 @@ class RolloutWorker:
 
 
 RolloutActor = ray.remote(RolloutWorker)
+
+BAD_STATES = ("stopped", "tracing-stop", "zombie", "dead")
+
+
+def process_health() -> dict:
+    """This process's pid and its child processes (a rollout worker's: vLLM's engine core and model workers) with
+    their state; `ok` False when one is stopped (SIGSTOP, a debugger), a zombie or dead. Reads /proc only, so it
+    is cheap and answers while another thread waits on the engine."""
+    import psutil
+
+    me, children = psutil.Process(), []
+    for c in me.children(recursive=True):
+        try:
+            children.append({"pid": c.pid, "status": c.status(), "name": c.name()})
+        except psutil.NoSuchProcess:
+            continue
+    bad = [c for c in children if c["status"] in BAD_STATES]
+    return {"pid": me.pid, "ok": not bad, "children": children,
+            **({"reason": ", ".join(f"process {c['pid']} ({c['name']}) is {c['status']}" for c in bad)}
+               if bad else {})}
 
 
 def shard(items: list, k: int) -> list[list]:

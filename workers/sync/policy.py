@@ -56,13 +56,14 @@ class PolicySync(Protocol):
         ...
 
 
-def push(workers: list, update: PolicyUpdate) -> int:
+def push(workers: list, update: PolicyUpdate, wait=None) -> int:
     """`update` on every rollout worker actor (`RolloutWorker.apply_policy`), put in the object store once.
-    Returns its version once every worker holds it; a worker's failure raises here."""
+    Returns its version once every worker holds it; a worker's failure raises here. `wait(refs)`: how to wait
+    for the workers (default `ray.get`; the trial loop's waits under a deadline)."""
     import ray
 
     ref = ray.put(update)
-    ray.get([w.apply_policy.remote(ref) for w in workers])
+    (wait or ray.get)([w.apply_policy.remote(ref) for w in workers])
     return update.version
 
 

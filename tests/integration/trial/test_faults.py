@@ -6,6 +6,10 @@
   non-timing metric, each step exactly once.
 - Node loss on a two-worker-node `ray.cluster_utils.Cluster` (in a subprocess: it cannot share this session's
   Ray): the trial moves to the other node and continues from its last checkpoint.
+- A frozen vLLM engine core (SIGSTOP on the engine process of `rollout.engine.in_process: false`, found by pid in
+  the trial's placement.json) while its actor lives: the trial's deadline fires (not Ray's keepalive: the actor
+  answers), the hang is recorded with its phase and actor, the trial's actors are killed, and Tune's retry resumes
+  from the newest checkpoint to the reference trajectory. (A frozen learner rank: test_full_mode.py.)
 - NaN rewards, a NaN sampled log-prob and a reward function that raises: the groups are dropped and counted,
   nothing non-finite reaches the optimizer, the trial goes on.
 """
@@ -39,7 +43,7 @@ BASE = dict(steps=STEPS, seed=5, checkpoint={"every": 2, "keep": 2}, eval={"ever
             resources={"driver_cpus": 0.5, "worker_cpus": 1, "learner_cpus": 1})
 
 
-def _jsonl(path: Path) -> list[dict]:
+def jsonl(path: Path) -> list[dict]:
     try:
         return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
     except (FileNotFoundError, json.JSONDecodeError):
@@ -48,6 +52,25 @@ def _jsonl(path: Path) -> list[dict]:
 
 def _stable(row: dict) -> dict:
     return {k: v for k, v in row.items() if not k.startswith(VOLATILE)}
+
+
+def wait_for_rows(out: Path, starts: int, rows: int, limit_s: float = 400) -> None:
+    """Until attempt `starts` of the trial has begun and metrics.jsonl holds `rows` rows."""
+    deadline = time.time() + limit_s
+    while not ([e for e in jsonl(out / "events.jsonl") if e["event"] == "start"][starts - 1:]
+               and len(jsonl(out / "metrics.jsonl")) >= rows):
+        if time.time() > deadline:
+            raise TimeoutError(f"attempt {starts} did not reach {rows} rows")
+        time.sleep(0.05)
+
+
+def proc_state(pid: int) -> str | None:
+    """A process's state letter from /proc (T: stopped), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
 
 
 def _alive_actor_pid(class_suffix: str) -> int | None:
@@ -65,7 +88,7 @@ def reference(ray_local, tmp_path_factory):
     storage = tmp_path_factory.mktemp("reference")
     cfg = TrialConfig(name="reference", output_dir=str(storage / "out"), **BASE)
     assert run_single_trial(cfg, storage) is not None
-    return _jsonl(Path(cfg.output_dir) / "metrics.jsonl")
+    return jsonl(Path(cfg.output_dir) / "metrics.jsonl")
 
 
 def test_sigkilled_actors_and_a_damaged_checkpoint_resume_to_the_same_trajectory(reference, tmp_path):
@@ -76,12 +99,7 @@ def test_sigkilled_actors_and_a_damaged_checkpoint_resume_to_the_same_trajectory
     errors: list[BaseException] = []
 
     def wait_for(starts: int, rows: int) -> None:
-        deadline = time.time() + 400
-        while not ([e for e in _jsonl(out / "events.jsonl") if e["event"] == "start"][starts - 1:]
-                   and len(_jsonl(out / "metrics.jsonl")) >= rows):
-            if time.time() > deadline:
-                raise TimeoutError(f"attempt {starts} did not reach {rows} rows")
-            time.sleep(0.05)
+        wait_for_rows(out, starts, rows)
 
     def kill(class_suffix: str) -> None:
         pid = _alive_actor_pid(class_suffix)
@@ -109,16 +127,60 @@ def test_sigkilled_actors_and_a_damaged_checkpoint_resume_to_the_same_trajectory
     assert not errors, errors
     assert result is not None and len(done) == 3, done
 
-    events = _jsonl(out / "events.jsonl")
+    events = jsonl(out / "events.jsonl")
     starts = [e["from_step"] for e in events if e["event"] == "start"]
     assert starts == [0, 2, 2], events  # the second restart fell back from step 4 to the step-1 checkpoint
     skipped = [e for e in events if e["event"] == "checkpoint_skipped"]
     fallback = [e for e in events if e["event"] == "checkpoint_fallback"]
     assert len(skipped) == 1 and "learner.pt" in skipped[0]["reason"] and done[1].endswith(skipped[0]["checkpoint"])
     assert len(fallback) == 1 and fallback[0]["step"] == 1
-    rows = _jsonl(out / "metrics.jsonl")
+    rows = jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(STEPS))  # every step exactly once
     assert [_stable(r) for r in rows] == [_stable(r) for r in reference]
+
+
+def test_a_frozen_engine_core_fails_its_deadline_and_resumes_to_the_same_trajectory(reference, tmp_path):
+    timeouts = {"multiple": 5.0, "min_s": 45.0, "first_s": 300.0}  # minutes here, not Ray's or nobody's
+    cfg = TrialConfig(name="frozen_engine", output_dir=str(tmp_path / "out"), timeouts=timeouts,
+                      **{**BASE, "rollout": {**BASE["rollout"], "engine": {"in_process": False}}})
+    out = Path(cfg.output_dir)
+    stopped: list[int] = []
+    errors: list[BaseException] = []
+
+    def injector() -> None:
+        try:
+            wait_for_rows(out, 1, 3)  # steps 0-2 done, checkpoint after step 1
+            worker = json.loads((out / "placement.json").read_text())["workers"][0]
+            assert worker["engine_pids"], worker  # the engine core runs beside the actor, in its own process
+            for pid in worker["engine_pids"]:  # this trial's engine only, from what the trial recorded
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+            assert proc_state(worker["pid"]) not in ("T", None)  # the actor itself lives
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=injector, daemon=True)
+    thread.start()
+    t0 = time.monotonic()
+    result = run_single_trial(cfg, tmp_path, max_failures=2)
+    elapsed = time.monotonic() - t0
+    thread.join(timeout=5)
+    assert not errors, errors
+    assert result is not None and stopped
+    events = jsonl(out / "events.jsonl")
+    hangs = [e for e in events if e["event"] == "hang"]
+    assert len(hangs) == 1, events
+    hang = hangs[0]
+    assert hang["late"] == ["rollout[0]"] and hang["phase"] in ("health", "generate", "sync"), hang
+    assert f"process {stopped[0]}" in hang["reason"] and "stopped" in hang["reason"], hang  # the actor's answer
+    starts = [e["from_step"] for e in events if e["event"] == "start"]
+    assert starts[0] == 0 and len(starts) == 2 and starts[1] in (2, 4), events  # the newest checkpoint
+    assert all(proc_state(pid) in (None, "Z") for pid in stopped)  # gone with the trial's killed actor
+    rows = jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(STEPS))
+    assert [_stable(r) for r in rows] == [_stable(r) for r in reference]
+    print(f"frozen engine: caught in phase {hang['phase']} (deadline {hang['deadline_s']:.0f} s), "
+          f"trial done in {elapsed:.0f} s")
 
 
 def _poisoned(config):
@@ -182,7 +244,7 @@ def test_nonfinite_groups_and_failing_rewards_are_dropped_and_counted(ray_local,
     )
     result = tuner.fit()[0]
     assert result.error is None, result.error
-    rows = _jsonl(tmp_path / "out" / "metrics.jsonl")
+    rows = jsonl(tmp_path / "out" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]
     for r in rows:
         assert r["train/nonfinite_groups"] == 2, r  # the NaN-reward group and the NaN-log-prob group

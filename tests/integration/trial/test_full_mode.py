@@ -3,22 +3,27 @@ that reloads the full weights every step, two FSDP2 learner ranks over gloo in t
 a full critic (RAGEN's shape).
 
 After each sync the worker's log-probs equal the learner's (the learner's scoring pass recomputes the log-probs of
-the tokens the worker sampled), the policy version advances every step, a trial killed after step 1 and resumed
-from its checkpoint (sharded by 2 ranks) gives the same metrics as one never killed. (A 2-rank checkpoint restored
+the tokens the worker sampled), the policy version advances every step. A trial whose learner rank 1 is frozen
+(SIGSTOP, found by its pid in placement.json) while rank 0 waits on it fails its deadline (timeouts:), records
+which rank froze, loses its actors, and resumes from its checkpoint (sharded by 2 ranks) to the same metrics as one
+never stopped. (A 2-rank checkpoint restored
 on 1 rank: tests/integration/learner/test_learner_group_math.py.)"""
 
 from __future__ import annotations
 
 import json
-import sys
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
-import cloudpickle
 import pytest
 
 from orchestrator.config.trial import TrialConfig
 from orchestrator.tune.launch import run_single_trial
-from tests.integration.trial.test_trial import dies_once_after, rows, stable
+from tests.integration.trial.test_faults import jsonl, proc_state, wait_for_rows
+from tests.integration.trial.test_trial import rows, stable
 
 pytestmark = pytest.mark.integration
 
@@ -32,24 +37,33 @@ BASE = dict(steps=3, seed=5, checkpoint={"every": 1}, model={"name": "tiny"}, ta
 
 @pytest.fixture(scope="module")
 def runs(ray_local, tmp_path_factory) -> dict:
-    from ray import tune
-
-    from orchestrator.config.placement import bundles
-
     storage = tmp_path_factory.mktemp("full")
     plain = TrialConfig(name="plain", output_dir=str(storage / "plain"), **BASE)
     assert run_single_trial(plain, storage) is not None
-    for module in (sys.modules[__name__], sys.modules[dies_once_after.__module__]):
-        cloudpickle.register_pickle_by_value(module)
-    killed = TrialConfig(name="killed", output_dir=str(storage / "killed"), **BASE)
-    result = tune.Tuner(
-        tune.with_resources(dies_once_after(1), tune.PlacementGroupFactory(bundles(killed), strategy="PACK")),
-        param_space=killed.model_dump(),
-        run_config=tune.RunConfig(name="killed", storage_path=str(storage),
-                                  failure_config=tune.FailureConfig(max_failures=1)),
-    ).fit()[0]
-    assert result.error is None and (storage / "killed" / "failed_once").exists()
-    return {"plain": rows(plain.output_dir), "killed": rows(killed.output_dir), "storage": storage,
+    stopped = TrialConfig(name="stopped", output_dir=str(storage / "stopped"),
+                          timeouts={"multiple": 5.0, "min_s": 45.0, "first_s": 300.0, "warmup": 1}, **BASE)
+    out, frozen, errors = Path(stopped.output_dir), [], []
+
+    def injector() -> None:
+        try:
+            wait_for_rows(out, 1, 2)  # steps 0-1 done
+            pid = json.loads((out / "placement.json").read_text())["learner_ranks"][1]["pid"]
+            os.kill(pid, signal.SIGSTOP)  # this trial's rank 1 only, by the pid it recorded
+            frozen.append(pid)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=injector, daemon=True)
+    thread.start()
+    t0 = time.monotonic()
+    result = run_single_trial(stopped, storage, max_failures=1)
+    elapsed = time.monotonic() - t0
+    thread.join(timeout=5)
+    assert not errors and frozen, errors
+    assert result is not None
+    print(f"frozen learner rank: trial done in {elapsed:.0f} s", flush=True)
+    return {"plain": rows(plain.output_dir), "stopped": rows(stopped.output_dir), "storage": storage,
+            "frozen": frozen, "events": jsonl(out / "events.jsonl"),
             "placement": json.loads((Path(plain.output_dir) / "placement.json").read_text())}
 
 
@@ -69,6 +83,15 @@ def test_the_policy_moves_away_from_the_frozen_reference(runs):
     assert abs(kl[0]) < 1e-6 and kl[1] > 1e-5 and kl[2] > 1e-5, kl
 
 
-def test_kill_and_resume_gives_the_same_metrics(runs):
-    assert [r["step"] for r in runs["killed"]] == [0, 1, 2]
-    assert [stable(r) for r in runs["plain"]] == [stable(r) for r in runs["killed"]]
+def test_a_frozen_rank_fails_its_deadline_and_resumes_to_the_same_metrics(runs):
+    events = runs["events"]
+    hangs = [e for e in events if e["event"] == "hang"]
+    assert len(hangs) == 1, events
+    hang = hangs[0]
+    assert hang["phase"] in ("train", "checkpoint", "sync") and hang["frozen"] == ["learner[1]"], hang
+    assert "learner[0]" in hang["health"]  # rank 0 answered: busy in the collective, not frozen
+    starts = [e["from_step"] for e in events if e["event"] == "start"]
+    assert starts[0] == 0 and len(starts) == 2 and starts[1] in (1, 2), events  # from its newest checkpoint
+    assert all(proc_state(pid) in (None, "Z") for pid in runs["frozen"])  # killed with the trial's actors
+    assert [r["step"] for r in runs["stopped"]] == [0, 1, 2]
+    assert [stable(r) for r in runs["plain"]] == [stable(r) for r in runs["stopped"]]
