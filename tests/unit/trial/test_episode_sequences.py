@@ -30,7 +30,7 @@ def _play(tok, monkeypatch, *, training_context="sampled", loss_mask="sampled", 
              for a in ANSWERS]
     histories = []
 
-    def sample(ctx, prompts, *, n, temperature, seeds, floor):
+    def sample(ctx, prompts, *, n, temperature, seeds, floor, phase="generate"):
         histories.append(prompts[0])
         ids = turns[len(histories) - 1]
         return [{"adapter_version": 0, "completions": [[{"token_ids": ids, "logprobs": [-0.5] * len(ids)}]]}]

@@ -221,7 +221,7 @@ def test_single_turn_source_rounds_seeds_cursor_and_length_flags(tmp_path, monke
 
     seen = []
 
-    def fake_sample(ctx, prompt_ids, *, n, temperature, seeds, floor=True):
+    def fake_sample(ctx, prompt_ids, *, n, temperature, seeds, floor=True, phase="generate"):
         seen.append((tuple(map(tuple, prompt_ids)), tuple(seeds)))
         rng = np.random.default_rng(seeds[0])
         comps = [[{"token_ids": [int(t) for t in rng.integers(5, 9, size=int(rng.integers(1, 5)))],
