@@ -172,7 +172,8 @@ def expand(cfg: CampaignConfig, source: str = "<campaign>", directory: str = "")
                 for key, value in values.items():
                     set_path(data, key, value)
                 if cfg.resources is not None:
-                    data.setdefault("rollout", {})["num_workers"] = cfg.resources.rollout_workers
+                    if cfg.resources.placement != "colocated" or "rollout_workers" in cfg.resources.model_fields_set:
+                        data.setdefault("rollout", {})["num_workers"] = cfg.resources.rollout_workers
                     data["resources"] = cfg.resources.model_dump(exclude={"rollout_workers"})
                 data.update(name=name, seed=seed, labels={"condition": cond, "seed": seed, **values})
                 if directory:

@@ -9,6 +9,7 @@ import ray
 import torch
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from orchestrator.config.placement import colocated, learner_slots, worker_slots
 from orchestrator.config.trial import ModelConfig, TrialConfig
 from orchestrator.trial.learner_group import LearnerGroup
 from orchestrator.trial.models import resolve_model
@@ -71,16 +72,14 @@ def _placement(pg, bundle: int) -> dict:
     return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)}
 
 
-
-
-
-
-def placement_record(pg, workers, learner: LearnerGroup) -> dict:
+def placement_record(pg, workers, learner: LearnerGroup, placement: str = "separate") -> dict:
     """Where the trial's actors run: their placement group and GPU ids (checked by tests, handy on a cluster);
-    `learner` is rank 0, `learner_ranks` every rank."""
+    `learner` is rank 0, `learner_ranks` every rank; `placement`: separate or colocated (worker i then shares
+    rank i's bundle and GPU)."""
     ctx = ray.get_runtime_context()
     ranks = learner.placements()
     return {
+        "placement": placement,
         "placement_group": pg.id.hex() if pg is not None else None,
         "driver": _where(),
         "workers": ray.get([w.placement.remote() for w in workers]),
@@ -106,7 +105,8 @@ def rollout_settings(cfg: TrialConfig) -> RolloutWorkerSettings:
     themselves are reloaded."""
     return RolloutWorkerSettings(
         dtype=cfg.model.dtype, seed=cfg.seed, max_model_len=cfg.model.max_model_len,
-        max_lora_rank=cfg.learner.lora.rank, engine=rollout_engine(cfg), enable_lora=cfg.learner.mode == "lora")
+        max_lora_rank=cfg.learner.lora.rank, engine=rollout_engine(cfg), enable_lora=cfg.learner.mode == "lora",
+        sleep_mode=colocated(cfg))
 
 
 def shutdown_actors(workers: list, learner: LearnerGroup | None = None) -> None:
@@ -121,20 +121,23 @@ def shutdown_actors(workers: list, learner: LearnerGroup | None = None) -> None:
 
 def start_actors(cfg: TrialConfig, pg) -> tuple[list, LearnerGroup]:
     """The trial's rollout workers and learner group, each actor in its bundle of the trial's placement group `pg`
-    (None: no group). Returns at once; `ready` on each says when it has built its model."""
-    k, r = cfg.rollout.num_workers, cfg.resources
+    (None: no group). Returns at once (colocated: once the engines are built, so each engine's memory profile
+    runs before its learner rank allocates on the same GPU); `ready` on each says when it has built its model."""
+    r = cfg.resources
     model_cfg = cfg.model.model_dump()
     settings = rollout_settings(cfg)
     workers = [
-        TrialRolloutActor.options(num_cpus=r.worker_cpus, num_gpus=r.worker_gpus, **_placement(pg, 1 + i)).remote(
+        TrialRolloutActor.options(num_cpus=s.cpus, num_gpus=s.gpus, **_placement(pg, s.bundle)).remote(
             model_cfg, settings)
-        for i in range(k)
+        for s in worker_slots(cfg)
     ]
+    if colocated(cfg):  # vLLM sizes its KV cache from the free memory it sees: the learner allocates after it
+        ray.get([w.ready.remote() for w in workers])
     ranks = [
-        LearnerRankActor.options(num_cpus=r.learner_cpus, num_gpus=r.learner_gpus, **_placement(pg, 1 + k + i)).remote(
+        LearnerRankActor.options(num_cpus=s.cpus, num_gpus=s.gpus, **_placement(pg, s.bundle)).remote(
             model_cfg, rank=i, world=r.learner_ranks, learner=cfg.learner, credit=cfg.credit,
             run=RunSettings(seed=cfg.seed, total_steps=cfg.steps, dtype=cfg.model.dtype),
             interventions=cfg.interventions)
-        for i in range(r.learner_ranks)
+        for i, s in enumerate(learner_slots(cfg))
     ]
     return workers, LearnerGroup(ranks, full=not settings.enable_lora)

@@ -9,9 +9,10 @@ stay separate arguments.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.config.trial import TrialConfig
+from orchestrator.trial.phases import Phases
 
 
 @dataclass(frozen=True)
@@ -25,3 +26,4 @@ class TrialContext:
     tokenizer: object
     task: object
     actions: list[int] | None = None
+    phases: Phases = field(default_factory=Phases.off)
