@@ -71,3 +71,24 @@ def learner_slots(cfg: TrialConfig) -> list[ActorSlot]:
 def trial_gpus(cfg: TrialConfig) -> float:
     """GPUs the trial's placement group holds."""
     return sum(b.get("GPU", 0.0) for b in bundles(cfg))
+
+
+def with_placement(cfg: TrialConfig, placement: str) -> TrialConfig | None:
+    """`cfg` under the other placement, for `plan --compare-placement`: colocated puts one engine beside each
+    learner rank on its GPU; separate gives each of those engines a GPU of its own. None when the trial has no
+    learner GPU to share (a CPU trial) or the other placement refuses it (one_step_off under colocated)."""
+    if cfg.resources.placement == placement:
+        return cfg
+    data = cfg.model_dump(mode="json")
+    r = data["resources"]
+    if placement == "colocated":
+        if cfg.resources.learner_gpus <= 0:
+            return None
+        r.update(placement="colocated", learner_gpus=1, worker_gpus=0)
+        data["rollout"]["num_workers"] = cfg.resources.learner_ranks
+    else:
+        r.update(placement="separate", worker_gpus=1)
+    try:
+        return TrialConfig.model_validate(data)
+    except ValueError:
+        return None
