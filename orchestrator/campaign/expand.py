@@ -172,7 +172,7 @@ def expand(cfg: CampaignConfig, source: str = "<campaign>", directory: str = "")
                 for key, value in values.items():
                     set_path(data, key, value)
                 if cfg.resources is not None:
-                    if cfg.resources.placement != "colocated" or "rollout_workers" in cfg.resources.model_fields_set:
+                    if cfg.resources.placement != "colocated":  # colocated: one engine per learner rank
                         data.setdefault("rollout", {})["num_workers"] = cfg.resources.rollout_workers
                     data["resources"] = cfg.resources.model_dump(exclude={"rollout_workers"})
                 data.update(name=name, seed=seed, labels={"condition": cond, "seed": seed, **values})

@@ -84,7 +84,7 @@ def with_placement(cfg: TrialConfig, placement: str) -> TrialConfig | None:
     if placement == "colocated":
         if cfg.resources.learner_gpus <= 0:
             return None
-        r.update(placement="colocated", learner_gpus=1, worker_gpus=0)
+        r.update(placement="colocated", learner_gpus=1)
         data["rollout"]["num_workers"] = cfg.resources.learner_ranks
     else:
         r.update(placement="separate", worker_gpus=1)

@@ -156,8 +156,8 @@ class ResourcesConfig(_Strict):
     placement: Literal["separate", "colocated"] = Field("separate", description=(
         "separate: rollout engines and learner ranks on GPUs of their own (worker_gpus + learner_gpus each). "
         "colocated: one GPU bundle per learner rank holding that rank and one rollout engine (rollout.num_workers "
-        "= learner_ranks); the engine sleeps while the learner trains and wakes before the weight sync, so the "
-        "trial needs learner_ranks GPUs instead of learner_ranks + num_workers x worker_gpus"))
+        "= learner_ranks; worker_gpus is not used); the engine sleeps while the learner trains and wakes before the "
+        "weight sync, so the trial needs learner_ranks GPUs instead of learner_ranks + num_workers x worker_gpus"))
 
 
 class WandbConfig(_Strict):
@@ -226,9 +226,6 @@ class TrialConfig(_Strict):
         if r.learner_gpus != 1:
             raise ValueError(f"resources.placement 'colocated' puts each learner rank and one engine on one GPU: it "
                              f"needs resources.learner_gpus 1 (got {r.learner_gpus:g})")
-        if r.worker_gpus:
-            raise ValueError("resources.worker_gpus must be 0 under placement 'colocated': each engine shares its "
-                             "learner rank's GPU")
         if ro.engine.tensor_parallel_size != 1:
             raise ValueError("resources.placement 'colocated' runs one engine per learner GPU: it needs "
                              "rollout.engine.tensor_parallel_size 1")

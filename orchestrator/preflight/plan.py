@@ -280,12 +280,26 @@ def make_plan(campaign: Campaign, request: PlanRequest = PlanRequest(), cluster:
 
 
 def other_placement(campaign: Campaign) -> Campaign | None:
-    """The campaign with every trial under the other placement (colocated <-> separate), or None when some trial
-    cannot take it (no learner GPU to share, or one_step_off under colocated)."""
+    """The campaign with `resources.placement` flipped (colocated <-> separate), as the user would get it by
+    changing that one key: the campaign's `resources:` when it has one (its rollout_workers and worker_gpus then
+    apply to separate), else each trial's (orchestrator/config/placement.py:with_placement). None when some trial
+    cannot take the other placement (no learner GPU to share, or one_step_off under colocated)."""
     import dataclasses
+
+    from orchestrator.campaign.expand import expand
 
     first = campaign.trials[0].trial.resources.placement
     target = "separate" if first == "colocated" else "colocated"
+    cfg = campaign.config
+    if cfg.resources is not None:
+        flipped = cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"placement": target})})
+        try:
+            trials = expand(flipped, campaign.source, campaign.directory)
+        except UserError:
+            return None
+        if target == "colocated" and any(t.trial.resources.learner_gpus <= 0 for t in trials):
+            return None
+        return dataclasses.replace(campaign, config=flipped, trials=trials)
     trials = []
     for t in campaign.trials:
         other = with_placement(t.trial, target)
