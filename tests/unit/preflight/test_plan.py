@@ -37,7 +37,8 @@ def test_plan_of_the_lean_campaign():
     assert "cluster: 16 GPUs, 128 CPUs (--gpus/--cpus): 8 trial(s) at once" in out  # 2 GPUs a trial
 
 
-@pytest.mark.parametrize("variant, at_once", [("", 2), ("_lora", 4)])  # 3 GPUs a trial in full, 2 with LoRA
+# full: colocated, 2 GPUs a trial (2 ranks, each beside an engine); LoRA: separate, 2 GPUs (1 engine + 1 rank)
+@pytest.mark.parametrize("variant, at_once", [("", 4), ("_lora", 4)])
 def test_plan_of_the_sokoban_sweep(variant, at_once):
     out = _plan_cli(f"campaigns/ragen/sokoban_entropy{variant}.yaml", "--gpus", "8")
     assert out.startswith(f"plan for campaign sokoban_entropy{variant}: 18 trials")
@@ -148,7 +149,7 @@ def test_run_prints_the_paragraph_before_launching(monkeypatch):
 
     monkeypatch.setattr("ray.cluster_resources", lambda: {"GPU": 8.0, "CPU": 64.0})
     text = plan_mod.run_paragraph(load_campaign(ROOT / "campaigns/sepa_lean.yaml"))
-    assert text.startswith("plan: 20 trials, 800 steps, about 62.6 GPU-hours (step times from cost model); "
+    assert text.startswith("plan: 20 trials, 800 steps, about 64.0 GPU-hours (step times from cost model); "
                            "4 trial(s) at once on 8 GPUs, 64 CPUs, makespan about"), text
     launch = (ROOT / "orchestrator/tune/launch.py").read_text()
     assert launch.index("print(run_paragraph(campaign)") < launch.index("tuner.fit()")
