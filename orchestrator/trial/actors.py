@@ -65,6 +65,12 @@ class LearnerRankActor(Learner):
     def placement(self) -> dict:
         return _where()
 
+    def release_cache(self) -> None:
+        """Hand the allocator's cached blocks (the step's activations, the gathered layers) back to the device, so
+        a colocated engine waking on this GPU finds them free; nothing to do on CPU."""
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
 
 def _placement(pg, bundle: int) -> dict:
     if pg is None:

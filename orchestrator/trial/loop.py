@@ -155,7 +155,7 @@ def run_trial(config: dict) -> None:
         tracker.log(row)
 
     ctx = TrialContext(cfg, workers, learner, tokenizer, task, action_ids(cfg, task, tokenizer),
-                       Phases.for_trial(cfg, workers, out_dir))
+                       Phases.for_trial(cfg, workers, learner, out_dir))
     source = rollout_source(ctx)  # single-turn or episodes, chosen once from the task
     pipe = OneStepOff(ctx, source, resume.pending) if cfg.rollout.mode == "one_step_off" else None
     for step in range(resume.start, cfg.steps):

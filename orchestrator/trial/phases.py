@@ -19,26 +19,27 @@ from orchestrator import storage as store
 
 
 class Phases:
-    """`workers`: the rollout actors to put to sleep; `events`: the events.jsonl location (None: not written);
-    `level`: vLLM sleep level, 1 under LoRA (the frozen base stays in host memory and keeps the adapter buffers),
-    2 under full fine-tuning (the weights come back from the learner at the sync)."""
+    """`workers`: the rollout actors to put to sleep; `learner`: the LearnerGroup whose cached GPU memory is
+    released before the engines wake (None: not released); `events`: the events.jsonl location (None: not
+    written); `level`: vLLM sleep level, 1 under LoRA (the frozen base stays in host memory and keeps the adapter
+    buffers), 2 under full fine-tuning (the weights come back from the learner at the sync)."""
 
-    def __init__(self, workers: list, events: str | None, level: int, enabled: bool = True):
-        self.workers, self.events, self.level, self.enabled = workers, events, level, enabled
+    def __init__(self, workers: list, learner, events: str | None, level: int, enabled: bool = True):
+        self.workers, self.learner, self.events, self.level, self.enabled = workers, learner, events, level, enabled
         self.asleep = False
 
     @classmethod
     def off(cls) -> Phases:
-        return cls([], None, 1, enabled=False)
+        return cls([], None, None, 1, enabled=False)
 
     @classmethod
-    def for_trial(cls, cfg, workers: list, out_dir: str) -> Phases:
+    def for_trial(cls, cfg, workers: list, learner, out_dir: str) -> Phases:
         """Colocated trials sleep their engines; separate ones run as before."""
         if cfg.resources.placement != "colocated":
             return cls.off()
         from orchestrator.storage import EVENTS_FILE
 
-        return cls(workers, store.join(out_dir, EVENTS_FILE), 1 if cfg.learner.mode == "lora" else 2)
+        return cls(workers, learner, store.join(out_dir, EVENTS_FILE), 1 if cfg.learner.mode == "lora" else 2)
 
     def _mark(self, step: int, phase: str) -> None:
         if self.events is not None:
@@ -58,12 +59,14 @@ class Phases:
         return {"time/sleep_s": time.perf_counter() - t0}
 
     def before_sync(self, step: int) -> dict:
-        """The learner has stepped: wake every engine (weights, then KV cache) before the new policy is pushed to
-        it. Returns {"time/wake_s"} when the engines were asleep."""
+        """The learner has stepped: its ranks release their cached GPU memory, then every engine wakes (weights,
+        then KV cache) before the new policy is pushed to it. Returns {"time/wake_s"} when the engines slept."""
         if not self.asleep:
             return {}
         self._mark(step, "trained")
         t0 = time.perf_counter()
+        if self.learner is not None:  # the step's activations leave the allocator's cache: the KV cache needs them
+            self.learner.release_cache()
         ray.get([w.wake_up.remote() for w in self.workers])
         self.asleep = False
         self._mark(step, "awake")
