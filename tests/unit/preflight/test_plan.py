@@ -206,3 +206,22 @@ def test_compare_placement_side_by_side():
     assert gpus["separate"] == gpus["colocated"] + 1  # the engine's own GPU: 2 ranks + 1 engine vs 2 shared
     assert at_once == {"separate": 12 // gpus["separate"], "colocated": 12 // gpus["colocated"]}
     assert other != chosen
+
+
+def test_status_shows_plan_vs_actual(tmp_path):
+    from orchestrator.jobs.status import plan_vs_actual
+
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps({"name": "c", "seeds": [0, 1], "storage": str(tmp_path / "store"),
+                                "base": {"steps": 3, "model": {"name": "tiny"}, "task": {"name": "arithmetic"}},
+                                "conditions": {"A": {}}}))
+    campaign = load_campaign(path)
+    assert plan_vs_actual(campaign) == []  # nothing finished yet
+    trial = Path(campaign.directory) / "trials" / "A_s0"
+    trial.mkdir(parents=True)
+    trial.joinpath("events.jsonl").write_text(json.dumps({"event": "start", "time": 100.0}) + "\n"
+                                              + json.dumps({"event": "end", "time": 280.0}) + "\n")
+    plan = make_plan(campaign, cluster=Cluster(0, math.inf, "t"))
+    line = plan_vs_actual(campaign)[0]
+    assert line.startswith("plan vs actual: 1 finished trial(s) ran 3.0 min each")
+    assert f"the plan said {plan.trials[0].hours * 60:.1f} min" in line and line.endswith("campaign wall so far 3.0 min")
