@@ -50,6 +50,7 @@ bench: setup
 		--prompt-len 32 --response-len 128 --reps 3
 	$(BIN)/python benchmarks/step.py
 	$(BIN)/python benchmarks/async.py
+	$(BIN)/python benchmarks/colocate.py
 
 trial: setup
 	$(BIN)/python -m orchestrator trial

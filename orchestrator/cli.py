@@ -77,7 +77,13 @@ def _plan(args: argparse.Namespace) -> int:
     campaign = load_campaign(args.file)
     request = PlanRequest(pilot=args.pilot, effect=args.effect, gpus=args.gpus, cpus=args.cpus,
                           device=args.device, measure=args.measure, metric=args.metric)
-    print(render(make_plan(campaign, request)))
+    plan = make_plan(campaign, request)
+    print(render(plan))
+    if args.compare_placement:
+        from orchestrator.preflight.plan import compare_lines, other_placement
+
+        other = other_placement(campaign)
+        print("\n".join(compare_lines(plan, other and make_plan(other, request, cluster=plan.cluster))))
     # refuses (exit 2) a learner that cannot fit its GPUs; planning reads configs already on this machine only
     for line in check_campaign_learners(campaign, local_only=True):
         print(line)
@@ -233,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--device", help="GPU kind for the cost model: H100 (default), H200, A100, L40S")
     pl.add_argument("--measure", help="auc_LO_HI or final (default: seeds.adaptive's, else auc_0_15 or final)")
     pl.add_argument("--metric", help="metric of the measure (default: the report's)")
+    pl.add_argument("--compare-placement", action="store_true",
+                    help="also plan every trial under the other resources.placement (colocated / separate)")
     pl.set_defaults(fn=_plan)
     r = sub.add_parser("report", help="statistical report of a campaign (tables, CSVs, PNGs)")
     r.add_argument("file", help="campaign YAML")

@@ -184,7 +184,8 @@ def expand(cfg: CampaignConfig, source: str = "<campaign>", directory: str = "",
                 for key, value in values.items():
                     set_path(data, key, value)
                 if cfg.resources is not None:
-                    data.setdefault("rollout", {})["num_workers"] = cfg.resources.rollout_workers
+                    if cfg.resources.placement != "colocated":  # colocated: one engine per learner rank
+                        data.setdefault("rollout", {})["num_workers"] = cfg.resources.rollout_workers
                     data["resources"] = cfg.resources.model_dump(exclude={"rollout_workers"})
                 data.update(name=name, seed=seed, labels={"condition": cond, "seed": seed, **values})
                 if plugins:
@@ -298,14 +299,14 @@ def trial_table(trials: list[ExpandedTrial]) -> str:
     """The plain-text table `expand` prints."""
     from orchestrator.config.placement import bundles
 
-    rows = [("trial", "condition", "seed", "sweep", "steps", "bundles (driver + workers + learner ranks)")]
+    rows = [("trial", "condition", "seed", "sweep", "steps", "placement: bundles")]
     for t in trials:
         c = t.trial
         b = bundles(c)
         cpus, gpus = sum(x.get("CPU", 0) for x in b), sum(x.get("GPU", 0) for x in b)
         sweep = ", ".join(f"{k}={v}" for k, v in t.sweep.items()) or "-"
         rows.append((t.name, t.condition, str(t.seed), sweep, str(c.steps),
-                     f"{len(b)} bundles, {cpus:g} CPU, {gpus:g} GPU"))
+                     f"{c.resources.placement}: {len(b)} bundles, {cpus:g} CPU, {gpus:g} GPU"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

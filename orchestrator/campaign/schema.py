@@ -24,7 +24,7 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 class CampaignResources(ResourcesConfig):
     """Per-trial resources: one placement group of driver + rollout workers + learner."""
 
-    rollout_workers: int = Field(2, ge=1)
+    rollout_workers: int = Field(2, ge=1, description="not used under placement colocated (an engine per rank)")
 
 
 class CampaignConfig(BaseModel):

@@ -189,6 +189,11 @@ class ResourcesConfig(_Strict):
     accelerator_type: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_.-]+$",
         description="GPU model every GPU bundle needs (Ray's accelerator_type:<T> resource: H100, L4, A100, ...)")
+    placement: Literal["separate", "colocated"] = Field("separate", description=(
+        "separate: rollout engines and learner ranks on GPUs of their own (worker_gpus + learner_gpus each). "
+        "colocated: one GPU bundle per learner rank holding that rank and one rollout engine (rollout.num_workers "
+        "= learner_ranks; worker_gpus is not used); the engine sleeps while the learner trains and wakes before the "
+        "weight sync, so the trial needs learner_ranks GPUs instead of learner_ranks + num_workers x worker_gpus"))
 
 
 class TimeoutsConfig(_Strict):
@@ -293,6 +298,26 @@ class TrialConfig(_Strict):
         if lrn.critic.model == "full" and lrn.mode == "lora":
             raise ValueError("learner.critic.model 'full' needs learner.mode 'full': under lora only the adapter "
                              "trains, and the critic is an adapter on the policy's frozen base (critic.model 'lora')")
+        return self
+
+    @model_validator(mode="after")
+    def _colocated(self) -> TrialConfig:
+        r, ro = self.resources, self.rollout
+        if r.placement != "colocated":
+            return self
+        if ro.mode == "one_step_off":
+            raise ValueError("rollout.mode one_step_off generates while the learner trains, which needs both awake "
+                             "on separate GPUs: use resources.placement 'separate', or rollout.mode 'sync'")
+        if r.learner_gpus != 1:
+            raise ValueError(f"resources.placement 'colocated' puts each learner rank and one engine on one GPU: it "
+                             f"needs resources.learner_gpus 1 (got {r.learner_gpus:g})")
+        if ro.engine.tensor_parallel_size != 1:
+            raise ValueError("resources.placement 'colocated' runs one engine per learner GPU: it needs "
+                             "rollout.engine.tensor_parallel_size 1")
+        if "num_workers" in ro.model_fields_set and ro.num_workers != r.learner_ranks:
+            raise ValueError(f"rollout.num_workers ({ro.num_workers}) must equal resources.learner_ranks "
+                             f"({r.learner_ranks}) under placement 'colocated' (one engine beside each rank)")
+        ro.num_workers = r.learner_ranks
         return self
 
     @model_validator(mode="after")

@@ -109,7 +109,7 @@ def render(campaign: Campaign) -> str:
     head = (f"campaign {campaign.config.name}: {done}/{len(rows)} trials finished ({campaign.directory})"
             + (f"; {driver}" if driver else "")
             + (f"; {waiting} pending on autoscaling (waiting for nodes to be added)" if waiting else ""))
-    extra = schedule_lines(campaign, finished=done == len(rows))
+    extra = schedule_lines(campaign, finished=done == len(rows)) + plan_vs_actual(campaign)
     return head + "".join(f"\n{x}" for x in extra) + "\n" + "\n".join(lines)
 
 
@@ -136,3 +136,27 @@ def schedule_lines(campaign: Campaign, finished: bool = False) -> list[str]:
                    f"delta {e['delta']:+.4g} [{e['lo']:.4g}, {e['hi']:.4g}] p {e['p']:.3g} (level "
                    f"{e['level']:.3g}): {e['decision']}")
     return out
+
+
+def plan_vs_actual(campaign: Campaign) -> list[str]:
+    """The plan's trial duration (cost model and modelled time outside the steps, orchestrator/preflight/plan.py)
+    beside each finished trial's measured wall (events.jsonl, first start to end), as medians; the campaign's wall
+    from its first trial start to its last end. Empty until a trial has finished."""
+    import math
+    import statistics
+
+    from orchestrator.preflight.plan import Cluster, make_plan, trial_wall
+
+    events = {t.name: store.read_jsonl(store.join(store.trial_dir(campaign.directory, t.name), store.EVENTS_FILE))
+              for t in campaign.trials}
+    walls = {name: w for name, ev in events.items() if (w := trial_wall(ev)) is not None}
+    if not walls:
+        return []
+    plan = make_plan(campaign, cluster=Cluster(0.0, math.inf, "status"))
+    planned = [t.hours * 3600 for t in plan.trials if t.trial.name in walls and math.isfinite(t.hours)]
+    starts = [e["time"] for ev in events.values() for e in ev if e.get("event") == "start" and "time" in e]
+    ends = [e["time"] for ev in events.values() for e in ev if e.get("event") == "end" and "time" in e]
+    said = f"{statistics.median(planned) / 60:.1f} min" if planned else "unknown (model size not in its name)"
+    return [f"plan vs actual: {len(walls)} finished trial(s) ran {statistics.median(walls.values()) / 60:.1f} min "
+            f"each (median, events.jsonl); the plan said {said} (cost model; `plan --pilot` this campaign for "
+            f"measured times); campaign wall so far {(max(ends) - min(starts)) / 60:.1f} min"]

@@ -97,3 +97,36 @@ def step_seconds(cfg: TrialConfig, device: str = "H100") -> dict[str, float] | N
     score = tok.scored * score_f * p / (peak * EFFICIENCY["score"] * learn_devices)
     train = tok.trained * train_f * p / (peak * EFFICIENCY["train"] * learn_devices)
     return {"generate": gen, "score": score, "train": train}
+
+
+# What a trial spends besides its steps, when no pilot measured it. Assumptions, not measurements: start-up is
+# the engines' build (CUDA graphs on a GPU) and the learner's model load; a checkpoint writes the learner's state;
+# a full-mode sync moves the bf16 weights through the object store; a colocated engine's sleep + wake moves its
+# bf16 weights to host memory and back (level 1) or only reallocates (level 2, the sync rewrites them). The CPU
+# start-up is of the order `make demo` shows on 2 cores (about 40 s of its 72-86 s trials outside the steps).
+STARTUP_S = {"gpu": 90.0, "cpu": 40.0}
+LOAD_BYTES_PER_S = 1e9  # weights read from disk / hub cache at start-up
+CHECKPOINT_BYTES_PER_S = 0.5e9  # learner state to the storage path
+CHECKPOINT_FIXED_S = 2.0  # Tune's checkpoint bookkeeping and the manifest
+SYNC_BYTES_PER_S = 2e9  # full weights through the object store
+HOST_COPY_BYTES_PER_S = 10e9  # pinned device <-> host copy of a sleeping engine's weights
+SLEEP_WAKE_FIXED_S = 1.0  # allocator and scheduler round trips of one sleep + wake
+
+
+def overhead_seconds(cfg: TrialConfig, device: str = "H100") -> dict[str, float]:
+    """Modelled seconds of one trial outside its steps' generate / score / train, by part: start-up,
+    checkpoints, weight syncs, and (colocated) sleep + wake. Evaluation's generation is in `step_seconds`."""
+    p = model_params(cfg.model.name) or 0.0
+    gpu = device != "cpu"
+    full = cfg.learner.mode == "full"
+    state = 12 * p * (1.0 if full else 0.01)  # fp32 weights + Adam's two moments; LoRA: about 1% of P trains
+    checkpoints = -(-cfg.steps // cfg.checkpoint.every)
+    out = {
+        "startup": STARTUP_S["gpu" if gpu else "cpu"] + 2 * p / LOAD_BYTES_PER_S,
+        "checkpoints": checkpoints * (CHECKPOINT_FIXED_S + state / CHECKPOINT_BYTES_PER_S),
+        "sync": cfg.steps * (2 * p / SYNC_BYTES_PER_S if full else 0.0),
+    }
+    if cfg.resources.placement == "colocated":
+        moved = 0.0 if full else 2 * 2 * p / HOST_COPY_BYTES_PER_S  # level 1: out and back
+        out["sleep_wake"] = cfg.steps * (SLEEP_WAKE_FIXED_S + moved)
+    return out

@@ -112,6 +112,11 @@ class LearnerMemory:
     def total(self) -> float:
         return self.weights + self.grads + self.optimizer + self.gathered + self.activations
 
+    @property
+    def resident(self) -> float:
+        """What the rank keeps between steps (the gathered layers and activations are freed after each step)."""
+        return self.weights + self.grads + self.optimizer
+
     def describe(self) -> str:
         parts = ("weights", "grads", "optimizer", "gathered", "activations")
         return f"{self.total / GIB:.1f} GiB (" + ", ".join(
@@ -164,6 +169,8 @@ def check_learner_memory(cfg: TrialConfig, model_path: str, source: str, name: s
     have = gpu_memory_gib(cfg)
     line = f"trial {name}: the learner needs about {need.describe()} per GPU on {need.ranks} rank(s)"
     if have is None or need.total / GIB <= have * (1 - RESERVE):
+        if have is not None and cfg.resources.placement == "colocated":
+            return line + f" of {have:.0f} GiB; " + _colocated(cfg, need, have, source)
         return line + (f" of {have:.0f} GiB" if have is not None else " (GPU memory unknown: set "
                        "resources.accelerator_type or resources.gpu_memory_gb to check it)")
     fits = next((k for k in range(need.ranks + 1, 257)
@@ -176,6 +183,19 @@ def check_learner_memory(cfg: TrialConfig, model_path: str, source: str, name: s
                     "learner.cpu_offload, or a smaller learner.optim.max_tokens_per_micro_batch")
 
 
+def _colocated(cfg: TrialConfig, need: LearnerMemory, have: float, source: str) -> str:
+    """Both phases of a colocated GPU (orchestrator/preflight/colocated_memory.py) as a line, or UserError."""
+    from orchestrator.preflight.colocated_memory import phase_fit, refusal
+
+    util = cfg.rollout.engine.gpu_memory_utilization
+    fit = phase_fit(util, need.total / GIB, need.resident / GIB, have, RESERVE)
+    why = refusal(fit, util)
+    if why is not None:
+        raise UserError(f"{source}: {why[0]}: resources.placement 'colocated' on a {have:.0f} GiB GPU: {why[1]}")
+    return (f"colocated with an engine at {util:g}: generate phase {fit.generate:.1f} GiB, train phase "
+            f"{fit.train:.1f} GiB of {fit.usable:.1f} usable")
+
+
 def check_campaign_learners(campaign, local_only: bool = False) -> list[str]:
     """`check_learner_memory` for each distinct learner setup of the campaign (model, learner, resources, the
     critic and KL); returns their estimate lines (UserError for the first that cannot fit)."""
@@ -185,7 +205,7 @@ def check_campaign_learners(campaign, local_only: bool = False) -> list[str]:
     for t in campaign.trials:
         c = t.trial
         key = (c.model.model_dump_json(), c.learner.model_dump_json(), c.resources.model_dump_json(),
-               c.credit.uses_critic, c.interventions.kl.is_active or c.interventions.kl.measure)
+               c.rollout.engine.gpu_memory_utilization, c.credit.uses_critic, c.interventions.kl.is_active or c.interventions.kl.measure)
         if key in seen or c.resources.learner_gpus <= 0:
             continue
         seen.add(key)

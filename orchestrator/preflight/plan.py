@@ -23,8 +23,8 @@ from orchestrator.campaign.expand import load_campaign
 from orchestrator.campaign.schema import Campaign, ExpandedTrial
 from orchestrator.campaign.sections import CONTRAST, MEASURE
 from orchestrator.config.errors import UserError
-from orchestrator.config.placement import bundles
-from orchestrator.preflight.cost_model import device_kind, step_seconds, step_tokens
+from orchestrator.config.placement import bundles, with_placement
+from orchestrator.preflight.cost_model import device_kind, overhead_seconds, step_seconds, step_tokens
 
 POWER, ALPHA = 0.8, 0.05
 
@@ -43,10 +43,12 @@ class TrialPlan:
     source: str  # "pilot" | "cost model" | "unknown"
     gpus: float
     cpus: float
+    overhead_s: float = 0.0  # outside the steps: start-up, evaluations' bookkeeping, checkpoints, syncs
+    overhead_source: str = "none"  # "pilot" (measured walls) | "modelled"
 
     @property
     def hours(self) -> float:
-        return self.trial.trial.steps * (self.step_s or math.nan) / 3600.0
+        return (self.trial.trial.steps * (self.step_s or math.nan) + self.overhead_s) / 3600.0
 
 
 @dataclass
@@ -82,9 +84,30 @@ def pilot_runs(pilot: str) -> list[dict]:
     for t in json.loads(text)["trials"]:
         rows = store.read_jsonl(store.join(store.trial_dir(directory, t["name"]), store.METRICS_FILE))
         tune_rows = store.read_jsonl(store.join(directory, t["name"], "result.json"))
+        events = store.read_jsonl(store.join(store.trial_dir(directory, t["name"]), store.EVENTS_FILE))
         runs.append({"name": t["name"], "condition": t["condition"], "seed": t["seed"], "rows": rows,
-                     "wall": [r["time_this_iter_s"] for r in tune_rows[1:] if "time_this_iter_s" in r]})
+                     "wall": [r["time_this_iter_s"] for r in tune_rows[1:] if "time_this_iter_s" in r],
+                     "trial_s": trial_wall(events)})
     return runs
+
+
+def trial_wall(events: list[dict]) -> float | None:
+    """A finished trial's wall seconds from its events.jsonl: its first start to its end (retries and resumes
+    included); None when it has not ended."""
+    starts = [e["time"] for e in events if e.get("event") == "start" and "time" in e]
+    ends = [e["time"] for e in events if e.get("event") == "end" and "time" in e]
+    return max(ends) - min(starts) if starts and ends else None
+
+
+def _pilot_overhead_s(runs: list[dict], condition: str, step_s: float) -> float | None:
+    """Median of the pilot trials' wall outside their steps (measured wall - steps x the step time), the
+    condition's own trials first, else all; None without finished trials."""
+    def outside(r):
+        return r["trial_s"] - len(r["rows"]) * step_s
+
+    mine = [outside(r) for r in runs if r["condition"] == condition and r["trial_s"] is not None]
+    every = [outside(r) for r in runs if r["trial_s"] is not None]
+    return max(statistics.median(mine or every), 0.0) if (mine or every) else None
 
 
 def _pilot_step_s(runs: list[dict], condition: str) -> float | None:
@@ -234,7 +257,10 @@ def make_plan(campaign: Campaign, request: PlanRequest = PlanRequest(), cluster:
         if step_s is None:
             parts = step_seconds(t.trial, kind if g else "cpu")
             step_s, source = (sum(parts.values()), "cost model") if parts else (None, "unknown")
-        trials.append(TrialPlan(t, step_s, source, g, c))
+        outside = _pilot_overhead_s(runs, t.condition, step_s) if runs and step_s is not None else None
+        over = (outside, "pilot") if outside is not None else (
+            sum(overhead_seconds(t.trial, kind if g else "cpu").values()), "modelled")
+        trials.append(TrialPlan(t, step_s, source, g, c, *over))
     cluster = cluster or cluster_size(request.gpus, request.cpus)
     cfg = campaign.config
     at_once = trials_at_once(trials, cluster, cfg.max_concurrent_trials)
@@ -243,6 +269,7 @@ def make_plan(campaign: Campaign, request: PlanRequest = PlanRequest(), cluster:
         rounds = max(-(-t.trial.trial.steps // k) for t in trials)
         span = sum(makespan([min(k, max(t.trial.trial.steps - r * k, 0)) * (t.step_s or math.nan) / 3600
                              for t in trials], at_once) for r in range(rounds))
+        span += makespan([t.overhead_s / 3600 for t in trials], at_once)  # start-ups etc., at least once each
     else:
         span = makespan([t.hours for t in trials], at_once)
     plan = Plan(campaign, trials, cluster, at_once, span)
@@ -250,6 +277,55 @@ def make_plan(campaign: Campaign, request: PlanRequest = PlanRequest(), cluster:
         plan.power = (power_lines(campaign, runs, effect, _measure_of(campaign, measure), metric) if runs else
                       [f"seeds to detect {effect:g}: needs --pilot DIR (the pilot's paired sd)"])
     return plan
+
+
+def other_placement(campaign: Campaign) -> Campaign | None:
+    """The campaign with `resources.placement` flipped (colocated <-> separate), as the user would get it by
+    changing that one key: the campaign's `resources:` when it has one (its rollout_workers and worker_gpus then
+    apply to separate), else each trial's (orchestrator/config/placement.py:with_placement). None when some trial
+    cannot take the other placement (no learner GPU to share, or one_step_off under colocated)."""
+    import dataclasses
+
+    from orchestrator.campaign.expand import expand
+
+    first = campaign.trials[0].trial.resources.placement
+    target = "separate" if first == "colocated" else "colocated"
+    cfg = campaign.config
+    if cfg.resources is not None:
+        flipped = cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"placement": target})})
+        try:
+            trials = expand(flipped, campaign.source, campaign.directory)
+        except UserError:
+            return None
+        if target == "colocated" and any(t.trial.resources.learner_gpus <= 0 for t in trials):
+            return None
+        return dataclasses.replace(campaign, config=flipped, trials=trials)
+    trials = []
+    for t in campaign.trials:
+        other = with_placement(t.trial, target)
+        if other is None:
+            return None
+        trials.append(dataclasses.replace(t, trial=other, config=other.model_dump(mode="json")))
+    return dataclasses.replace(campaign, trials=trials)
+
+
+def placement_of(plan: Plan) -> str:
+    kinds = sorted({t.trial.trial.resources.placement for t in plan.trials})
+    return "/".join(kinds)
+
+
+def compare_lines(plan: Plan, other: Plan | None) -> list[str]:
+    """`--compare-placement`: the chosen placement and the other side by side."""
+    if other is None:
+        return ["", "compare placement: the other placement does not apply (no learner GPU to share, or "
+                "rollout.mode one_step_off, which colocated refuses)"]
+    rows = [("placement", "GPUs per trial", "trials at once", "GPU-hours", "makespan")]
+    for p, mark in ((plan, " (chosen)"), (other, "")):
+        rows.append((placement_of(p) + mark, f"{max(t.gpus for t in p.trials):g}", str(p.at_once),
+                     f"{p.gpu_hours:.1f}", _fmt_h(p.makespan_h)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return ["", "compare placement:", table[0], "  ".join("-" * w for w in widths), *table[1:]]
 
 
 def _fmt_h(h: float) -> str:
@@ -296,6 +372,8 @@ def render(plan: Plan) -> str:
              f"step time from: {', '.join(sources)}"
              + ("" if sources != ["cost model"] else " (FLOPs x assumed device efficiency, orchestrator/"
                 "cost_model.py; give --pilot DIR for measured times)"),
+             _outside_line(plan),
+             f"placement: {placement_of(plan)}, {max(t.gpus for t in plan.trials):g} GPU(s) per trial",
              f"cluster: {_size(plan.cluster)} ({plan.cluster.source}): "
              f"{plan.at_once} trial(s) at once; makespan {_fmt_h(plan.makespan_h)}"
              + (f" in lockstep rounds of {cfg.schedule.round_steps} steps (plus a restart per trial per round "
@@ -310,6 +388,16 @@ def render(plan: Plan) -> str:
         if b.deadline is not None:
             lines.append(f"budget: deadline {b.deadline:%Y-%m-%d %H:%M %Z}")
     return "\n".join(lines + plan.power)
+
+
+def _outside_line(plan: Plan) -> str:
+    """Where the time outside the steps comes from, and how much per trial."""
+    per = [t.overhead_s for t in plan.trials]
+    src = sorted({t.overhead_source for t in plan.trials})
+    how = ("each trial's measured wall (events.jsonl) less its steps" if src == ["pilot"] else
+           "modelled start-up, checkpoints, full-weight syncs and colocated sleep / wake (assumed rates, "
+           "orchestrator/preflight/cost_model.py:overhead_seconds)" if src == ["modelled"] else ", ".join(src))
+    return f"time outside the steps: {statistics.median(per) / 60:.1f} min a trial (median), from {how}"
 
 
 def paragraph(plan: Plan) -> str:

@@ -10,6 +10,7 @@ import ray
 import torch
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from orchestrator.config.placement import colocated, learner_slots, worker_slots
 from orchestrator.config.trial import ModelConfig, TrialConfig
 from orchestrator.trial.calls import Calls
 from orchestrator.trial.learner_group import LearnerGroup
@@ -78,6 +79,12 @@ class LearnerRankActor(Learner):
         """Answers on its own thread while a training step runs: a rank that does not answer is frozen."""
         return process_health()
 
+    def release_cache(self) -> None:
+        """Hand the allocator's cached blocks (the step's activations, the gathered layers) back to the device, so
+        a colocated engine waking on this GPU finds them free; nothing to do on CPU."""
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
 
 def _placement(pg, bundle: int) -> dict:
     if pg is None:
@@ -85,23 +92,21 @@ def _placement(pg, bundle: int) -> dict:
     return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)}
 
 
-
-
-
-
 def rollout_names(workers: list) -> list[tuple[str, object]]:
     """The rollout workers as (name, handle), the names a hang is recorded with."""
     return [(f"rollout[{i}]", w) for i, w in enumerate(workers)]
 
 
-def placement_record(pg, workers, learner: LearnerGroup, health: list[dict]) -> dict:
+def placement_record(pg, workers, learner: LearnerGroup, health: list[dict], placement: str = "separate") -> dict:
     """Where the trial's actors run: their placement group, GPU ids and pids (checked by tests, handy on a
     cluster; a rollout worker's `engine_pids` are its engine's processes, from `health`); `learner` is rank 0,
-    `learner_ranks` every rank."""
+    `learner_ranks` every rank; `placement`: separate or colocated (worker i then shares rank i's bundle and
+    GPU)."""
     ctx = ray.get_runtime_context()
     ranks = learner.placements()
     where = learner.calls.get([w.placement.remote() for w in workers], "setup", rollout_names(workers))
     return {
+        "placement": placement,
         "placement_group": pg.id.hex() if pg is not None else None,
         "driver": _where(),
         "workers": [{**w, "engine_pids": [c["pid"] for c in h["children"]]}
@@ -128,7 +133,8 @@ def rollout_settings(cfg: TrialConfig) -> RolloutWorkerSettings:
     themselves are reloaded."""
     return RolloutWorkerSettings(
         dtype=cfg.model.dtype, seed=cfg.seed, max_model_len=cfg.model.max_model_len,
-        max_lora_rank=cfg.learner.lora.rank, engine=rollout_engine(cfg), enable_lora=cfg.learner.mode == "lora")
+        max_lora_rank=cfg.learner.lora.rank, engine=rollout_engine(cfg), enable_lora=cfg.learner.mode == "lora",
+        sleep_mode=colocated(cfg))
 
 
 def shutdown_actors(workers: list, learner: LearnerGroup | None = None) -> None:
@@ -143,22 +149,25 @@ def shutdown_actors(workers: list, learner: LearnerGroup | None = None) -> None:
 
 def start_actors(cfg: TrialConfig, pg, calls: Calls | None = None) -> tuple[list, LearnerGroup]:
     """The trial's rollout workers and learner group, each actor in its bundle of the trial's placement group `pg`
-    (None: no group), waited on through `calls` (the trial's deadlines). Returns at once; `ready` on each says
-    when it has built its model."""
-    k, r = cfg.rollout.num_workers, cfg.resources
+    (None: no group), waited on through `calls` (the trial's deadlines). Returns at once (colocated: once the
+    engines are built, so each engine's memory profile runs before its learner rank allocates on the same GPU);
+    `ready` on each says when it has built its model."""
+    r = cfg.resources
     model_cfg = cfg.model.model_dump()
     settings = rollout_settings(cfg)
     workers = [
-        TrialRolloutActor.options(num_cpus=r.worker_cpus, num_gpus=r.worker_gpus, **_placement(pg, 1 + i)).remote(
+        TrialRolloutActor.options(num_cpus=s.cpus, num_gpus=s.gpus, **_placement(pg, s.bundle)).remote(
             model_cfg, settings)
-        for i in range(k)
+        for s in worker_slots(cfg)
     ]
+    if colocated(cfg):  # vLLM sizes its KV cache from the free memory it sees: the learner allocates after it
+        (calls or Calls()).get([w.ready.remote() for w in workers], "setup", rollout_names(workers))
     ranks = [
-        LearnerRankActor.options(num_cpus=r.learner_cpus, num_gpus=r.learner_gpus, **_placement(pg, 1 + k + i)).remote(
+        LearnerRankActor.options(num_cpus=s.cpus, num_gpus=s.gpus, **_placement(pg, s.bundle)).remote(
             model_cfg, rank=i, world=r.learner_ranks, learner=cfg.learner, credit=cfg.credit,
             run=RunSettings(seed=cfg.seed, total_steps=cfg.steps, dtype=cfg.model.dtype,
                             collective_timeout_s=cfg.timeouts.collective),
             interventions=cfg.interventions)
-        for i in range(r.learner_ranks)
+        for i, s in enumerate(learner_slots(cfg))
     ]
     return workers, LearnerGroup(ranks, full=not settings.enable_lora, calls=calls)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.calls import Calls
+from orchestrator.trial.phases import Phases
 
 
 @dataclass(frozen=True)
@@ -28,3 +29,4 @@ class TrialContext:
     task: object
     actions: list[int] | None = None
     calls: Calls = field(default_factory=Calls)
+    phases: Phases = field(default_factory=Phases.off)

@@ -47,6 +47,11 @@ class LearnerGroup:
     def train_step(self, batch: LearnerBatch) -> StepResult:
         return self.result(self.submit_train_step(batch))
 
+    def release_cache(self) -> None:
+        """Every rank returns its cached, unused GPU memory to the device (colocated trials, before the engines
+        wake: orchestrator/trial/phases.py)."""
+        ray.get([r.release_cache.remote() for r in self.ranks])
+
     # -- the policy on the rollout workers ------------------------------------------------------------
     def push_policy(self, workers: list, version: int) -> int:
         """The learner's policy as `version` on every worker (workers/sync/: the LoRA adapter, or the full

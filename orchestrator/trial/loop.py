@@ -30,6 +30,7 @@ from orchestrator.trial.context import TrialContext
 from orchestrator.trial.learner_group import LearnerGroup
 from orchestrator.trial.models import resolve_model
 from orchestrator.trial.one_step_off import OneStepOff, load_pending
+from orchestrator.trial.phases import Phases
 from orchestrator.trial.restore import restore_checkpoint
 from orchestrator.trial.sampling import action_ids
 from orchestrator.trial.sources import rollout_source
@@ -167,13 +168,15 @@ def run_trial(config: dict) -> None:
     _restore_actors(resume, learner, workers, task, sepa, f"{out_dir} checkpoint of step {resume.start - 1}")
     calls.get([w.ready.remote() for w in workers], "setup", rollout_names(workers))
     health = check_health(calls, rollout_names(workers))  # also: the engines' pids, for the placement record
-    store.write_text(store.join(out_dir, PLACEMENT_FILE), json.dumps(placement_record(pg, workers, learner, health)))
+    store.write_text(store.join(out_dir, PLACEMENT_FILE),
+                     json.dumps(placement_record(pg, workers, learner, health, cfg.resources.placement)))
     tracker = TrialTracker(cfg)
     trackers.append(tracker)
     for row in rows:  # steps before the checkpoint that no earlier attempt got written (killed writer)
         tracker.log(row)
 
-    ctx = TrialContext(cfg, workers, learner, tokenizer, task, action_ids(cfg, task, tokenizer), calls)
+    ctx = TrialContext(cfg, workers, learner, tokenizer, task, action_ids(cfg, task, tokenizer), calls,
+                       Phases.for_trial(cfg, workers, learner, out_dir))
     source = rollout_source(ctx)  # single-turn or episodes, chosen once from the task
     pipe = OneStepOff(ctx, source, resume.pending) if cfg.rollout.mode == "one_step_off" else None
     for step in range(resume.start, cfg.steps):

@@ -27,6 +27,7 @@ from typing import Any
 
 import ray
 
+from workers.rollout.sleep import SleepState
 from workers.sync.adapter import AdapterSync
 from workers.sync.full_weights import FullWeightSync
 from workers.sync.policy import PolicySync, PolicyUpdate
@@ -109,7 +110,8 @@ class RolloutWorkerSettings:
     `engine`: the `rollout.engine` settings (`engine_settings`); `enforce_eager` / `gpu_memory_utilization` given
     here override them; `engine_kwargs` go to `vllm.LLM` as they are. `enable_lora`: True = the policy arrives
     as adapters (`AdapterSync`); False = as full weights (`FullWeightSync`), the engine built without LoRA
-    (`max_lora_rank` unused)."""
+    (`max_lora_rank` unused). `sleep_mode`: the engine sleeps while a learner on its GPU trains (colocated
+    trials; vLLM's `enable_sleep_mode` on a GPU, recorded no-ops on CPU, where vLLM has no sleep mode)."""
 
     dtype: str = "float32"
     seed: int = 0
@@ -120,6 +122,7 @@ class RolloutWorkerSettings:
     gpu_memory_utilization: float | None = None
     engine_kwargs: dict | None = None
     enable_lora: bool = True
+    sleep_mode: bool = False
 
     def engine_dict(self) -> dict:
         """`engine` with the two overrides applied."""
@@ -163,10 +166,40 @@ class RolloutWorker:
         # the floor processor is inert for requests that don't ask for it; user processors are kept after it
         kwargs["logits_processors"] = [ProbabilityFloorLogitsProcessor, *(extra.pop("logits_processors", None) or [])]
         kwargs.update(extra)
+        self._sleep = SleepState(real=bool(s.sleep_mode) and cuda)
+        if self._sleep.real:
+            kwargs["enable_sleep_mode"] = True  # vLLM's cumem allocator: sleep can hand the memory back
         self._llm = LLM(**kwargs)
         self.engine_kwargs.update({k: v for k, v in extra.items() if k != "logits_processors"})
         self._version: int | None = None
         self._broken: str | None = None  # set by a failed load: generate raises until a load succeeds
+
+    # -------------------------------------------------------------------------------------------------- sleep
+    def sleep(self, level: int) -> dict:
+        """Free the engine's GPU memory while a learner on the same GPU trains: level 1 drops the KV cache and
+        keeps the weights in host memory (LoRA: the base stays), level 2 drops the weights too (full mode: the
+        next weight sync rewrites them). On CPU (no sleep mode in vLLM-CPU) only the state is recorded. Returns
+        {"asleep": level, "real": bool, "seconds": float}."""
+        t0 = time.perf_counter()
+        self._sleep.enter(level)
+        if self._sleep.real:
+            self._llm.sleep(level=level)
+        return {"asleep": level, "real": self._sleep.real, "seconds": time.perf_counter() - t0}
+
+    def wake_up(self) -> dict:
+        """The weights first, then the KV cache, so the two never both reallocate at once (what the peers do);
+        the engine schedules again once both are back. Returns {"awake": True, "real": bool, "seconds": float}."""
+        t0 = time.perf_counter()
+        if self._sleep.real:
+            self._llm.wake_up(tags=["weights"])
+            if not self._llm.wake_up(tags=["kv_cache"]):
+                raise RuntimeError("vLLM still reports memory asleep after waking the weights and the KV cache")
+        self._sleep.leave()
+        return {"awake": True, "real": self._sleep.real, "seconds": time.perf_counter() - t0}
+
+    def sleep_log(self) -> list[tuple[str, int]]:
+        """Every sleep ("sleep", level) and wake ("wake", 0) this engine went through, in order."""
+        return list(self._sleep.log)
 
     # ----------------------------------------------------------------------------------------------- sampling
     def generate(self, prompt_token_ids: list[list[int]], request: SamplingRequest) -> dict:
@@ -187,6 +220,7 @@ class RolloutWorker:
         "action_logprobs": {token_id: floored log-prob at the action position} for every action token. Needs
         temperature > 0 and top_p == 1 (the learner cannot reproduce top-p on top of the floor).
         """
+        self._sleep.check_awake("generate")
         if self._broken is not None:
             what = "adapter" if self.enable_lora else "weights"
             raise RuntimeError(f"rollout worker unusable since a failed {what} load: {self._broken}")
@@ -254,6 +288,7 @@ class RolloutWorker:
         if update.kind != self._sync.kind:
             raise ValueError(f"a policy update of kind {update.kind!r} needs a worker built with "
                              f"enable_lora={update.kind == 'adapter'}; this one takes {self._sync.kind!r} updates")
+        self._sleep.check_awake("a policy update")
         try:
             self._sync.apply(self._llm, update)
         except BaseException as e:

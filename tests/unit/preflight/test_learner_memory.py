@@ -129,3 +129,44 @@ storage: {tmp_path / "out"}
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "raise resources.learner_ranks to 2" in lines[0] and str(campaign) in lines[0]
+
+
+# ------------------------------------------------------------------------------------------ colocated
+def _colocated(qwen3b: str, utilization: float) -> TrialConfig:
+    """Qwen2.5-3B full fine-tuning + a full critic (GAE), each rank beside one engine on an 80 GB GPU."""
+    return _cfg(qwen3b, resources={"placement": "colocated", "learner_ranks": 4, "gpu_memory_gb": 80},
+                rollout={"engine": {"gpu_memory_utilization": utilization}})
+
+
+def test_colocated_check_refuses_an_engine_at_0_9_and_accepts_one_that_fits(qwen3b):
+    from orchestrator.preflight.colocated_memory import CUDA_CONTEXT_GIB, PROCESSES
+
+    counts = model_counts(qwen3b, _colocated(qwen3b, 0.9))
+    need = learner_memory(_colocated(qwen3b, 0.9), counts)
+    device = 80e9 / GIB
+    # closed form of the generate phase: engine share + the rank's resident sharded state (16 bytes per trained
+    # parameter of policy and critic, over 4 ranks) + two CUDA contexts
+    trained = counts.params + counts.decoder + counts.hidden + 1
+    assert need.resident == pytest.approx(16 * trained / 4)
+    generate = 0.9 * device + 16 * trained / 4 / GIB + PROCESSES * CUDA_CONTEXT_GIB
+    assert generate > device * 0.9  # so it must be refused
+    with pytest.raises(UserError) as err:
+        check_learner_memory(_colocated(qwen3b, 0.9), qwen3b, "c.yaml", "t")
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("c.yaml: rollout.engine.gpu_memory_utilization: ")
+    allowed = float(msg.split("gpu_memory_utilization to ")[1].split(" ")[0])
+    assert f"{generate:.1f} GiB" in msg
+    assert 0.05 < allowed < 0.9
+    line = check_learner_memory(_colocated(qwen3b, allowed), qwen3b, "c.yaml", "t")
+    assert f"colocated with an engine at {allowed:g}" in line
+    with pytest.raises(UserError):  # one hundredth above the stated bound no longer fits
+        check_learner_memory(_colocated(qwen3b, round(allowed + 0.02, 2)), qwen3b, "c.yaml", "t")
+
+
+def test_colocated_check_names_ranks_when_training_alone_overflows(qwen3b):
+    from orchestrator.preflight.colocated_memory import phase_fit, refusal
+
+    fit = phase_fit(0.3, learner_total=75.0, learner_resident=10.0, device=80.0, reserve=0.1)
+    key, why = refusal(fit, 0.3)
+    assert key == "resources.learner_ranks" and "76.0 GiB of 72.0" in why
+    assert refusal(phase_fit(0.3, 40.0, 10.0, 80.0, 0.1), 0.3) is None  # 24 + 10 + 1 <= 72 and 41 <= 72

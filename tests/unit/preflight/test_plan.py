@@ -37,7 +37,8 @@ def test_plan_of_the_lean_campaign():
     assert "cluster: 16 GPUs, 128 CPUs (--gpus/--cpus): 8 trial(s) at once" in out  # 2 GPUs a trial
 
 
-@pytest.mark.parametrize("variant, at_once", [("", 2), ("_lora", 4)])  # 3 GPUs a trial in full, 2 with LoRA
+# full: colocated, 2 GPUs a trial (2 ranks, each beside an engine); LoRA: separate, 2 GPUs (1 engine + 1 rank)
+@pytest.mark.parametrize("variant, at_once", [("", 4), ("_lora", 4)])
 def test_plan_of_the_sokoban_sweep(variant, at_once):
     out = _plan_cli(f"campaigns/ragen/sokoban_entropy{variant}.yaml", "--gpus", "8")
     assert out.startswith(f"plan for campaign sokoban_entropy{variant}: 18 trials")
@@ -148,7 +149,79 @@ def test_run_prints_the_paragraph_before_launching(monkeypatch):
 
     monkeypatch.setattr("ray.cluster_resources", lambda: {"GPU": 8.0, "CPU": 64.0})
     text = plan_mod.run_paragraph(load_campaign(ROOT / "campaigns/sepa_lean.yaml"))
-    assert text.startswith("plan: 20 trials, 800 steps, about 62.6 GPU-hours (step times from cost model); "
+    assert text.startswith("plan: 20 trials, 800 steps, about 64.0 GPU-hours (step times from cost model); "
                            "4 trial(s) at once on 8 GPUs, 64 CPUs, makespan about"), text
     launch = (ROOT / "orchestrator/tune/launch.py").read_text()
     assert launch.index("print(run_paragraph(campaign)") < launch.index("tuner.fit()")
+
+
+def test_pilot_walls_from_events_give_the_makespan(tmp_path):
+    """Each pilot trial ran 20 steps of 4 s (Tune's step walls) but 80 + 40 = 120 s in all (events.jsonl: start
+    to end, a resume in between): the plan counts the 40 s outside the steps, so 4 trials run one at a time take
+    2 x 120 s + 2 x 130 s, not 2 x 80 s + 2 x 90 s."""
+    rng = np.random.default_rng(0)
+    pilot = _pilot(tmp_path, 0.03, rng)
+    for t in json.loads((pilot / "campaign.json").read_text())["trials"]:
+        step = 4.5 if t["condition"] == "C4" else 4.0
+        events = [{"event": "start", "from_step": 0, "time": 1000.0}, {"event": "phase", "time": 1001.0},
+                  {"event": "start", "from_step": 10, "time": 1050.0},
+                  {"event": "end", "step": 19, "time": 1000.0 + 20 * step + 40.0}]
+        (pilot / "trials" / t["name"] / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    path = tmp_path / "main.yaml"
+    path.write_text(json.dumps({
+        "name": "main", "seeds": [0, 1], "storage": str(tmp_path / "store"),
+        "base": {"steps": 20, "model": {"name": "tiny"}, "task": {"name": "arithmetic"}},
+        "conditions": {"C1": {}, "C4": {}}}))
+    plan = make_plan(load_campaign(path), PlanRequest(pilot=str(pilot)), cluster=Cluster(0, 4, "test"))
+    by = {t.trial.name: t for t in plan.trials}
+    assert by["C1_s0"].overhead_s == pytest.approx(40.0) and by["C1_s0"].overhead_source == "pilot"
+    assert by["C4_s1"].hours * 3600 == pytest.approx(20 * 4.5 + 40.0)
+    # one at a time: each trial's bundles take 3.5 of the 4 CPUs (driver 0.5 + 2 workers + learner)
+    assert plan.at_once == 1
+    assert plan.makespan_h * 3600 == pytest.approx(2 * 120.0 + 2 * 130.0)
+    from orchestrator.preflight.plan import render
+
+    assert "from each trial's measured wall (events.jsonl) less its steps" in render(plan)
+
+
+def test_without_a_pilot_the_time_outside_the_steps_is_modelled():
+    from orchestrator.preflight.cost_model import STARTUP_S, overhead_seconds
+
+    campaign = load_campaign(ROOT / "campaigns/demo.yaml")
+    plan = make_plan(campaign, cluster=Cluster(0, 2, "test"))
+    t = plan.trials[0]
+    assert t.overhead_source == "modelled" and t.overhead_s >= STARTUP_S["cpu"]
+    assert t.overhead_s == pytest.approx(sum(overhead_seconds(t.trial.trial, "cpu").values()))
+    assert t.hours * 3600 == pytest.approx(t.trial.trial.steps * t.step_s + t.overhead_s)
+
+
+def test_compare_placement_side_by_side():
+    out = _plan_cli("campaigns/ragen/sokoban_entropy.yaml", "--gpus", "12", "--compare-placement")
+    table = out.split("compare placement:\n")[1].splitlines()
+    rows = {r.split()[0]: r.split() for r in table[2:4]}
+    chosen = next(k for k, r in rows.items() if "(chosen)" in r)
+    other = next(k for k in rows if k != chosen)
+    gpus = {k: int(rows[k][2 if k == chosen else 1]) for k in rows}
+    at_once = {k: int(rows[k][3 if k == chosen else 2]) for k in rows}
+    assert gpus["separate"] == gpus["colocated"] + 1  # the engine's own GPU: 2 ranks + 1 engine vs 2 shared
+    assert at_once == {"separate": 12 // gpus["separate"], "colocated": 12 // gpus["colocated"]}
+    assert other != chosen
+
+
+def test_status_shows_plan_vs_actual(tmp_path):
+    from orchestrator.jobs.status import plan_vs_actual
+
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps({"name": "c", "seeds": [0, 1], "storage": str(tmp_path / "store"),
+                                "base": {"steps": 3, "model": {"name": "tiny"}, "task": {"name": "arithmetic"}},
+                                "conditions": {"A": {}}}))
+    campaign = load_campaign(path)
+    assert plan_vs_actual(campaign) == []  # nothing finished yet
+    trial = Path(campaign.directory) / "trials" / "A_s0"
+    trial.mkdir(parents=True)
+    trial.joinpath("events.jsonl").write_text(json.dumps({"event": "start", "time": 100.0}) + "\n"
+                                              + json.dumps({"event": "end", "time": 280.0}) + "\n")
+    plan = make_plan(campaign, cluster=Cluster(0, math.inf, "t"))
+    line = plan_vs_actual(campaign)[0]
+    assert line.startswith("plan vs actual: 1 finished trial(s) ran 3.0 min each")
+    assert f"the plan said {plan.trials[0].hours * 60:.1f} min" in line and line.endswith("campaign wall so far 3.0 min")
