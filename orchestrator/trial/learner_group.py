@@ -50,7 +50,7 @@ class LearnerGroup:
     def release_cache(self) -> None:
         """Every rank returns its cached, unused GPU memory to the device (colocated trials, before the engines
         wake: orchestrator/trial/phases.py)."""
-        ray.get([r.release_cache.remote() for r in self.ranks])
+        self.calls.get([r.release_cache.remote() for r in self.ranks], "sync", self.named)
 
     # -- the policy on the rollout workers ------------------------------------------------------------
     def push_policy(self, workers: list, version: int) -> int:
