@@ -129,6 +129,28 @@ def read_jsonl(location: str) -> list[dict]:
     return [json.loads(ln) for ln in text.splitlines() if ln.strip()]
 
 
+def samples_file(step: int, split: str) -> str:
+    """The name of a trial's samples file of `step` ("train" or "eval") in its SAMPLES_DIR."""
+    return f"{'eval_' if split == 'eval' else ''}step_{step}.jsonl.gz"
+
+
+def gzip_jsonl(rows: list[dict]) -> bytes:
+    """jsonl, gzip-compressed with no timestamp (the same rows give the same bytes)."""
+    import gzip
+
+    return gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode(), mtime=0)
+
+
+def read_gzip_jsonl(location: str) -> list[dict] | None:
+    """The rows of a `gzip_jsonl` file, or None when it does not exist."""
+    import gzip
+
+    data = read_bytes(location)
+    if data is None:
+        return None
+    return [json.loads(ln) for ln in gzip.decompress(data).decode().splitlines() if ln.strip()]
+
+
 def trial_dir(campaign_dir: str, trial: str) -> str:
     return join(campaign_dir, TRIALS_DIR, trial)
 

@@ -16,12 +16,10 @@ A resumed trial rewrites the files of the steps it re-runs (same names, same byt
 
 from __future__ import annotations
 
-import gzip
-import json
 from dataclasses import dataclass
 
 from orchestrator import storage as store
-from orchestrator.storage import EVENTS_FILE, SAMPLES_DIR
+from orchestrator.storage import EVENTS_FILE, SAMPLES_DIR, gzip_jsonl, samples_file
 
 ROW_KEYS = ("step", "split", "group", "problem", "sample", "prompt", "completion", "turns", "reward", "correct",
             "episode_advantage", "token_advantage", "length", "truncated", "planning_spans", "adapter_version",
@@ -133,19 +131,6 @@ def sample_rows(text: SampleText, groups: list[SampleGroup], *, step: int, split
     return rows
 
 
-def encode(rows: list[dict]) -> bytes:
-    """jsonl, gzip-compressed with no timestamp (the same rows give the same bytes)."""
-    return gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode(), mtime=0)
-
-
-def decode(data: bytes) -> list[dict]:
-    return [json.loads(ln) for ln in gzip.decompress(data).decode().splitlines() if ln.strip()]
-
-
-def file_name(step: int, split: str) -> str:
-    return f"{'eval_' if split == 'eval' else ''}step_{step}.jsonl.gz"
-
-
 class SamplesWriter:
     """Writes one trial's samples files under `out_dir/samples/`, within the trial's cap."""
 
@@ -158,7 +143,7 @@ class SamplesWriter:
         """The file's location, or None when the cap kept it out (or there is nothing to write)."""
         if not rows:
             return None
-        name, data = file_name(step, split), encode(rows)
+        name, data = samples_file(step, split), gzip_jsonl(rows)
         used = sum(size for other, size in store.file_sizes(self.dir).items() if other != name)
         if used + len(data) > self.cap:
             if not self.capped:
@@ -173,8 +158,7 @@ class SamplesWriter:
 
 def read_samples(trial_dir: str, step: int, split: str = "train") -> list[dict] | None:
     """The rows of one samples file, or None when it was not written."""
-    data = store.read_bytes(store.join(trial_dir, SAMPLES_DIR, file_name(step, split)))
-    return None if data is None else decode(data)
+    return store.read_gzip_jsonl(store.join(trial_dir, SAMPLES_DIR, samples_file(step, split)))
 
 
 class TrialSamples:

@@ -7,6 +7,8 @@ import json
 import pytest
 
 from orchestrator.config.trial import TrialConfig
+from orchestrator.storage import gzip_jsonl as encode
+from orchestrator.storage import read_gzip_jsonl
 from orchestrator.trial.samples import (
     ROW_KEYS,
     Credit,
@@ -14,8 +16,6 @@ from orchestrator.trial.samples import (
     SamplesWriter,
     SampleText,
     TrialSamples,
-    decode,
-    encode,
     read_samples,
     runs,
     sample_rows,
@@ -98,10 +98,11 @@ def test_sample_rows_one_per_completion_with_scores_and_credit():
     json.dumps(rows)  # plain JSON
 
 
-def test_encode_is_deterministic_and_round_trips():
+def test_encode_is_deterministic_and_round_trips(tmp_path):
     rows = sample_rows(SampleText(TOK), groups(), step=0, split="eval", version=0)
     assert encode(rows) == encode(rows)
-    assert decode(encode(rows)) == rows
+    (tmp_path / "f.gz").write_bytes(encode(rows))
+    assert read_gzip_jsonl(str(tmp_path / "f.gz")) == rows and read_gzip_jsonl(str(tmp_path / "none")) is None
 
 
 def test_writer_cap_skips_files_past_it_and_says_so_once(tmp_path):
