@@ -1,6 +1,7 @@
 """Samples on the real stack: a demo-sized trial (tiny reasoner, chain task, 2 steps, a held-out evaluation at
 both) writes its training samples every step and every evaluation's generations, with the learner's advantages,
-within the cap, and its offline W&B run holds the same rows as tables."""
+within the cap, and its offline W&B run holds the same rows as tables; `export` of its last checkpoint gives the
+learner's policy as a PEFT adapter."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.samples import ROW_KEYS, read_samples
@@ -71,3 +73,31 @@ def test_offline_wandb_run_holds_the_samples_tables(demo):
     assert names == ["eval", "eval", "train", "train"], tables
     train = json.loads(next(p for p in tables if p.name.startswith("train")).read_text())
     assert train["columns"] == list(ROW_KEYS) and len(train["data"]) == 8
+
+
+def test_lora_export_of_the_trial_equals_the_learner_at_its_last_step(demo, tmp_path, capsys):
+    """`export <trial dir>`: the PEFT adapter of the trial's last checkpoint, loaded by PeftModel, gives the
+    log-probs of the learner restored from that checkpoint on the trial's held-out prompts."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from orchestrator.cli import main
+    from orchestrator.storage import filesystem
+    from orchestrator.trial.models import resolve_model
+    from orchestrator.trial.restore import verified_checkpoint
+    from tests.integration.trial.test_full_mode import heldout_logprobs
+    from workers.learner.inputs import RunSettings
+    from workers.learner.learner import Learner
+
+    cfg, out = demo["cfg"], tmp_path / "adapter"
+    assert main(["export", str(demo["storage"] / "demo"), "--out", str(out)]) == 0, capsys.readouterr().err
+    manifest = json.loads((out / "export_manifest.json").read_text())
+    assert (manifest["step"], manifest["kind"], manifest["base_model"]) == (1, "adapter", "tiny-reasoner")
+    _, files, _ = verified_checkpoint(*filesystem(str(demo["storage"] / "demo" / "demo")))
+    learner = Learner(resolve_model(cfg.model), learner=cfg.learner, credit=cfg.credit,
+                      run=RunSettings(seed=cfg.seed, total_steps=cfg.steps), interventions=cfg.interventions)
+    learner.restore({"learner.pt": files["learner.pt"]}, "ck")
+    want = heldout_logprobs(learner.model, cfg, learner.tokenizer)
+    base = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), dtype=torch.float32)
+    got = heldout_logprobs(PeftModel.from_pretrained(base, str(out)), cfg, learner.tokenizer)
+    assert (got - want).abs().max() < 1e-5
