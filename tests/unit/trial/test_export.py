@@ -18,21 +18,21 @@ from orchestrator.trial.models import resolve_model
 IDS = torch.tensor([[1, 5, 7, 9, 11, 4, 2, 8]])
 
 
-@pytest.fixture(scope="module")
-def trial(tmp_path_factory) -> dict:
-    """A lone trial's directory (<storage>/<name>) with one sealed checkpoint of step 3 from a learner whose
-    adapter moved away from the base (an export equal to the base would pass a weaker check)."""
+def lora_checkpoint(model: str, root: Path):
+    """A lone trial's directory `root` (<storage>/<name>, name "lone") with one sealed checkpoint of step 3 from a
+    one-rank LoRA learner on `model` (a config model name or path) whose adapter moved away from the base (an
+    export equal to the base would pass a weaker check). Returns (the checkpoint directory, the learner)."""
     from workers.learner.inputs import RunSettings
     from workers.learner.learner import Learner
 
-    cfg = TrialConfig(name="lone", model={"name": "tiny"}, task={"name": "arithmetic"})
+    cfg = TrialConfig(name="lone", model={"name": model}, task={"name": "arithmetic"})
     learner = Learner(resolve_model(cfg.model), learner=cfg.learner, credit=cfg.credit,
                       run=RunSettings(seed=0, total_steps=4))
+    torch.manual_seed(0)
     with torch.no_grad():
         for name, p in learner.model.named_parameters():
             if "lora_B" in name:
                 p.add_(0.05 * torch.randn_like(p))
-    root = tmp_path_factory.mktemp("export") / "lone"
     ck = root / "lone" / "checkpoint_000001"
     ck.mkdir(parents=True)
     for name, data in learner.checkpoint_files().items():
@@ -43,9 +43,17 @@ def trial(tmp_path_factory) -> dict:
     store.seal_checkpoint(ck)
     (root / store.TRIAL_CONFIG_FILE).write_text(json.dumps(cfg.model_dump(mode="json")))
     learner.model.eval()
+    return ck, learner
+
+
+@pytest.fixture(scope="module")
+def trial(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("export") / "lone"
+    ck, learner = lora_checkpoint("tiny", root)
     with torch.no_grad():
         want = learner.model(input_ids=IDS).logits.float()
-    return {"root": root, "checkpoint": ck, "logits": want, "base": resolve_model(cfg.model)}
+    return {"root": root, "checkpoint": ck, "logits": want, "base": resolve_model(TrialConfig(
+        model={"name": "tiny"}, task={"name": "arithmetic"}).model)}
 
 
 def export(capsys, *argv) -> tuple[int, str, str]:
