@@ -141,14 +141,17 @@ def gzip_jsonl(rows: list[dict]) -> bytes:
     return gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode(), mtime=0)
 
 
-def read_gzip_jsonl(location: str) -> list[dict] | None:
-    """The rows of a `gzip_jsonl` file, or None when it does not exist."""
+def parse_gzip_jsonl(data: bytes) -> list[dict]:
+    """The rows of `gzip_jsonl`'s bytes."""
     import gzip
 
-    data = read_bytes(location)
-    if data is None:
-        return None
     return [json.loads(ln) for ln in gzip.decompress(data).decode().splitlines() if ln.strip()]
+
+
+def read_gzip_jsonl(location: str) -> list[dict] | None:
+    """The rows of a `gzip_jsonl` file, or None when it does not exist."""
+    data = read_bytes(location)
+    return None if data is None else parse_gzip_jsonl(data)
 
 
 def trial_dir(campaign_dir: str, trial: str) -> str:

@@ -22,7 +22,7 @@ from orchestrator.campaign.sections import parse_contrast
 from orchestrator.report import examples
 from orchestrator.report import figures as figs
 from orchestrator.report.comparisons import all_specs
-from orchestrator.report.load import Group, TrialIssue, load
+from orchestrator.report.load import CampaignFiles, Group, TrialIssue, load
 from orchestrator.report.render import AucWindows, Scope, render, slug
 from orchestrator.report.sections import extra_sections
 from orchestrator.report.tables import (
@@ -188,7 +188,8 @@ def build_report(campaign_dir: Path | str, options: ReportOptions | None = None)
     extra_tables, extra_md, extra_figs = extra_sections(groups, base, metric, out_dir, opts.figures, step=k,
                                                         interpolate=opts.interpolate)
     tables.update(extra_tables)
-    extra_md += examples.markdown(str(campaign_dir), examples.campaign_trials(str(campaign_dir)))
+    files = CampaignFiles(campaign_dir)
+    extra_md += examples.markdown(files, examples.campaign_trials(files))
 
     written = _figures(groups, metric, tables, reached, lambda_curves, token_samples, out_dir) \
         if opts.figures else []

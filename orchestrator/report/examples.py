@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from orchestrator import storage as store
+from orchestrator.report.load import CampaignFiles
 
 OPEN, CLOSE = "[[", "]]"
 _FILE = re.compile(r"^(eval_)?step_(\d+)\.jsonl\.gz$")
@@ -30,20 +31,32 @@ class Trial:
     seed: int
 
 
-def campaign_trials(campaign_dir: str) -> list[Trial]:
+Where = str | CampaignFiles  # a campaign directory: a path, a URI, or the report's reader of one
+
+
+def _reader(campaign: Where) -> CampaignFiles:
+    return campaign if isinstance(campaign, CampaignFiles) else CampaignFiles(campaign)
+
+
+def _samples_dir(trial: str) -> str:
+    return f"{store.TRIALS_DIR}/{trial}/{store.SAMPLES_DIR}"
+
+
+def campaign_trials(campaign: Where) -> list[Trial]:
     """The campaign's trials in table order (campaign.json)."""
-    meta = json.loads(store.read_text(store.join(campaign_dir, store.CAMPAIGN_FILE)) or "{}")
+    meta = json.loads(_reader(campaign).read_text(store.CAMPAIGN_FILE))
     return [Trial(str(t["name"]), str(t["condition"]), int(t.get("seed", 0))) for t in meta.get("trials") or []]
 
 
-def steps_with_samples(trial_dir: str, split: str) -> list[int]:
+def steps_with_samples(campaign: Where, trial: str, split: str) -> list[int]:
     """Steps whose samples file of `split` ("train" or "eval") the trial wrote, ascending."""
-    found = (_FILE.match(n) for n in store.file_sizes(store.join(trial_dir, store.SAMPLES_DIR)))
+    found = (_FILE.match(n) for n in _reader(campaign).files(_samples_dir(trial), "", ".jsonl.gz"))
     return sorted(int(m.group(2)) for m in found if m and bool(m.group(1)) == (split == "eval"))
 
 
-def read_rows(trial_dir: str, step: int, split: str) -> list[dict]:
-    return store.read_gzip_jsonl(store.join(trial_dir, store.SAMPLES_DIR, store.samples_file(step, split))) or []
+def read_rows(campaign: Where, trial: str, step: int, split: str) -> list[dict]:
+    files, rel = _reader(campaign), f"{_samples_dir(trial)}/{store.samples_file(step, split)}"
+    return store.parse_gzip_jsonl(files.read_bytes(rel)) if files.is_file(rel) else []
 
 
 def mark(text: str, spans: list[list[int]]) -> str:
@@ -82,11 +95,10 @@ def _groups(rows: list[dict]) -> dict[tuple[int, str], list[dict]]:
     return out
 
 
-def show(campaign_dir: str, trial: str, step: int | None, split: str) -> str:
+def show(campaign: Where, trial: str, step: int | None, split: str) -> str:
     """Every group of one trial's samples file at `step` (default: its last)."""
-    tdir = store.trial_dir(campaign_dir, trial)
-    step = pick_step([trial], {trial: steps_with_samples(tdir, split)}, step, split)
-    rows = read_rows(tdir, step, split)
+    step = pick_step([trial], {trial: steps_with_samples(campaign, trial, split)}, step, split)
+    rows = read_rows(campaign, trial, step, split)
     lines = [f"{trial} step {step} ({split}, adapter version {rows[0]['adapter_version']})"]
     for (_, problem), grp in _groups(rows).items():
         lines += ["", f"problem {problem}: {grp[0]['prompt']}"]
@@ -107,12 +119,12 @@ def pick_step(names: list[str], steps: dict[str, list[int]], step: int | None, s
     return step
 
 
-def compare(campaign_dir: str, trials: list[Trial], step: int | None, problem: str | None, split: str) -> str:
+def compare(campaign: Where, trials: list[Trial], step: int | None, problem: str | None, split: str) -> str:
     """One problem's completions across conditions and seeds at one step (default: the last common step; the
     first problem of the file when `problem` is None)."""
-    steps = {t.name: steps_with_samples(store.trial_dir(campaign_dir, t.name), split) for t in trials}
+    steps = {t.name: steps_with_samples(campaign, t.name, split) for t in trials}
     step = pick_step([t.name for t in trials], steps, step, split)
-    rows = {t.name: read_rows(store.trial_dir(campaign_dir, t.name), step, split) for t in trials}
+    rows = {t.name: read_rows(campaign, t.name, step, split) for t in trials}
     first = next(iter(rows.values()))
     problem = problem if problem is not None else first[0]["problem"]
     if not any(r["problem"] == problem for r in first):
@@ -131,11 +143,11 @@ def compare(campaign_dir: str, trials: list[Trial], step: int | None, problem: s
     return "\n".join(lines)
 
 
-def markdown(campaign_dir: str, trials: list[Trial]) -> list[str]:
+def markdown(campaign: Where, trials: list[Trial]) -> list[str]:
     """The report's "examples" section: the first held-out problem at the last evaluation step every trial
     wrote, one trial (the first seed) per condition, its first completion; [] when no trial wrote eval samples."""
     firsts = list({t.condition: t for t in reversed(trials)}.values())[::-1]
-    steps = {t.name: steps_with_samples(store.trial_dir(campaign_dir, t.name), "eval") for t in firsts}
+    steps = {t.name: steps_with_samples(campaign, t.name, "eval") for t in firsts}
     try:
         step = pick_step([t.name for t in firsts], steps, None, "eval")
     except SamplesError:
@@ -144,7 +156,7 @@ def markdown(campaign_dir: str, trials: list[Trial]) -> list[str]:
              f"One held-out problem at step {step} (the last evaluation the trials shown all wrote), the first completion of "
              f"one seed per condition; planning spans in {OPEN}{CLOSE}. All of them: `python -m orchestrator "
              "samples <campaign> --eval`.", ""]
-    rows = {t.name: read_rows(store.trial_dir(campaign_dir, t.name), step, "eval") for t in firsts}
+    rows = {t.name: read_rows(campaign, t.name, step, "eval") for t in firsts}
     problem = next(iter(rows.values()))[0]
     lines += [f"Problem `{problem['problem']}`:", "", "```", problem["prompt"], "```"]
     for t in firsts:
