@@ -1,4 +1,5 @@
-"""`python -m orchestrator {expand,plan,run,status,submit,report,dashboard,doctor,trial}`. User mistakes: one line on stderr, exit code 2."""
+"""`python -m orchestrator {expand,plan,run,status,submit,report,samples,export,dashboard,doctor,trial}`. User
+mistakes: one line on stderr, exit code 2."""
 
 from __future__ import annotations
 
@@ -207,6 +208,66 @@ def _doctor(args: argparse.Namespace) -> int:
     return code
 
 
+def _campaign_dir(path: str):
+    """(campaign, its directory) of a campaign YAML that has run; UserError when it has not."""
+    from orchestrator import storage as store
+    from orchestrator.campaign.expand import load_campaign
+
+    campaign = load_campaign(path)
+    if store.read_text(store.join(campaign.directory, store.CAMPAIGN_FILE)) is None:
+        raise UserError(f"{path}: campaign '{campaign.config.name}' has not run yet (no {campaign.directory}"
+                        "/campaign.json); start it with: python -m orchestrator run " + path)
+    return campaign, campaign.directory
+
+
+def _samples(args: argparse.Namespace) -> int:
+    from orchestrator.report import examples
+
+    _, directory = _campaign_dir(args.file)
+    trials = examples.campaign_trials(directory)
+    if args.trial is not None and args.trial not in {t.name for t in trials}:
+        raise UserError(f"{args.file}: --trial {args.trial}: no such trial; trials: "
+                        + ", ".join(t.name for t in trials))
+    split = "eval" if args.eval or args.trial is None else "train"  # held-out: what every condition shares
+    try:
+        if args.trial is not None and args.problem is None:
+            print(examples.show(directory, args.trial, args.step, split))
+        else:
+            chosen = [t for t in trials if args.trial in (None, t.name)]
+            print(examples.compare(directory, chosen, args.step, args.problem, split))
+    except examples.SamplesError as exc:
+        raise UserError(f"{args.file}: {exc}") from None
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from orchestrator import storage as store
+    from orchestrator.trial.export import export_trial, lone_trial_tune_dir
+    from orchestrator.trial.restore import CheckpointError
+
+    if Path(args.source).is_file():  # a campaign YAML
+        campaign, directory = _campaign_dir(args.source)
+        names = [t.name for t in campaign.trials]
+        if args.trial not in names:
+            raise UserError(f"{args.source}: --trial {args.trial}: " + ("needed with a campaign" if args.trial is None
+                            else "no such trial") + "; trials: " + ", ".join(names))
+        tune_dir, trial = store.join(directory, args.trial), args.trial
+    else:
+        if args.trial is not None:
+            raise UserError(f"{args.source}: --trial goes with a campaign YAML, not a trial directory")
+        try:
+            tune_dir = lone_trial_tune_dir(args.source)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        trial = tune_dir.rsplit("/", 1)[-1]
+    try:
+        manifest = export_trial(tune_dir, trial, Path(args.out), step=args.step, merge=args.merge)
+    except (CheckpointError, LookupError, ValueError) as exc:
+        raise UserError(f"{args.source}: {exc}") from None
+    print(f"exported {trial} step {manifest['step']} ({manifest['kind']}) of {manifest['base_model']} to {args.out}")
+    return 0
+
+
 def _dashboard(args: argparse.Namespace) -> int:
     from orchestrator.campaign.expand import load_campaign
     from orchestrator.tracking.dashboard import dashboard
@@ -259,6 +320,23 @@ def main(argv: list[str] | None = None) -> int:
                    "logged once to a report run of the campaign's group; offline: written for a later sync)")
     r.add_argument("--dry-run", action="store_true", help="with --publish: write the Report's JSON, send nothing")
     r.set_defaults(fn=_report)
+    sm = sub.add_parser("samples", help="what the models wrote: a trial's samples, or one problem's completions "
+                        "across conditions and seeds at one step")
+    sm.add_argument("file", help="campaign YAML")
+    sm.add_argument("--trial", help="one trial's samples (default: every trial, one problem side by side)")
+    sm.add_argument("--step", type=int, help="the step (default: the last one every chosen trial wrote)")
+    sm.add_argument("--problem", help="a problem id: its completions across trials (held-out by default)")
+    sm.add_argument("--eval", action="store_true", help="the held-out evaluations' generations (the default "
+                    "without --trial: every condition sees the same held-out problems)")
+    sm.set_defaults(fn=_samples)
+    ex = sub.add_parser("export", help="a trial's trained policy as a model directory (PEFT adapter, merged or "
+                        "full model) from its verified checkpoint")
+    ex.add_argument("source", help="campaign YAML (with --trial), or the directory a lone `orchestrator trial` wrote")
+    ex.add_argument("--trial", help="the campaign's trial to export")
+    ex.add_argument("--step", type=int, help="the checkpoint of this step (default: the newest)")
+    ex.add_argument("--out", required=True, help="a new directory for the model")
+    ex.add_argument("--merge", action="store_true", help="LoRA trials: merge the adapter into the base weights")
+    ex.set_defaults(fn=_export)
     d = sub.add_parser("dashboard", help="save the campaign's W&B workspace (view) or, with --dry-run, write it")
     d.add_argument("file", help="campaign YAML")
     d.add_argument("--dry-run", action="store_true", help="write the view's JSON next to the report; no network")

@@ -6,6 +6,7 @@ Layout of `<storage>/<campaign>/` (the Tune experiment directory, plus our own f
     trials/<trial>/metrics.jsonl    one row per step (rewritten whole each step: no gaps, no repeats)
     trials/<trial>/events.jsonl     one line per (re)start of the trial: {"event": "start", "from_step": k}
     trials/<trial>/placement.json   the placement group and GPUs each actor of the trial got
+    trials/<trial>/samples/         sampled text: step_<s>.jsonl.gz, eval_step_<s>.jsonl.gz (trial/samples.py)
     wandb/                          offline W&B runs (when storage is a local path)
     report/                         `python -m orchestrator report` output
 Local paths are written atomically; URIs (s3://, gs://, ...) go through pyarrow.fs, which Tune also uses.
@@ -29,6 +30,7 @@ METRICS_FILE = "metrics.jsonl"
 STATE_FILE = "trial_state.json"  # inside a checkpoint: step, policy version, task cursor, SEPA controller
 PLACEMENT_FILE = "placement.json"
 UNCERTAINTY_DIR = "uncertainty"  # trials/<trial>/uncertainty/step_<k>.npz
+SAMPLES_DIR = "samples"  # trials/<trial>/samples/{step,eval_step}_<k>.jsonl.gz
 TRIAL_CONFIG_FILE = "trial_config.json"  # `python -m orchestrator trial`: the config a single trial ran with
 _VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 
@@ -88,18 +90,33 @@ def write_text(location: str, text: str) -> None:
     write_bytes(location, text.encode())
 
 
-def read_text(location: str) -> str | None:
-    """The file's text, or None when it does not exist."""
+def read_bytes(location: str) -> bytes | None:
+    """The file's bytes, or None when it does not exist."""
     if not is_uri(location):
         p = Path(location)
-        return p.read_text() if p.is_file() else None
+        return p.read_bytes() if p.is_file() else None
     import pyarrow.fs
 
     fs, path = filesystem(location)
     if fs.get_file_info(path).type != pyarrow.fs.FileType.File:
         return None
     with fs.open_input_stream(path) as f:
-        return f.read().decode()
+        return f.read()
+
+
+def read_text(location: str) -> str | None:
+    """The file's text, or None when it does not exist."""
+    data = read_bytes(location)
+    return None if data is None else data.decode()
+
+
+def file_sizes(location: str) -> dict[str, int]:
+    """Name -> size in bytes of the files directly in a folder (empty when it does not exist)."""
+    import pyarrow.fs
+
+    fs, path = filesystem(location)
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+    return {i.base_name: i.size for i in infos if i.type == pyarrow.fs.FileType.File}
 
 
 def append_line(location: str, obj: dict) -> None:
@@ -110,6 +127,31 @@ def append_line(location: str, obj: dict) -> None:
 def read_jsonl(location: str) -> list[dict]:
     text = read_text(location) or ""
     return [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+
+
+def samples_file(step: int, split: str) -> str:
+    """The name of a trial's samples file of `step` ("train" or "eval") in its SAMPLES_DIR."""
+    return f"{'eval_' if split == 'eval' else ''}step_{step}.jsonl.gz"
+
+
+def gzip_jsonl(rows: list[dict]) -> bytes:
+    """jsonl, gzip-compressed with no timestamp (the same rows give the same bytes)."""
+    import gzip
+
+    return gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode(), mtime=0)
+
+
+def parse_gzip_jsonl(data: bytes) -> list[dict]:
+    """The rows of `gzip_jsonl`'s bytes."""
+    import gzip
+
+    return [json.loads(ln) for ln in gzip.decompress(data).decode().splitlines() if ln.strip()]
+
+
+def read_gzip_jsonl(location: str) -> list[dict] | None:
+    """The rows of a `gzip_jsonl` file, or None when it does not exist."""
+    data = read_bytes(location)
+    return None if data is None else parse_gzip_jsonl(data)
 
 
 def trial_dir(campaign_dir: str, trial: str) -> str:

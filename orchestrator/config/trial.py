@@ -256,6 +256,23 @@ class PluginsConfig(_Strict):
         "module:Class}` plugins are imported from (a campaign sets them, absolute, from its own plugins.paths)"))
 
 
+class SamplesSettings(_Strict):
+    """Sampled text kept for reading (orchestrator/trial/samples.py): `trials/<trial>/samples/step_<s>.jsonl.gz`
+    (training groups) and `eval_step_<s>.jsonl.gz` (every held-out evaluation's generations)."""
+
+    every: int = Field(1, ge=0, description="write training samples every this many steps; 0 = never (held-out "
+                       "evaluations are still written)")
+    per_step: int = Field(2, ge=0, description="training groups written per step (the first ones of the batch)")
+    eval: bool = Field(True, description="write every held-out evaluation's generations")
+    max_mb: float = Field(100.0, gt=0.0, description=(
+        "cap on one trial's samples/ folder: a file that would take it past the cap is not written (the first "
+        "one skipped is said in the trial's events.jsonl, `samples_capped`); earlier files are kept"))
+
+
+class LoggingConfig(_Strict):
+    samples: SamplesSettings = SamplesSettings()
+
+
 class TrialConfig(_Strict):
     name: str = "local"
     seed: int = 0
@@ -273,6 +290,7 @@ class TrialConfig(_Strict):
     resources: ResourcesConfig = ResourcesConfig()
     timeouts: TimeoutsConfig = TimeoutsConfig()
     wandb: TrialWandb = TrialWandb()
+    logging: LoggingConfig = LoggingConfig()
     labels: dict[str, Any] = Field(default_factory=dict, description=(
         "extra top-level keys logged with the config (campaigns set condition, seed and every swept key)"))
 

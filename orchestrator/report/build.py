@@ -19,6 +19,7 @@ import pandas as pd
 
 from orchestrator import storage as store
 from orchestrator.campaign.sections import CONTRAST, AdaptiveSeeds, parse_contrast
+from orchestrator.report import examples
 from orchestrator.report import figures as figs
 from orchestrator.report.comparisons import all_specs
 from orchestrator.report.load import CampaignFiles, Group, TrialIssue, load
@@ -253,6 +254,8 @@ def build_report(campaign_dir: Path | str, options: ReportOptions | None = None)
     extra_tables, extra_md, extra_figs = extra_sections(groups, base, metric, out_dir, opts.figures, step=k,
                                                         interpolate=opts.interpolate)
     tables.update(extra_tables)
+    files = CampaignFiles(campaign_dir)
+    extra_md += examples.markdown(files, examples.campaign_trials(files))
 
     written = _figures(groups, metric, tables, reached, lambda_curves, token_samples, out_dir) \
         if opts.figures else []

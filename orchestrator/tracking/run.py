@@ -29,6 +29,17 @@ def logged_config(cfg: TrialConfig) -> dict[str, Any]:
     return {**data, **cfg.labels}
 
 
+def as_table(rows: list[dict]):
+    """A `wandb.Table` of rows that share their keys; lists and dicts (turns, planning spans) as JSON text."""
+    import json
+
+    import wandb
+
+    columns = list(rows[0])
+    return wandb.Table(columns=columns, data=[[json.dumps(r[c]) if isinstance(r[c], list | dict) else r[c]
+                                               for c in columns] for r in rows])
+
+
 def _api_key(cfg: TrialConfig) -> str | None:
     """The node's own key: $WANDB_API_KEY, else `wandb.api_key_file`, else the file $WANDB_API_KEY_FILE names (a
     mounted Secret); None lets wandb use its login (~/.netrc). Never from the job's runtime_env (jobs.py)."""
@@ -71,7 +82,9 @@ class TrialTracker:
         if w.mode == "online":
             self.logged_through = max(self.logged_through, int(self.run.starting_step) - 1)
 
-    def log(self, row: dict[str, Any]) -> None:
+    def log(self, row: dict[str, Any], tables: dict[str, list[dict]] | None = None) -> None:
+        """One step's row; `tables`: name -> rows (the step's samples, orchestrator/trial/samples.py), each
+        logged as a `wandb.Table` at the step."""
         step = int(row["step"])
         for name, curve in self._curves.items():
             if name in row:
@@ -84,7 +97,9 @@ class TrialTracker:
             return  # logged before the restore; W&B keeps the first record of a step
         self.logged_through = step
         if self.run is not None:
-            self.run.log({k: v for k, v in row.items() if k != "step"}, step=step)
+            data = {k: v for k, v in row.items() if k != "step"}
+            self.run.log({**data, **{name: as_table(rows) for name, rows in (tables or {}).items() if rows}},
+                         step=step)
 
     def record_hang(self, event: dict) -> None:
         """A missed deadline (orchestrator/trial/calls.py) in the run's summary (`hang/*`: phase, actors, step,

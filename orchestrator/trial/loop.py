@@ -32,6 +32,7 @@ from orchestrator.trial.models import resolve_model
 from orchestrator.trial.one_step_off import OneStepOff, load_pending
 from orchestrator.trial.phases import Phases
 from orchestrator.trial.restore import restore_checkpoint
+from orchestrator.trial.samples import TrialSamples
 from orchestrator.trial.sampling import action_ids
 from orchestrator.trial.sources import rollout_source
 from orchestrator.trial.step import one_step
@@ -179,8 +180,9 @@ def run_trial(config: dict) -> None:
                        Phases.for_trial(cfg, workers, learner, out_dir))
     source = rollout_source(ctx)  # single-turn or episodes, chosen once from the task
     pipe = OneStepOff(ctx, source, resume.pending) if cfg.rollout.mode == "one_step_off" else None
+    samples = TrialSamples(cfg, out_dir, tokenizer)
     for step in range(resume.start, cfg.steps):
-        row, calls.step = {}, step
+        row, calls.step, eval_version = {}, step, version
         check_health(calls, rollout_names(workers))  # a frozen engine fails here, before a long phase waits on it
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps - 1):
             row.update(source.evaluate(step))
@@ -189,12 +191,13 @@ def run_trial(config: dict) -> None:
         else:
             row = {**one_step(ctx, source, step, sepa, version), **row}
         version = int(row.pop("_version"))
-        samples = row.pop("_uncertainty", None)
-        if samples is not None:
-            write_uncertainty(out_dir, step, samples)
+        uncertainty = row.pop("_uncertainty", None)
+        if uncertainty is not None:
+            write_uncertainty(out_dir, step, uncertainty)
+        tables = samples.record(step, row, eval_version)  # trials/<trial>/samples/ (orchestrator/trial/samples.py)
         rows.append(row)
         store.write_text(metrics_loc, "".join(json.dumps(r) + "\n" for r in rows))
-        tracker.log(row)
+        tracker.log(row, tables)
         print(f"[{cfg.name}] step {step + 1}/{cfg.steps} correct {row['train/correct_rate']:.3f} "
               f"reward {row['train/reward_mean']:.3f} lambda {row['credit/sepa_lambda']:.3f} "
               f"gen {row['time/generate_s']:.1f}s train {row['time/train_s']:.1f}s", flush=True)

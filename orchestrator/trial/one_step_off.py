@@ -93,6 +93,7 @@ class OneStepOff:
             version = push_policy(self.ctx, version + 1)
         row["time/sync_s"] = time.perf_counter() - t0
         row["_version"] = version
+        row["_rollouts"] = roll
         return row
 
     def save(self, checkpoint_dir: str | Path) -> None:

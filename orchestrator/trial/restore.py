@@ -172,3 +172,25 @@ def restore_checkpoint(fs, trial_path: str, *, recorded: bool, events: str | Non
     if events is not None:
         append_line(events, {"event": "checkpoint_unusable", "reason": str(err), "time": time.time()})
     raise err
+
+
+def verified_checkpoint(fs, trial_path: str, step: int | None = None, *, state_file: str = STATE_FILE,
+                        learner_file: str = "learner.pt",
+                        metrics_file: str = METRICS_FILE) -> tuple[dict, dict[str, bytes], str]:
+    """(trial state, every file of its manifest by name, location) of the checkpoint of `step` (default: the
+    newest) in a trial's Tune directory, verified as a restore verifies it and sealed: `CorruptCheckpoint` when it
+    is damaged or has no manifest (never another checkpoint in its place: an export says exactly what it read),
+    `LookupError` when there is no checkpoint of that step."""
+    candidates = _checkpoint_dirs(fs, trial_path, state_file)
+    steps = sorted(int(s) for s in (ck.step(state_file) for ck in candidates) if s != float("inf"))
+    if step is None and not candidates:
+        raise LookupError(f"{trial_path}: no checkpoint")
+    ck = candidates[0] if step is None else next((c for c in candidates if c.step(state_file) == step), None)
+    if ck is None:
+        raise LookupError(f"{trial_path}: no checkpoint of step {step}; checkpoints kept: "
+                          + (", ".join(f"step {s}" for s in steps) or "none"))
+    if ck.read(CHECKPOINT_MANIFEST) is None:
+        raise CorruptCheckpoint(f"{ck}/{CHECKPOINT_MANIFEST}: missing, the checkpoint cannot be verified")
+    state, _, _ = _verify(ck, state_file, learner_file, metrics_file)
+    listed = json.loads(ck.read(CHECKPOINT_MANIFEST))["files"]
+    return state, {name: ck.read(name) for name in listed}, str(ck)

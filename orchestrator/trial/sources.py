@@ -27,6 +27,7 @@ import numpy as np
 from orchestrator.trial.context import TrialContext
 from orchestrator.trial.episodes import episode_metrics, play_episodes
 from orchestrator.trial.evaluation import pass_at_k
+from orchestrator.trial.samples import SampleGroup, group_info
 from orchestrator.trial.sampling import sample, step_seed
 from workers.envs.tokens import first_prompt_ids
 
@@ -54,6 +55,7 @@ class Rollouts:
     versions: set
     metrics: dict
     extra: dict = field(default_factory=dict)  # per-sequence extras for the learner ([N][G][*] lists)
+    groups_info: list[dict] = field(default_factory=list)  # [N] per-group metadata (samples.py: group_info)
     truncated: list[list[bool]] = field(default_factory=list)
     lengths: list[list[int]] = field(default_factory=list)
     train: list[bool] = field(default_factory=list)
@@ -129,7 +131,8 @@ class RolloutSource(Protocol):
 
     def evaluate(self, step: int) -> dict:
         """Held-out metrics of the current policy (`eval/pass@1`, `eval/pass@k`, `eval/k`, `eval/problems`,
-        `time/eval_s`, ...); {} when the task has no held-out set. Must not move the training task cursor."""
+        `time/eval_s`, ...) and its generations under `_samples` (a list of `SampleGroup`, popped by the loop);
+        {} when the task has no held-out set. Must not move the training task cursor."""
         ...
 
 
@@ -188,6 +191,7 @@ class SingleTurnSource:
             versions={res["adapter_version"] for res in results}, metrics=metrics,
             truncated=[[c.get("finish_reason") == "length" for c in g] for g in groups],
             lengths=[[len(c["token_ids"]) for c in g] for g in groups],
+            groups_info=[group_info(p.id, p.prompt, _truncated(g)) for p, g in zip(problems, groups, strict=True)],
         )
 
     def evaluate(self, step: int) -> dict:
@@ -200,14 +204,17 @@ class SingleTurnSource:
         _, results = self._completions(problems, step, cfg.seed + EVAL_SEED_OFFSET, ev.n, ev.temperature,
                                        phase="eval")
         groups = [g for res in results for g in res["completions"]]
-        p1, pk = [], []
+        p1, pk, kept = [], [], []
         for prob, group in zip(problems, groups, strict=True):
-            correct = sum(r > 0.5 for r in self._score(prob, group).rewards)
+            rewards = self._score(prob, group).rewards
+            correct = sum(r > 0.5 for r in rewards)
             p1.append(correct / len(group))
             pk.append(pass_at_k(len(group), correct, ev.k))
+            kept.append(SampleGroup(prob.id, prob.prompt, [c["token_ids"] for c in group], list(rewards),
+                                    [r > 0.5 for r in rewards], _truncated(group)))
         return {**per_source("eval", "pass@1", problems, p1),
                 "eval/pass@1": float(np.mean(p1)), "eval/pass@k": float(np.mean(pk)), "eval/k": ev.k,
-                "eval/problems": len(problems), "time/eval_s": time.perf_counter() - t0}
+                "eval/problems": len(problems), "time/eval_s": time.perf_counter() - t0, "_samples": kept}
 
 
 class EpisodeSource:
@@ -220,6 +227,7 @@ class EpisodeSource:
         cfg, task, ro = self.ctx.cfg, self.ctx.task, self.ctx.cfg.rollout
         levels = task.next_levels(ro.prompts_per_step)
         episodes = [task.episode(level, g, ro) for level in levels for g in range(ro.n)]
+        prompts = [episodes[i * ro.n].prompt() for i in range(len(levels))]
         trajs, info = play_episodes(self.ctx, episodes, seed=cfg.seed, step=step, temperature=ro.temperature,
                                     round=round)
         groups = [trajs[i:i + ro.n] for i in range(0, len(trajs), ro.n)]
@@ -239,6 +247,8 @@ class EpisodeSource:
             # out of context: at the limit, whatever its turns' lengths
             truncated=per_group(lambda t: t.truncated or t.hit_max_tokens),
             lengths=per_group(lambda t: ro.max_tokens if t.truncated else t.longest_turn),
+            groups_info=[group_info(f"level-{lv}", p, [t.truncated for t in g])
+                         for lv, p, g in zip(levels, prompts, groups, strict=True)],
         )
 
     def evaluate(self, step: int) -> dict:
@@ -248,13 +258,23 @@ class EpisodeSource:
         t0 = time.perf_counter()
         levels = task.eval_levels(ev.problems)
         episodes = [task.episode(level, g, cfg.rollout) for level in levels for g in range(ev.n)]
+        prompts = [episodes[i * ev.n].prompt() for i in range(len(levels))]
         trajs, _ = play_episodes(self.ctx, episodes, seed=cfg.seed + EVAL_SEED_OFFSET, step=step,
                                  temperature=ev.temperature, phase="eval")
         wins = [sum(t.success for t in trajs[i:i + ev.n]) for i in range(0, len(trajs), ev.n)]
         metrics = episode_metrics(trajs, prefix="eval")
+        kept = [SampleGroup(f"level-{lv}", p, [t.response_ids for t in g], [t.episode_return for t in g],
+                            [t.success for t in g], [t.truncated for t in g], [t.loss_mask for t in g])
+                for lv, p, g in zip(levels, prompts, (trajs[i:i + ev.n] for i in range(0, len(trajs), ev.n)),
+                                    strict=True)]
         return {**metrics, "eval/pass@1": metrics["eval/success"],
                 "eval/pass@k": float(np.mean([pass_at_k(ev.n, c, ev.k) for c in wins])), "eval/k": ev.k,
-                "eval/problems": len(levels), "time/eval_s": time.perf_counter() - t0}
+                "eval/problems": len(levels), "time/eval_s": time.perf_counter() - t0, "_samples": kept}
+
+
+def _truncated(group: list[dict]) -> list[bool]:
+    """Which completions the token budget cut (vLLM's finish reason "length")."""
+    return [c.get("finish_reason") == "length" for c in group]
 
 
 def rollout_source(ctx: TrialContext) -> RolloutSource:

@@ -67,6 +67,7 @@ def prepare(ctx: TrialContext, step: int, roll: Rollouts, sepa: SepaController,
         **metrics,
         "time/generate_s": t_gen,
     }
+    row["_kept"] = keep  # for the samples files (orchestrator/trial/samples.py), popped by the loop
     if not keep:
         return row, None, correct_rate
 
@@ -94,6 +95,7 @@ def absorb(row: dict, out: StepResult | None, sepa: SepaController, correct_rate
         row.update(out.metrics)
         exec_values = out.exec_values
         row["_uncertainty"] = out.uncertainty
+        row["_advantages"] = (out.episode_advantages, out.token_advantage_means)
     sepa.observe(correct_rate, exec_values)
 
 
@@ -119,4 +121,5 @@ def one_step(ctx: TrialContext, source: RolloutSource, step: int, sepa: SepaCont
         version = push_policy(ctx, version + 1)
     row["time/sync_s"] = time.perf_counter() - t0
     row["_version"] = version
+    row["_rollouts"] = roll
     return row

@@ -62,11 +62,16 @@ class StepResult:
     exec_values  the raw uncertainties of the execution tokens (a 1-D tensor), for SEPA's auto schedule
     uncertainty  per-token uncertainty samples (`<cls>_before` / `<cls>_after` lists), or None when the batch
                  did not ask for them
+    episode_advantages      [B] each sequence's episode-level advantage (0 under GAE, which has none)
+    token_advantage_means   [B] each sequence's token advantages averaged over its loss-masked tokens
+    (the trial's samples files show both beside the text: orchestrator/trial/samples.py)
     """
 
     metrics: dict[str, float]
     exec_values: Any
     uncertainty: dict[str, list[float]] | None = None
+    episode_advantages: list[float] | None = None
+    token_advantage_means: list[float] | None = None
 
 
 @dataclass(frozen=True)

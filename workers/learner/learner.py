@@ -234,10 +234,13 @@ class Learner:
             lam = float(batch.sepa_lambda) if "sepa" in self.credit.stages else None
             metrics.update(decomposition_metrics(-scored.learner_lp, scored.entropy, b.mask, planning,
                                                  sepa_lambda=lam))
+        counts = b.mask.sum(-1).clamp(min=1)
         return StepResult(metrics=metrics, exec_values=scored.signals[classes["execution"]],
                           uncertainty=token_samples(scored.signals, credit.signal_after, b.mask, planning,
                                                     entropy=scored.entropy if _decomposes(self.credit) else None)
-                          if batch.want_uncertainty else None)
+                          if batch.want_uncertainty else None,
+                          episode_advantages=credit.episode_advantages.reshape(-1).tolist(),
+                          token_advantage_means=((adv * b.mask).sum(-1) / counts).tolist())
 
     def _gae(self, batch: LearnerBatch, b: Batch, values: Tensor) -> tuple[Tensor, Tensor]:
         """GAE advantages and returns `[B, T]` from the turn rewards and the critic's (pre-update) values."""

@@ -32,7 +32,7 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
 
 
-def test_trials_pack_onto_logical_gpus_in_their_own_placement_groups(ray_local, tmp_path):
+def test_trials_pack_onto_logical_gpus_in_their_own_placement_groups(ray_local, tmp_path, capsys):
     path = _write(
         tmp_path, name="packing", base={"steps": 2, **SMALL},
         conditions={"A": {}, "B": {"credit": {"advantage_mode": "maxrl"}}, "C": {}},
@@ -49,6 +49,18 @@ def test_trials_pack_onto_logical_gpus_in_their_own_placement_groups(ray_local, 
         spans[t.name] = (events[0]["time"], events[-1]["time"])
         placements[t.name] = json.loads((tdir / "placement.json").read_text())
         assert [r["step"] for r in _jsonl(tdir / "metrics.jsonl")] == [0, 1]
+        assert sorted(p.name for p in (tdir / "samples").iterdir()) == [  # logging.samples' defaults
+            "eval_step_0.jsonl.gz", "eval_step_1.jsonl.gz", "step_0.jsonl.gz", "step_1.jsonl.gz"]
+    # `samples`: one held-out problem's completions across the conditions at one step (the same problem each saw)
+    from orchestrator.cli import main
+
+    capsys.readouterr()
+    assert main(["samples", str(path), "--step", "1"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0].startswith("problem ") and " at step 1 (eval): " in shown[0]
+    headers = [ln for ln in shown if ln.startswith(("==", "--"))]
+    assert [h.split(" (")[0] for h in headers] == ["== A", "-- A_s0", "== B", "-- B_s0", "== C", "-- C_s0"]
+    assert all(h.endswith("/8 correct") for h in headers if h.startswith("--"))  # eval.n completions each
 
     # 3 trials x 2 GPUs on 4 GPUs: never more than 2 at once, and 2 did run together (CPUs allow 3).
     def running_at(moment: float) -> int:

@@ -248,3 +248,24 @@ def test_corrupt_adapter_raises_and_blocks_sampling(worker, prompt_ids, tiny_mod
     assert r["adapter_version"] == 6
     assert _max_lp_err(pm3, prompt_ids, r) < TOL
     assert ray.get(worker.broken.remote()) is None
+
+
+def test_an_exported_adapter_loads_in_vllm(worker, prompt_ids, tiny_model_dir, tmp_path):
+    """`python -m orchestrator export` of a LoRA learner's checkpoint: the adapter directory, handed to the worker
+    (vLLM's LoRARequest) as its files, samples with the log-probs of PeftModel.from_pretrained on the same files."""
+    import ray
+    from peft import PeftModel
+
+    from orchestrator.cli import main
+    from tests.unit.trial.test_export import lora_checkpoint
+    from workers.models.loading import load_model
+
+    lora_checkpoint(tiny_model_dir, tmp_path / "lone")
+    out = tmp_path / "exported"
+    assert main(["export", str(tmp_path / "lone"), "--out", str(out)]) == 0
+    files = {n: (out / n).read_bytes() for n in ("adapter_config.json", "adapter_model.safetensors")}
+    assert ray.get(worker.load_adapter.remote(files, version=9)) == 9
+    res = _gen(worker, prompt_ids, seed=5)
+    exported = PeftModel.from_pretrained(load_model(tiny_model_dir, dtype=torch.float32), str(out))
+    assert _max_lp_err(exported, prompt_ids, res) < TOL
+    assert _max_lp_err(load_model(tiny_model_dir, dtype=torch.float32), prompt_ids, res) > 1e-3  # not the base

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from orchestrator.config.trial import TrialConfig
 from orchestrator.tune.launch import run_single_trial
@@ -95,3 +96,50 @@ def test_a_frozen_rank_fails_its_deadline_and_resumes_to_the_same_metrics(runs):
     assert all(proc_state(pid) in (None, "Z") for pid in runs["frozen"])  # killed with the trial's actors
     assert [r["step"] for r in runs["stopped"]] == [0, 1, 2]
     assert [stable(r) for r in runs["plain"]] == [stable(r) for r in runs["stopped"]]
+
+
+def heldout_logprobs(model, cfg: TrialConfig, tokenizer) -> torch.Tensor:
+    """Next-token log-probs `[N, T-1]` of the trial's first held-out prompts (padded right, 0 past each end)."""
+    from workers.envs.tokens import first_prompt_ids
+    from workers.tasks import make_task
+
+    prompts = [first_prompt_ids(tokenizer, p.prompt) for p in make_task(cfg.task, cfg.seed).heldout(4)]
+    width = max(map(len, prompts))
+    ids = torch.tensor([p + [tokenizer.pad_token_id] * (width - len(p)) for p in prompts])
+    mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts])
+    model.eval()
+    with torch.no_grad():
+        lp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), -1)
+    return lp[:, :-1].gather(-1, ids[:, 1:, None])[..., 0] * mask[:, 1:]
+
+
+def test_export_gathers_the_two_rank_checkpoint_into_one_model(runs, tmp_path, capsys):
+    """`export` of the 2-rank full-mode trial: one safetensors model whose log-probs on the trial's held-out prompts
+    equal the learner's at its last step (the 2-rank checkpoint restored on one rank by the learner's own code)."""
+    from transformers import AutoModelForCausalLM
+
+    from orchestrator.cli import main
+    from orchestrator.storage import filesystem
+    from orchestrator.trial.models import resolve_model
+    from orchestrator.trial.restore import verified_checkpoint
+    from workers.learner.inputs import RunSettings
+    from workers.learner.learner import Learner
+
+    trial_dir, out = runs["storage"] / "plain", tmp_path / "full"
+    assert main(["export", str(trial_dir), "--out", str(out)]) == 0, capsys.readouterr().err
+    manifest = json.loads((out / "export_manifest.json").read_text())
+    assert (manifest["step"], manifest["kind"], manifest["policy_version"]) == (2, "full", 3)
+    assert any(name.endswith(".safetensors") for name in manifest["files"])
+
+    cfg = TrialConfig(name="plain", **BASE)
+    _, files, _ = verified_checkpoint(*filesystem(str(trial_dir / "plain")))
+    learner = Learner(resolve_model(cfg.model), learner=cfg.learner, credit=cfg.credit,
+                      run=RunSettings(seed=cfg.seed, total_steps=cfg.steps), interventions=cfg.interventions)
+    learner.restore({k: v for k, v in files.items() if k.startswith(("learner.pt", "learner_shards/"))}, "ck")
+    want = heldout_logprobs(learner.model, cfg, learner.tokenizer)
+    got = heldout_logprobs(AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32), cfg,
+                           learner.tokenizer)
+    base = heldout_logprobs(AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), dtype=torch.float32),
+                            cfg, learner.tokenizer)
+    assert (got - want).abs().max() < 1e-5
+    assert (base - want).abs().max() > 1e-4  # three full-mode steps moved the weights: not the base re-exported
