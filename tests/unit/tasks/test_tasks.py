@@ -200,7 +200,7 @@ def test_math_grader_timeout_counted_then_recovers(math_data, monkeypatch):
         monkeypatch.setattr(mathmod, "grade_answer", _sleeping_grader)
         t0 = time.monotonic()
         res = task.score([Problem("f", "2 + 2?", "4")], [r"\boxed{4.0}"])
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 25  # the grader was cut off, not waited for (it sleeps 30 s)
         assert res.rewards == [0.0] and res.grader_timeouts == 1 and res.grader_errors == 0
         monkeypatch.undo()  # the killed grader is replaced and grades normally again
         assert task.score([Problem("f", "2 + 2?", "4")], [r"\boxed{4.0}"]).rewards == [1.0]
