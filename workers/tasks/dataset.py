@@ -13,7 +13,6 @@ Held-out problems come from `heldout_path` or a seeded `heldout_fraction` of the
 from __future__ import annotations
 
 import importlib
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import numpy as np
 
 from .base import EpochCursor, Problem, ScoreResult, Task, check_lengths
 from .config import DatasetConfig
-from .math import IsolatedGrader, extract_answer, grade_answer
+from .math import IsolatedGrader, extract_answer, grade_answer, read_jsonl
 
 
 def dataset_format(config: DatasetConfig, path: Path) -> str:
@@ -40,14 +39,7 @@ def read_records(path_text: str, config: DatasetConfig) -> list[dict[str, Any]]:
         raise ValueError(f"dataset file not found: {path}")
     fmt = dataset_format(config, path)
     if fmt == "jsonl":
-        rows = []
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
-        return rows
+        return read_jsonl(path)
     if fmt == "parquet":
         import pyarrow.parquet as pq
 

@@ -157,19 +157,24 @@ class IsolatedGrader:
             self._stop()
 
 
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """A JSONL file's rows (blank lines skipped); a bad line is a ValueError naming the file and line."""
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+    return rows
+
+
 def load_records(config: MathConfig, split: str) -> list[dict[str, Any]]:
     """Rows of a local JSONL file (when `dataset` is an existing file) or of a Hugging Face split."""
     assert config.dataset is not None
     path = Path(config.dataset).expanduser()
     if path.is_file():
-        rows = []
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from e
-        return rows
+        return read_jsonl(path)
     if config.dataset.endswith((".jsonl", ".json")):
         raise FileNotFoundError(f"dataset file not found: {path}")
     try:
