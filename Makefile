@@ -35,7 +35,7 @@ TEST_ORDER := tests/integration/trial tests/integration/campaign tests/integrati
 	tests/integration/rollout tests/integration/test_benchmarks.py tests/unit
 
 test: setup
-	$(PREBUILD) $(BIN)/python -m pytest $(TEST_ORDER) -n 2 --dist loadfile --durations=25; rc=$$?; wait; exit $$rc
+	$(PREBUILD) $(BIN)/python -m pytest $(TEST_ORDER) -n 2 --dist loadfile --no-loadscope-reorder --durations=25; rc=$$?; wait; exit $$rc
 
 unit: setup
 	$(BIN)/python -m pytest tests/unit

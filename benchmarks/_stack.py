@@ -41,6 +41,7 @@ class Stack:
         from orchestrator.trial.learner_group import LearnerGroup
         from orchestrator.trial.models import resolve_model
         from orchestrator.trial.one_step_off import OneStepOff
+        from orchestrator.trial.samples import TrialSamples
         from orchestrator.trial.sampling import action_ids
         from orchestrator.trial.sources import rollout_source
         from workers.credit import SepaController
@@ -71,6 +72,7 @@ class Stack:
         self.source = rollout_source(self.ctx)  # as run_trial: chosen once from the task
         self.pipe = OneStepOff(self.ctx, self.source)
         self.metrics_file = Path(tempfile.mkdtemp(prefix="bench-step-")) / store.METRICS_FILE
+        self.samples = TrialSamples(cfg, str(self.metrics_file.parent), self.tokenizer)  # written as a trial does
 
     def step(self, mode: str) -> tuple[float, dict]:
         """One loop iteration of `mode` as run_trial runs it (no eval, no Tune report); (wall s, row)."""
@@ -86,6 +88,7 @@ class Stack:
             row = one_step(self.ctx, self.source, self.step_idx, self.sepa, self.version)
         self.version = int(row.pop("_version"))
         row.pop("_uncertainty", None)
+        self.samples.record(self.step_idx, row, self.version)  # pops the step's private keys, as run_trial
         self.rows.append(row)
         store.write_text(str(self.metrics_file), "".join(json.dumps(r) + "\n" for r in self.rows))
         self.step_idx += 1

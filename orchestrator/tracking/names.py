@@ -60,6 +60,11 @@ def _step(cfg: TrialConfig) -> set[str]:
         names |= {"eval/pass@1", "eval/pass@k", "eval/k", "eval/problems", "time/eval_s"}
         if cfg.task.agentic:
             names |= {f"eval/{k}" for k in EPISODE}
+    samples = cfg.logging.samples  # wandb.Tables of the samples files (orchestrator/trial/samples.py)
+    if samples.every and samples.per_step:
+        names.add("samples/train")
+    if samples.eval and cfg.eval.every:
+        names.add("samples/eval")
     return names
 
 

@@ -29,6 +29,13 @@ def _config_value(config: dict, path: str):
     return node
 
 
+def logged_keys(row: dict) -> set[str]:
+    """A history row's logged names: a table's or an image's fields (`samples/eval/_type`, `.../nrows`) count as
+    the one name it was logged under."""
+    media = {k.removesuffix("/_type") for k in row if k.endswith("/_type")}
+    return {next((m for m in media if k.startswith(m + "/")), k) for k in row if not k.startswith("_")}
+
+
 def test_view_references_only_what_the_offline_runs_hold(ray_local, tmp_path):
     path = tmp_path / "dash.yaml"
     path.write_text(yaml.safe_dump({
@@ -53,7 +60,7 @@ def test_view_references_only_what_the_offline_runs_hold(ray_local, tmp_path):
 
     view = build_workspace(campaign, "entity", "project")
     keys = [k for s in view.sections for p in s.panels for k in panel_keys(p)]
-    history = {name: {k for row in r["history"] for k in row if not k.startswith("_")} for name, r in runs.items()}
+    history = {name: {k for row in r["history"] for k in logged_keys(row)} for name, r in runs.items()}
     for t in campaign.trials:  # the one list of names agrees with what each trial really logged
         assert history[t.name] <= logged_metrics(t.trial), (t.name, history[t.name] - logged_metrics(t.trial))
     logged = set().union(*history.values())

@@ -125,7 +125,8 @@ def _trial(name: str, out: Path, **over) -> TrialConfig:
     base = {"model": AGENT, "task": FROZEN, "rollout": {"num_workers": 1, "max_tokens": 16},
             "checkpoint": {"every": 2}}
     for key, value in over.items():
-        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
+        same_task = key != "task" or value.get("name", base["task"]["name"]) == base["task"]["name"]
+        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) and same_task else value
     return TrialConfig(name=name, output_dir=str(out / name), **base)
 
 
