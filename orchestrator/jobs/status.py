@@ -145,7 +145,8 @@ def plan_vs_actual(campaign: Campaign) -> list[str]:
     import math
     import statistics
 
-    from orchestrator.preflight.plan import Cluster, make_plan, trial_wall
+    from orchestrator.preflight.pilot import trial_wall
+    from orchestrator.preflight.plan import Cluster, make_plan
 
     events = {t.name: store.read_jsonl(store.join(store.trial_dir(campaign.directory, t.name), store.EVENTS_FILE))
               for t in campaign.trials}

@@ -18,13 +18,12 @@ import os
 import statistics
 from dataclasses import dataclass, field
 
-from orchestrator import storage as store
-from orchestrator.campaign.expand import load_campaign
 from orchestrator.campaign.schema import Campaign, ExpandedTrial
 from orchestrator.campaign.sections import CONTRAST, MEASURE
 from orchestrator.config.errors import UserError
 from orchestrator.config.placement import bundles, with_placement
 from orchestrator.preflight.cost_model import device_kind, overhead_seconds, step_seconds, step_tokens
+from orchestrator.preflight.pilot import pilot_overhead_s, pilot_runs, pilot_step_s
 
 POWER, ALPHA = 0.8, 0.05
 
@@ -63,62 +62,6 @@ class Plan:
     @property
     def gpu_hours(self) -> float:
         return sum(t.hours * t.gpus for t in self.trials)
-
-
-# ----------------------------------------------------------------------------------------------- pilot
-def _pilot_dir(pilot: str) -> str:
-    if pilot.endswith((".yaml", ".yml")):
-        return load_campaign(pilot).directory
-    return pilot if store.is_uri(pilot) else os.path.abspath(os.path.expanduser(pilot))
-
-
-def pilot_runs(pilot: str) -> list[dict]:
-    """The pilot's trials: name, condition, seed, metrics rows and Tune's per-step wall times."""
-    import json
-
-    directory = _pilot_dir(pilot)
-    text = store.read_text(store.join(directory, store.CAMPAIGN_FILE))
-    if text is None:
-        raise UserError(f"--pilot: {directory} is not a campaign directory that ran (no campaign.json)")
-    runs = []
-    for t in json.loads(text)["trials"]:
-        rows = store.read_jsonl(store.join(store.trial_dir(directory, t["name"]), store.METRICS_FILE))
-        tune_rows = store.read_jsonl(store.join(directory, t["name"], "result.json"))
-        events = store.read_jsonl(store.join(store.trial_dir(directory, t["name"]), store.EVENTS_FILE))
-        runs.append({"name": t["name"], "condition": t["condition"], "seed": t["seed"], "rows": rows,
-                     "wall": [r["time_this_iter_s"] for r in tune_rows[1:] if "time_this_iter_s" in r],
-                     "trial_s": trial_wall(events)})
-    return runs
-
-
-def trial_wall(events: list[dict]) -> float | None:
-    """A finished trial's wall seconds from its events.jsonl: its first start to its end (retries and resumes
-    included); None when it has not ended."""
-    starts = [e["time"] for e in events if e.get("event") == "start" and "time" in e]
-    ends = [e["time"] for e in events if e.get("event") == "end" and "time" in e]
-    return max(ends) - min(starts) if starts and ends else None
-
-
-def _pilot_overhead_s(runs: list[dict], condition: str, step_s: float) -> float | None:
-    """Median of the pilot trials' wall outside their steps (measured wall - steps x the step time), the
-    condition's own trials first, else all; None without finished trials."""
-    def outside(r):
-        return r["trial_s"] - len(r["rows"]) * step_s
-
-    mine = [outside(r) for r in runs if r["condition"] == condition and r["trial_s"] is not None]
-    every = [outside(r) for r in runs if r["trial_s"] is not None]
-    return max(statistics.median(mine or every), 0.0) if (mine or every) else None
-
-
-def _pilot_step_s(runs: list[dict], condition: str) -> float | None:
-    """Median step wall time (steps after each trial's first) of the condition's pilot trials, else of all."""
-    mine = [w for r in runs if r["condition"] == condition for w in r["wall"]]
-    every = [w for r in runs for w in r["wall"]]
-    if not mine and not every:  # no Tune result files: the sum of the logged time/* parts
-        parts = [sum(v for k, v in row.items() if k.startswith("time/") and k != "time/prefetch_s")
-                 for r in runs for row in r["rows"][1:]]
-        return statistics.median(parts) if parts else None
-    return statistics.median(mine or every)
 
 
 # ----------------------------------------------------------------------------------------------- cluster
@@ -253,11 +196,11 @@ def make_plan(campaign: Campaign, request: PlanRequest = PlanRequest(), cluster:
     for t in campaign.trials:
         b = bundles(t.trial)
         g, c = sum(x.get("GPU", 0) for x in b), sum(x.get("CPU", 0) for x in b)
-        step_s, source = (_pilot_step_s(runs, t.condition), "pilot") if runs else (None, "")
+        step_s, source = (pilot_step_s(runs, t.condition), "pilot") if runs else (None, "")
         if step_s is None:
             parts = step_seconds(t.trial, kind if g else "cpu")
             step_s, source = (sum(parts.values()), "cost model") if parts else (None, "unknown")
-        outside = _pilot_overhead_s(runs, t.condition, step_s) if runs and step_s is not None else None
+        outside = pilot_overhead_s(runs, t.condition, step_s) if runs and step_s is not None else None
         over = (outside, "pilot") if outside is not None else (
             sum(overhead_seconds(t.trial, kind if g else "cpu").values()), "modelled")
         trials.append(TrialPlan(t, step_s, source, g, c, *over))
