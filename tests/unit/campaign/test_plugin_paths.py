@@ -3,35 +3,22 @@ them in the job's PYTHONPATH relative to the uploaded working dir."""
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 import yaml
 
 from orchestrator.campaign.expand import load_campaign
 from orchestrator.config.errors import UserError
 from orchestrator.jobs.submit import plugin_env
+from tests.unit.tasks.test_task_plugins import TASK
 
-PLUGIN = """
-from pydantic import BaseModel
-from workers.tasks.base import EpochCursor, Problem, ScoreResult, Task
-
-class Conf(BaseModel):
-    size: int = 4
-
-class Tiny(Task):
-    name = "tiny"
-    Config = Conf
-    def __init__(self, config, seed):
-        self.train = [Problem(str(i), f"{i} =", str(i)) for i in range(config.size)]
-        self.held = self.train[:1]
-        self.cursor = EpochCursor(len(self.train), seed)
-    def score(self, problems, completions):
-        return ScoreResult([0.0 for _ in completions])
-"""
+PLUGIN = textwrap.dedent(TASK)  # the smallest task plugin (class Good), written once
 
 
 def _campaign(directory, name, **extra):
     data = {"name": "p", "seeds": [0], "conditions": {"a": {}},
-            "base": {"model": {"name": "tiny"}, "task": {"name": f"{name}:Tiny", "size": 6}}, **extra}
+            "base": {"model": {"name": "tiny"}, "task": {"name": f"{name}:Good", "size": 6}}, **extra}
     path = directory / "c.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -42,7 +29,7 @@ def test_paths_default_to_the_campaign_directory_and_reach_the_trials(tmp_path):
     campaign = load_campaign(_campaign(tmp_path, "tiny_plugin_a"))
     t = campaign.trials[0]
     assert t.config["plugins"] == {"paths": [str(tmp_path)]}
-    assert t.config["task"] == {"name": "tiny_plugin_a:Tiny", "size": 6}
+    assert t.config["task"] == {"name": "tiny_plugin_a:Good", "size": 6}
     assert plugin_env(campaign, tmp_path / "c.yaml", tmp_path) == {"PYTHONPATH": ".:${PYTHONPATH}"}
 
 
