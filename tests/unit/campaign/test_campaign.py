@@ -244,17 +244,17 @@ def test_resumed_campaign_must_match_its_first_expansion(tmp_path):
         check_same_campaign(_small_campaign(tmp_path, base={"steps": 3}))
 
 
-def test_lone_trial_with_a_changed_config_is_refused_before_ray_starts(tmp_path):
-    import ray
-
+def test_lone_trial_with_a_changed_config_is_refused_before_ray_starts(tmp_path, monkeypatch):
     from orchestrator.config.errors import UserError
-    from orchestrator.tune.launch import run_single_trial
+    from orchestrator.tune import launch
 
+    started = []  # this pytest worker may hold a Ray from an earlier test: ask whether the call reached Ray
+    monkeypatch.setattr(launch, "ensure_ray", lambda *a, **k: started.append(a))
     (tmp_path / "local").mkdir()
     (tmp_path / "local" / "trial_config.json").write_text(TrialConfig(steps=3).model_dump_json())
     with pytest.raises(UserError, match=r"trial 'local' in .* was started with a different config"):
-        run_single_trial(TrialConfig(steps=4), tmp_path)
-    assert not ray.is_initialized()
+        launch.run_single_trial(TrialConfig(steps=4), tmp_path)
+    assert not started
 
 
 def test_fields_added_to_the_code_at_their_defaults_do_not_block_a_resume(tmp_path):
