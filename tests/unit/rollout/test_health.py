@@ -18,20 +18,37 @@ def _state(pid: int) -> str:
 
 
 def test_a_stopped_child_process_makes_the_worker_unhealthy():
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # A fresh parent stands in for the worker: the pytest process itself may hold zombies of earlier tests' engines.
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, text=True)
     try:
-        first = process_health()
-        assert first["pid"] == os.getpid() and first["ok"], first
-        assert child.pid in [c["pid"] for c in first["children"]]
-        os.kill(child.pid, signal.SIGSTOP)
-        while _state(child.pid) != "T":  # the kernel stops it asynchronously
+        child = int(parent.stdout.readline())
+        first = process_health(parent.pid)
+        assert first["pid"] == parent.pid and first["ok"], first
+        assert child in [c["pid"] for c in first["children"]]
+        os.kill(child, signal.SIGSTOP)
+        while _state(child) != "T":  # the kernel stops it asynchronously
             time.sleep(0.01)
-        sick = process_health()
-        assert not sick["ok"] and f"process {child.pid}" in sick["reason"] and "stopped" in sick["reason"], sick
-        os.kill(child.pid, signal.SIGCONT)
-        while _state(child.pid) == "T":
+        sick = process_health(parent.pid)
+        assert not sick["ok"] and f"process {child}" in sick["reason"] and "stopped" in sick["reason"], sick
+        os.kill(child, signal.SIGCONT)
+        while _state(child) == "T":
             time.sleep(0.01)
-        assert process_health()["ok"]
+        assert process_health(parent.pid)["ok"]
     finally:
-        child.kill()
-        child.wait()
+        parent.kill()
+        parent.wait()
+
+
+def test_the_default_is_this_process():
+    assert process_health()["pid"] == os.getpid()
+
+
+_PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(child.pid, flush=True)
+try:
+    time.sleep(60)
+finally:
+    child.kill()
+"""
