@@ -28,16 +28,14 @@ PREBUILD := tmp=$${TMPDIR:-/tmp}; \
 	$(BIN)/python -m workers.models.local tiny-reasoner tiny-qwen2-base tiny-qwen2-instruct tiny-qwen3 tiny-qwen3-2507 \
 		> $$tmp/prebuild-models.log 2>&1 &
 
-# Two pytest workers: most of an integration test is waiting on Ray and engine start-ups, so two share the 2 CPU
-# cores well. Whole files go to one worker (--dist loadfile: a module's shared trial run is made once). xdist hands
-# out files by test count, which mixes the many-test unit files in with the trial runs' waits; keeping the slow
-# files first measured slower (fresh clone, 2 cores: 30 min in all; slow files first: still in the integration
-# files at 29 min).
+# Three pytest workers on the 2 CPU cores: most of an integration test is waiting on Ray and engine start-ups (a
+# serial run kept the CPUs busy a third of the time; two workers still left them idle). Whole files go to one
+# worker (--dist loadfile: a module's shared trial run is made once); xdist hands out files by test count.
 TEST_ORDER := tests/integration/trial tests/integration/campaign tests/integration/learner \
 	tests/integration/rollout tests/integration/test_benchmarks.py tests/unit
 
 test: setup
-	$(PREBUILD) $(BIN)/python -m pytest $(TEST_ORDER) -n 2 --dist loadfile --durations=25; rc=$$?; wait; exit $$rc
+	$(PREBUILD) $(BIN)/python -m pytest $(TEST_ORDER) -n 3 --dist loadfile --durations=25; rc=$$?; wait; exit $$rc
 
 unit: setup
 	$(BIN)/python -m pytest tests/unit
