@@ -13,18 +13,22 @@ def check_task_plugin(trial: TrialConfig, checked: dict[str, str]) -> str:
     (workers/tasks/plugins.py), else why not; `checked` remembers each distinct task config's answer."""
     from workers.tasks import make_task
     from workers.tasks.config import DatasetConfig, PluginTaskConfig
+    from workers.tasks.mix import MixConfig, members
     from workers.tasks.plugins import PluginError, dry_check
 
-    if not isinstance(trial.task, PluginTaskConfig | DatasetConfig):
-        return ""
-    key = json.dumps(trial.task.model_dump(mode="json"), sort_keys=True)
-    if key not in checked:
-        try:
-            if isinstance(trial.task, DatasetConfig):  # the file(s) read, every row's fields found
-                make_task(trial.task, trial.seed).close()
-            else:
-                dry_check(trial.task, trial.seed)
-            checked[key] = ""
-        except (PluginError, ValueError, ImportError) as exc:
-            checked[key] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return checked[key]
+    for i, task in enumerate(members(trial.task)):  # a mix: each member (its message says which)
+        if not isinstance(task, PluginTaskConfig | DatasetConfig):
+            continue
+        key = json.dumps(task.model_dump(mode="json"), sort_keys=True)
+        if key not in checked:
+            try:
+                if isinstance(task, DatasetConfig):  # the file(s) read, every row's fields found
+                    make_task(task, trial.seed).close()
+                else:
+                    dry_check(task, trial.seed)
+                checked[key] = ""
+            except (PluginError, ValueError, ImportError) as exc:
+                checked[key] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if checked[key]:
+            return f"mix[{i}].task: {checked[key]}" if isinstance(trial.task, MixConfig) else checked[key]
+    return ""

@@ -9,15 +9,23 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from workers.credit.config import CreditConfig, SepaConfig
 from workers.learner.config import FULL_MODE_LR, LearnerConfig
 from workers.objectives.interventions import InterventionsConfig, scoring_pass_needs
-from workers.tasks.config import ChainConfig, TaskConfig
+from workers.tasks.config import ChainConfig
+from workers.tasks.mix import MixConfig, TrialTaskConfig, members
 from workers.tasks.plugins import add_plugin_paths
 
 AGENTIC_MAX_MODEL_LEN = 2048
+
+
+def _refuse(loc: tuple, value: Any, msg: str) -> None:
+    """A check across sections that is about one key: the error names that key's path."""
+    raise ValidationError.from_exception_data("trial", [
+        {"type": PydanticCustomError("trial", msg), "loc": loc, "input": value}])
 
 
 class _Strict(BaseModel):
@@ -280,7 +288,7 @@ class TrialConfig(_Strict):
     output_dir: str | None = Field(None, description="absolute dir or URI for metrics.jsonl; set by the launcher")
     model: ModelConfig = ModelConfig()
     plugins: PluginsConfig = PluginsConfig()
-    task: TaskConfig = ChainConfig()
+    task: TrialTaskConfig = ChainConfig()
     rollout: RolloutConfig = RolloutConfig()
     learner: LearnerConfig = LearnerConfig()
     credit: CreditConfig = CreditConfig()
@@ -347,7 +355,7 @@ class TrialConfig(_Strict):
         if self.task.agentic and self.model.name in ("tiny", "tiny-reasoner"):
             raise ValueError(f"task '{self.task.name}' needs a model whose vocabulary covers the environment's "
                              f"text: use model.name 'tiny-agent' (or a real model), not '{self.model.name}'")
-        if self.task.name == "chain" and self.model.name == "tiny":
+        if any(t.name == "chain" for t in members(self.task)) and self.model.name == "tiny":
             raise ValueError("task 'chain' needs a model that reads its text: use model.name 'tiny-reasoner' (or a "
                              "real model), or task.name 'arithmetic' with 'tiny'")
         if self.task.agentic and self.interventions.probability_floor.is_active:
@@ -375,12 +383,34 @@ class TrialConfig(_Strict):
                 raise ValueError("learner.loss_mask 'assistant_segments' trains tokens vLLM never sampled (no "
                                  "rollout log-probs): it needs learner.old_logprobs 'recompute' and no "
                                  "rollout.tis_cap")
-        if getattr(self.task, "training_context", "sampled") == "ragen" and self.learner.old_logprobs == "rollout":
+        if any(getattr(t, "training_context", "sampled") == "ragen" for t in members(self.task)) \
+                and self.learner.old_logprobs == "rollout":
             raise ValueError("task.training_context 'ragen' trains in a context other than the one vLLM sampled "
                              "from: it needs learner.old_logprobs 'recompute'")
         if self.interventions.probability_floor.is_active and self.rollout.top_p != 1.0:
             raise ValueError("interventions.probability_floor needs rollout.top_p = 1 (the learner cannot "
                              "reproduce a top-p truncated, floored distribution)")
+        return self
+
+    @model_validator(mode="after")
+    def _mix_groups(self) -> TrialConfig:
+        """A mix's batch is its members' groups: rollout.prompts_per_step is their sum (a different one set by
+        the user is refused)."""
+        if not isinstance(self.task, MixConfig):
+            return self
+        ro, total = self.rollout, self.task.groups
+        if "prompts_per_step" in ro.model_fields_set and ro.prompts_per_step != total:
+            _refuse(("rollout", "prompts_per_step"), ro.prompts_per_step,
+                    f"{ro.prompts_per_step} conflicts with task.mix, whose groups add up to {total}: leave "
+                    "prompts_per_step out (a mix sets it)")
+        ro.prompts_per_step = total
+        if ro.fill is not None and ro.fill.groups > total * ro.fill.max_rounds:
+            _refuse(("rollout", "fill", "groups"), ro.fill.groups,
+                    f"{ro.fill.groups} can never be reached: task.mix samples {total} groups a round, "
+                    f"{total * ro.fill.max_rounds} in fill.max_rounds rounds")
+        if self.interventions.probability_floor.is_active:
+            _refuse(("interventions", "probability_floor"), None,
+                    "needs one action set per trial: not available with task.mix")
         return self
 
     def _scoring_pass_needs(self) -> str | None:

@@ -36,10 +36,11 @@ def _local_tokenizer(cfg: TrialConfig):
 def check_episodes(source: str, trials: list[tuple[str, TrialConfig]]) -> None:
     """Before launch: every agentic trial's first turn (longest first prompt + rollout.max_tokens) fits
     model.max_model_len; UserError (one line, exit 2) naming the file and the trial otherwise."""
+    from orchestrator.config.members import member_trials
     from orchestrator.trial.episodes import check_episode_fits
 
     seen: dict[str, str | None] = {}
-    for name, cfg in trials:
+    for name, cfg in ((n, part) for n, whole in trials for _, part in member_trials(whole)):  # a mix: each member
         if not cfg.task.agentic:
             continue
         key = json.dumps([cfg.model.model_dump(mode="json"), cfg.task.model_dump(mode="json"), cfg.seed,

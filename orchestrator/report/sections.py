@@ -1,7 +1,7 @@
 """Report sections added after the mechanistic diagnostic: the effective batch each condition trained on
-(`effective_batch`), the paired design (common random numbers) with each
-condition's distance from the baseline per step (`trajectories`), surprisal vs entropy (`decomposition`), and for
-sweeps and agentic campaigns the metric against the swept value (`sweeps`).
+(`effective_batch`), each task of a mix or source of a dataset (`per_task`), the paired design (common random
+numbers) with each condition's distance from the baseline per step (`trajectories`), surprisal vs entropy
+(`decomposition`), and for sweeps and agentic campaigns the metric against the swept value (`sweeps`).
 
 `extra_sections` computes their tables, writes their CSVs and figures and returns the markdown lines; `build`
 calls it once and passes the lines to `render`.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestrator.report import decomposition, effective_batch, sweeps, trajectories
+from orchestrator.report import decomposition, effective_batch, per_task, sweeps, trajectories
 from orchestrator.report.load import Group
 
 TRAIN_METRIC = "train/correct_rate"
@@ -30,7 +30,7 @@ def extra_sections(groups: Sequence[Group], base: Group | None, metric: str, out
     steps, summary = decomposition.decomposition_tables(groups)
     batch = effective_batch.table(groups)
     tables = {"effective_batch": batch, "trajectory_distance": distance, "decomposition_steps": steps,
-              "decomposition": summary}
+              "decomposition": summary, "per_task": per_task.table(groups)}
     if sweeps.applies(groups):
         tables["sweeps"] = sweeps.sweep_table(groups, metric, step, interpolate)
         tables["sweep_trend"], tables["sweep_deltas"] = sweeps.trend_tables(groups, metric, step, interpolate)
@@ -45,7 +45,8 @@ def extra_sections(groups: Sequence[Group], base: Group | None, metric: str, out
                      sweeps.figure(tables["sweeps"], out_dir / "sweeps.png", metric) if "sweeps" in tables else None):
             if path is not None:
                 written.append(path)
-    md = (effective_batch.markdown(batch) + trajectories.markdown(distance, groups, base, metrics)
+    md = (effective_batch.markdown(batch) + per_task.markdown(tables["per_task"])
+          + trajectories.markdown(distance, groups, base, metrics)
           + decomposition.markdown(summary))
     if "sweeps" in tables:
         md += sweeps.markdown(tables["sweeps"], tables["sweep_trend"], tables["sweep_deltas"], metric)

@@ -10,6 +10,7 @@ tracker when the run finishes.
 
 from __future__ import annotations
 
+from orchestrator.config.members import is_mix, member_trials
 from orchestrator.config.trial import TrialConfig
 
 EVAL_METRIC, ENV_METRIC, TRAIN_METRIC = "eval/pass@1", "eval/success", "train/correct_rate"
@@ -32,7 +33,7 @@ EFFECTIVE_BATCH = ("train/groups_sampled", "train/groups_informative", "train/to
 
 def report_metric(cfg: TrialConfig) -> str:
     """The statistical report's default metric for trials like `cfg` (orchestrator/report/tables.py)."""
-    if cfg.task.agentic and cfg.eval.every:
+    if cfg.task.agentic and cfg.eval.every and not is_mix(cfg):  # a mix's eval/success is per member
         return ENV_METRIC
     return EVAL_METRIC if cfg.eval.every else TRAIN_METRIC
 
@@ -46,9 +47,10 @@ def _step(cfg: TrialConfig) -> set[str]:
              "time/sync_s", *EFFECTIVE_BATCH}
     if cfg.rollout.overlong.mode == "mask":  # orchestrator/trial/fill.py: apply_overlong
         names.add("train/overlong_masked")
-    if cfg.task.agentic:
+    parts = [p.task.agentic for _, p in member_trials(cfg)]
+    if any(parts):
         names |= {f"env/{k}" for k in EPISODE} | {"env/turns_max"}
-    else:
+    if not all(parts):
         names |= {"train/grader_errors", "train/grader_timeouts", "time/score_s"}
         if cfg.interventions.probability_floor.is_active:
             names.add("floor/sampler_min_valid_prob")
@@ -58,13 +60,32 @@ def _step(cfg: TrialConfig) -> set[str]:
         names |= {"rollout/staleness", "time/prefetch_s", "time/learner_wait_s", *TIS}
     if cfg.eval.every:
         names |= {"eval/pass@1", "eval/pass@k", "eval/k", "eval/problems", "time/eval_s"}
-        if cfg.task.agentic:
+        if cfg.task.agentic and not is_mix(cfg):
             names |= {f"eval/{k}" for k in EPISODE}
+    names |= per_task(cfg)
     samples = cfg.logging.samples  # wandb.Tables of the samples files (orchestrator/trial/samples.py)
     if samples.every and samples.per_step:
         names.add("samples/train")
     if samples.eval and cfg.eval.every:
         names.add("samples/eval")
+    return names
+
+
+def per_task(cfg: TrialConfig) -> set[str]:
+    """A mixed task's per-member metrics (orchestrator/trial/mixed.py), none for one task:
+    `train/<label>/correct_rate`, `env/<label>/success` (multi-turn members), `eval/<label>/pass@1` and a
+    multi-turn member's `eval/<label>/<episode metric>`."""
+    if not is_mix(cfg):
+        return set()
+    names = set()
+    for label, part in member_trials(cfg):
+        names.add(f"train/{label}/correct_rate")
+        if part.task.agentic:
+            names.add(f"env/{label}/success")
+        if cfg.eval.every:
+            names.add(f"eval/{label}/pass@1")
+            if part.task.agentic:
+                names |= {f"eval/{label}/{k}" for k in EPISODE}
     return names
 
 

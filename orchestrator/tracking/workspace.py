@@ -9,6 +9,7 @@ under a view name derived from the campaign's name, so saving again updates the 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from wandb_workspaces import expr
 
 from orchestrator.campaign.schema import Campaign
 from orchestrator.config.trial import sepa_settings
-from orchestrator.tracking.names import AUC_PREFIX, TRAIN_METRIC, logged_metrics, report_metric
+from orchestrator.tracking.names import AUC_PREFIX, TRAIN_METRIC, logged_metrics, per_task, report_metric
 
 BAND = {"groupby_aggfunc": "mean", "groupby_rangefunc": "stderr"}  # mean over seeds, band = standard error
 
@@ -41,6 +42,7 @@ class CampaignMetrics:
     token_stages: bool  # some trial changes the uncertainty signal (before != after)
     rv_filter: bool  # some trial's RV filter drops groups (enabled at top-p 1 with zeros it logs, keeps all)
     kinds: list[str]  # the uncertainty signals (credit.uncertainty_kind) the trials use
+    tasks: set[str] = dataclasses.field(default_factory=set)  # mixed tasks' per-member metrics (names.per_task)
 
 
 def _keys_whose_values(campaign: Campaign, types: tuple) -> set[str]:
@@ -62,7 +64,7 @@ def campaign_metrics(campaign: Campaign) -> CampaignMetrics:
         sepa=any(sepa_settings(c).steps > 0 for c in trials),
         token_stages=any(c.credit.stages for c in trials),
         rv_filter=any(c.interventions.rv_filter.is_active for c in trials),
-        kinds=sorted({c.credit.uncertainty_kind for c in trials}))
+        kinds=sorted({c.credit.uncertainty_kind for c in trials}), tasks=set().union(*(per_task(c) for c in trials)))
 
 
 def _line(m: CampaignMetrics, title: str, *names: str) -> wr.LinePlot | None:
@@ -166,6 +168,19 @@ def _env(m: CampaignMetrics) -> ws.Section | None:
     ])
 
 
+def _tasks(m: CampaignMetrics) -> ws.Section | None:
+    """A mixed task's members side by side: one panel per measure, a line per member (`<family>/<label>/...`)."""
+    def each(family: str, metric: str) -> list[str]:
+        return sorted(n for n in m.tasks if n.startswith(f"{family}/") and n.endswith(f"/{metric}")
+                      and n.count("/") == 2)
+
+    return _section("Tasks (mix members)", [
+        _line(m, "train correct rate per task", *each("train", "correct_rate")),
+        _line(m, "held-out pass@1 per task", *each("eval", "pass@1")),
+        _line(m, "env success per task (train / held-out)", *each("env", "success"), *each("eval", "success")),
+    ], is_open=True)
+
+
 def _effective_batch(m: CampaignMetrics) -> ws.Section | None:
     """The report's effective-batch section as panels: did the conditions train on comparable batches?"""
     return _section("Effective batch", [
@@ -201,7 +216,7 @@ def build_workspace(campaign: Campaign, entity: str, project: str) -> ws.Workspa
     """The campaign's saved view (not yet saved)."""
     m = campaign_metrics(campaign)
     cfg = campaign.config
-    sections = [_outcome(m), *_sweep_sections(m), _effective_batch(m), _credit(m), _interventions(m), _ppo(m),
+    sections = [_outcome(m), _tasks(m), *_sweep_sections(m), _effective_batch(m), _credit(m), _interventions(m), _ppo(m),
                 _env(m), _rollout_and_timing(m)]
     view = ws.Workspace(
         entity=entity, project=project, name=cfg.name, sections=[s for s in sections if s is not None],

@@ -28,13 +28,13 @@ from orchestrator.trial.actors import placement_record, rollout_names, shutdown_
 from orchestrator.trial.calls import Calls, Deadlines, Hang, check_health
 from orchestrator.trial.context import TrialContext
 from orchestrator.trial.learner_group import LearnerGroup
+from orchestrator.trial.mixed import trial_source
 from orchestrator.trial.models import resolve_model
 from orchestrator.trial.one_step_off import OneStepOff, load_pending
 from orchestrator.trial.phases import Phases
 from orchestrator.trial.restore import restore_checkpoint
 from orchestrator.trial.samples import TrialSamples
 from orchestrator.trial.sampling import action_ids
-from orchestrator.trial.sources import rollout_source
 from orchestrator.trial.step import one_step
 from workers.credit import SepaController
 from workers.envs.tokens import turn_format
@@ -178,7 +178,7 @@ def run_trial(config: dict) -> None:
 
     ctx = TrialContext(cfg, workers, learner, tokenizer, task, action_ids(cfg, task, tokenizer), calls,
                        Phases.for_trial(cfg, workers, learner, out_dir))
-    source = rollout_source(ctx)  # single-turn or episodes, chosen once from the task
+    source = trial_source(ctx)  # single-turn, episodes, or a mix of them (mixed.py), chosen once from the task
     pipe = OneStepOff(ctx, source, resume.pending) if cfg.rollout.mode == "one_step_off" else None
     samples = TrialSamples(cfg, out_dir, tokenizer)
     for step in range(resume.start, cfg.steps):

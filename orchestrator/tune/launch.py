@@ -128,7 +128,9 @@ def _tuner(name: str, storage: str, trials: dict[str, dict], plan: TuneSchedulin
 
 
 def _stable(config: dict) -> dict:
-    return {k: v for k, v in config.items() if k not in ("wandb", "output_dir")}
+    """What a trial runs: its config less where it writes and where its plugins were found (a job's uploaded
+    working dir lands in a new place on each cluster start; the plugin's code is the code, like the package's)."""
+    return {k: v for k, v in config.items() if k not in ("wandb", "output_dir", "plugins")}
 
 
 def _without_new_defaults(now: dict, before: dict, default: dict) -> dict:

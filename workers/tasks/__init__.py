@@ -10,7 +10,14 @@ from .config import TaskBase, TaskConfig, task_config
 def make_task(config: TaskBase, seed: int):
     """Build the task named by `config.name`; `seed` (the trial seed) fixes the training order.
 
-    Agentic tasks return a `workers.envs.EnvTask` (level seeds, not problems)."""
+    Agentic tasks return a `workers.envs.EnvTask` (level seeds, not problems); a mix (workers/tasks/mix.py) its
+    members' tasks, each seeded by `member_seed(seed, i)`."""
+    from .mix import MixConfig
+
+    if isinstance(config, MixConfig):
+        from .mix import MixedTask, member_seed
+
+        return MixedTask(config, [make_task(m.task, member_seed(seed, i)) for i, m in enumerate(config.mix)])
     if config.agentic:
         from workers.envs import EnvTask
 

@@ -259,9 +259,9 @@ def unknown_key_errors(err: ValidationError, cls: type[BaseModel], owner: str) -
             close = difflib.get_close_matches(key, allowed, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             msg = f"unknown key for {owner}{hint}; {owner} has: {', '.join(allowed)}"
-            out.append(_custom("unknown_key", msg.replace("{", "{{").replace("}", "}}"), e["loc"], e["input"]))
+            out.append(_custom("unknown_key", msg, e["loc"], e["input"]))
         else:  # re-raised as rendered: the message stays what pydantic said
-            msg = e["msg"].removeprefix("Value error, ").replace("{", "{{").replace("}", "}}")
+            msg = e["msg"].removeprefix("Value error, ")
             rest.append(_custom(e["type"], msg, e["loc"], e.get("input")))
     return out + rest
 
@@ -283,7 +283,7 @@ def parse_task(value: Any) -> TaskBase:
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         msg = (f"unknown task {name!r}{hint}; built-in: {', '.join(TASK_CLASSES)}, or a plugin "
                "'module:Class' (docs/tasks.md)")
-        _raise("task", [_custom("unknown_task", msg.replace("{", "{{").replace("}", "}}"), ("name",), name)])
+        _raise("task", [_custom("unknown_task", msg, ("name",), name)])
     try:
         return cls.model_validate({**value, "name": name})
     except ValidationError as err:
@@ -317,7 +317,7 @@ def config_class(cls: type) -> type[BaseModel]:
 
 
 def _fail(msg: str, value: Any) -> None:
-    err = {"type": PydanticCustomError("task_plugin", msg.replace("{", "{{").replace("}", "}}")),
+    err = {"type": PydanticCustomError("task_plugin", msg),
            "loc": ("name",), "input": value}
     raise ValidationError.from_exception_data("task", [err])
 

@@ -1,5 +1,6 @@
 """The cluster path end to end: a Ray head of our own (`ray start --head`, token auth, free ports, a temp dir),
-`python -m orchestrator submit` runs a campaign as a Ray job, a second submit while it runs starts nothing, the
+`python -m orchestrator submit` runs a campaign as a Ray job (one trial trains the countdown example, a task plugin
+that reaches the job's processes through plugins.paths), a second submit while it runs starts nothing, the
 job is stopped mid-run, a re-submit resumes it, and every trial ends with each step exactly once.
 
 Only the processes this test started are stopped (never a machine-wide `ray stop`: other Ray clusters may be
@@ -8,6 +9,7 @@ running on the same machine).
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import secrets
@@ -141,6 +143,8 @@ def test_job_stop_and_resubmit_resumes_every_trial_exactly_once(ray_head, monkey
     assert len(jobs) == 1, jobs
     sid = jobs[0].submission_id
     assert sid in first.stdout
+    # C5's countdown plugin travels in the uploaded working dir, named on the job's PYTHONPATH (plugins.paths)
+    assert jobs[0].runtime_env["env_vars"]["PYTHONPATH"].startswith("examples/countdown:"), jobs[0].runtime_env
 
     # a second submit while the job is pending/running names that job and starts nothing
     again = _submit(env, address, repo)
@@ -182,3 +186,5 @@ def test_job_stop_and_resubmit_resumes_every_trial_exactly_once(ray_head, monkey
         assert starts[0] == 0 and all(s <= done_at_stop[t] for s in starts), (t, starts, done_at_stop)
         resumed += any(s > 0 for s in starts[1:])
     assert resumed >= 1, "no trial resumed from a checkpoint after the stop"
+    with gzip.open(trials / "C5_s0" / "samples" / "step_0.jsonl.gz", "rt") as f:  # the plugin's own problems
+        assert all(json.loads(r)["prompt"].startswith("Using the numbers") for r in f)

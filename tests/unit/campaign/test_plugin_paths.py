@@ -50,3 +50,19 @@ def test_plugins_in_base_are_refused(tmp_path):
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(UserError, match="base.plugins: set by the campaign"):
         load_campaign(path)
+
+
+def test_a_campaign_whose_working_dir_moved_still_resumes(tmp_path):
+    """A job's uploaded working dir lands elsewhere on each cluster start: the plugin paths change, the trials
+    do not."""
+    from orchestrator.tune.launch import check_same_campaign, write_campaign_file
+
+    for where in ("first", "second"):
+        (tmp_path / where).mkdir()
+        (tmp_path / where / "tiny_plugin_c.py").write_text(PLUGIN)
+    storage = {"storage": str(tmp_path / "store")}
+    first = load_campaign(_campaign(tmp_path / "first", "tiny_plugin_c", **storage))
+    write_campaign_file(first)
+    moved = load_campaign(_campaign(tmp_path / "second", "tiny_plugin_c", **storage))
+    assert moved.directory == first.directory and moved.trials[0].config["plugins"] != first.trials[0].config["plugins"]
+    check_same_campaign(moved)

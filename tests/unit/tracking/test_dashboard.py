@@ -274,3 +274,18 @@ def test_report_publish_dry_run_writes_the_wandb_report_and_logs_nothing(tmp_pat
     assert sorted(k.removeprefix("figures/") for p in panels if p["viewType"] == "Media Browser"
                   for k in p["config"]["mediaKeys"]) == figures
     assert not (report_dir / "wandb_report.json").exists() and not (store_dir / "syn" / "wandb").exists()
+
+
+def test_a_mixed_campaign_gets_a_panel_per_measure_with_a_line_per_member(tmp_path):
+    path = tmp_path / "mix.yaml"
+    path.write_text("name: mix\nbase:\n  model: {name: tiny-agent}\n  eval: {every: 2}\n  task:\n    mix:\n"
+                    "      - {task: {name: chain}, groups: 2}\n      - {task: {name: frozen_lake}, groups: 1, "
+                    "label: lake}\nconditions: {grpo: {}}\nseeds: [0]\n")
+    campaign = load_campaign(path)
+    view = wsp.build_workspace(campaign, "ent", "proj")
+    lines = {p.title: list(p.y) for p in _panels(view)["Tasks (mix members)"]}
+    assert lines == {"train correct rate per task": ["train/chain/correct_rate", "train/lake/correct_rate"],
+                     "held-out pass@1 per task": ["eval/chain/pass@1", "eval/lake/pass@1"],
+                     "env success per task (train / held-out)": ["env/lake/success", "eval/lake/success"]}
+    assert set(_keys(view)) - {k for k in _keys(view) if ":" in k} <= logged_metrics(campaign.trials[0].trial)
+    assert "Tasks (mix members)" not in _panels(_view(CAMPAIGNS[0])[1])
