@@ -19,6 +19,8 @@ def _trial(args: argparse.Namespace) -> int:
     data = load_yaml(args.config) if args.config else {}
     if args.steps is not None:
         data["steps"] = args.steps
+    if args.replay is not None and isinstance(data, dict):
+        data["replay"] = args.replay
     if args.config and isinstance(data, dict):  # plugin paths: relative to the trial file, which is one itself
         here = Path(args.config).resolve().parent
         plugins = data.get("plugins") if isinstance(data.get("plugins"), dict) else {}
@@ -36,6 +38,10 @@ def _trial(args: argparse.Namespace) -> int:
         resolve_plugins(cfg.credit)
     except CreditError as exc:
         raise UserError(f"{args.config or '<default trial>'}: credit: {exc}") from None
+    if cfg.replay is not None:  # a run's saved batches instead of sampling (orchestrator/trial/replay.py)
+        from orchestrator.trial.replay import check_replay
+
+        cfg = cfg.model_copy(update={"replay": check_replay(cfg, cfg.replay, args.config or "<default trial>")})
     from orchestrator.preflight.checks import check_episodes
     from orchestrator.preflight.model_limits import check_model_limits
     from orchestrator.tune.launch import run_single_trial
@@ -353,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("trial", help="run one trial (default: the tiny local default)")
     t.add_argument("config", nargs="?", help="trial config YAML (keys of orchestrator.config.trial.TrialConfig)")
     t.add_argument("--steps", type=int, help="override the number of steps")
+    t.add_argument("--replay", metavar="RUN_DIR", help="train on the batches a run saved (logging.batches) instead "
+                   "of sampling: a trial directory, or the directory a lone `orchestrator trial` wrote")
     t.add_argument("--storage", default=os.environ.get("ORCHESTRATOR_STORAGE", "results"),
                    help="where trial results and checkpoints go (default: ./results)")
     t.set_defaults(fn=_trial)

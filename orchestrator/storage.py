@@ -7,6 +7,7 @@ Layout of `<storage>/<campaign>/` (the Tune experiment directory, plus our own f
     trials/<trial>/events.jsonl     one line per (re)start of the trial: {"event": "start", "from_step": k}
     trials/<trial>/placement.json   the placement group and GPUs each actor of the trial got
     trials/<trial>/samples/         sampled text: step_<s>.jsonl.gz, eval_step_<s>.jsonl.gz (trial/samples.py)
+    trials/<trial>/batches/         each step's training batch, step_<s>.npz (logging.batches; trial/batches.py)
     wandb/                          offline W&B runs (when storage is a local path)
     report/                         `python -m orchestrator report` output
 Local paths are written atomically; URIs (s3://, gs://, ...) go through pyarrow.fs, which Tune also uses.
@@ -31,6 +32,7 @@ STATE_FILE = "trial_state.json"  # inside a checkpoint: step, policy version, ta
 PLACEMENT_FILE = "placement.json"
 UNCERTAINTY_DIR = "uncertainty"  # trials/<trial>/uncertainty/step_<k>.npz
 SAMPLES_DIR = "samples"  # trials/<trial>/samples/{step,eval_step}_<k>.jsonl.gz
+BATCHES_DIR = "batches"  # trials/<trial>/batches/step_<k>.npz (logging.batches; `trial --replay` reads them)
 TRIAL_CONFIG_FILE = "trial_config.json"  # `python -m orchestrator trial`: the config a single trial ran with
 _VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 
@@ -152,6 +154,11 @@ def read_gzip_jsonl(location: str) -> list[dict] | None:
     """The rows of a `gzip_jsonl` file, or None when it does not exist."""
     data = read_bytes(location)
     return None if data is None else parse_gzip_jsonl(data)
+
+
+def batch_file(step: int) -> str:
+    """The name of a trial's saved training batch of `step` in its BATCHES_DIR."""
+    return f"step_{step}.npz"
 
 
 def trial_dir(campaign_dir: str, trial: str) -> str:

@@ -26,12 +26,20 @@ def colocated(cfg: TrialConfig) -> bool:
     return cfg.resources.placement == "colocated"
 
 
+def engines(cfg: TrialConfig) -> int:
+    """Rollout engines the trial starts: none for a replay without held-out evaluation (it samples nothing:
+    orchestrator/trial/replay.py), else one per rollout worker (colocated: one beside each learner rank)."""
+    if cfg.replay is not None and not cfg.eval.every:
+        return 0
+    return cfg.resources.learner_ranks if colocated(cfg) else cfg.rollout.num_workers
+
+
 def bundle_roles(cfg: TrialConfig) -> list[str]:
     """What runs in each bundle of `bundles(cfg)`."""
     n = cfg.resources.learner_ranks
     if colocated(cfg):
         return ["driver"] + ["learner rank + rollout engine"] * n
-    return ["driver"] + ["rollout worker"] * cfg.rollout.num_workers + ["learner rank"] * n
+    return ["driver"] + ["rollout worker"] * engines(cfg) + ["learner rank"] * n
 
 
 def bundles(cfg: TrialConfig) -> list[dict[str, float]]:
@@ -46,7 +54,7 @@ def bundles(cfg: TrialConfig) -> list[dict[str, float]]:
 
     if colocated(cfg):
         return [b(r.driver_cpus, 0)] + [b(r.worker_cpus + r.learner_cpus, r.learner_gpus)] * r.learner_ranks
-    return [b(r.driver_cpus, 0)] + [b(r.worker_cpus, r.worker_gpus)] * cfg.rollout.num_workers + [
+    return [b(r.driver_cpus, 0)] + [b(r.worker_cpus, r.worker_gpus)] * engines(cfg) + [
         b(r.learner_cpus, r.learner_gpus)] * r.learner_ranks
 
 
@@ -54,8 +62,8 @@ def worker_slots(cfg: TrialConfig) -> list[ActorSlot]:
     """Rollout worker i's slot: its own bundle (separate) or learner rank i's bundle (colocated)."""
     r = cfg.resources
     if colocated(cfg):
-        return [ActorSlot(1 + i, r.worker_cpus, r.learner_gpus * COLOCATED_SHARE) for i in range(r.learner_ranks)]
-    return [ActorSlot(1 + i, r.worker_cpus, r.worker_gpus) for i in range(cfg.rollout.num_workers)]
+        return [ActorSlot(1 + i, r.worker_cpus, r.learner_gpus * COLOCATED_SHARE) for i in range(engines(cfg))]
+    return [ActorSlot(1 + i, r.worker_cpus, r.worker_gpus) for i in range(engines(cfg))]
 
 
 def learner_slots(cfg: TrialConfig) -> list[ActorSlot]:
@@ -64,7 +72,7 @@ def learner_slots(cfg: TrialConfig) -> list[ActorSlot]:
     if colocated(cfg):
         return [ActorSlot(1 + i, r.learner_cpus, r.learner_gpus * (1 - COLOCATED_SHARE))
                 for i in range(r.learner_ranks)]
-    k = cfg.rollout.num_workers
+    k = engines(cfg)
     return [ActorSlot(1 + k + i, r.learner_cpus, r.learner_gpus) for i in range(r.learner_ranks)]
 
 

@@ -279,6 +279,9 @@ class SamplesSettings(_Strict):
 
 class LoggingConfig(_Strict):
     samples: SamplesSettings = SamplesSettings()
+    batches: bool = Field(False, description=(
+        "save every step's training batch (all sampled groups: token ids, loss masks, rollout log-probs, rewards; "
+        "orchestrator/trial/batches.py) as trials/<trial>/batches/step_<s>.npz, which `trial --replay` trains on"))
 
 
 class TrialConfig(_Strict):
@@ -299,6 +302,9 @@ class TrialConfig(_Strict):
     timeouts: TimeoutsConfig = TimeoutsConfig()
     wandb: TrialWandb = TrialWandb()
     logging: LoggingConfig = LoggingConfig()
+    replay: str | None = Field(None, description=(
+        "a run directory whose saved batches (logging.batches) the trial trains on instead of sampling "
+        "(orchestrator/trial/replay.py); set by `python -m orchestrator trial --replay RUN_DIR`, which checks it"))
     labels: dict[str, Any] = Field(default_factory=dict, description=(
         "extra top-level keys logged with the config (campaigns set condition, seed and every swept key)"))
 

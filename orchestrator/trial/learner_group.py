@@ -55,7 +55,10 @@ class LearnerGroup:
     # -- the policy on the rollout workers ------------------------------------------------------------
     def push_policy(self, workers: list, version: int) -> int:
         """The learner's policy as `version` on every worker (workers/sync/: the LoRA adapter, or the full
-        weights checked by checksum on each worker). Returns `version` once every worker holds it."""
+        weights checked by checksum on each worker). Returns `version` once every worker holds it; with no
+        worker (a replay without evaluation: orchestrator/trial/replay.py) nothing is exported."""
+        if not workers:
+            return version
         update = self.calls.get([r.export_policy.remote(version) for r in self.ranks], "sync", self.named)[0]
         named = [(f"rollout[{i}]", w) for i, w in enumerate(workers)]
         return push(workers, update, wait=lambda refs: self.calls.get(refs, "sync", named))

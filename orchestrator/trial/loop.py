@@ -25,6 +25,7 @@ from orchestrator.config.trial import TrialConfig, sepa_settings
 from orchestrator.storage import EVENTS_FILE, METRICS_FILE, PLACEMENT_FILE, STATE_FILE, UNCERTAINTY_DIR
 from orchestrator.tracking.run import TrialTracker
 from orchestrator.trial.actors import placement_record, rollout_names, shutdown_actors, start_actors
+from orchestrator.trial.batches import TrialBatches
 from orchestrator.trial.calls import Calls, Deadlines, Hang, check_health
 from orchestrator.trial.context import TrialContext
 from orchestrator.trial.learner_group import LearnerGroup
@@ -32,6 +33,7 @@ from orchestrator.trial.mixed import trial_source
 from orchestrator.trial.models import resolve_model
 from orchestrator.trial.one_step_off import OneStepOff, load_pending
 from orchestrator.trial.phases import Phases
+from orchestrator.trial.replay import replay_source
 from orchestrator.trial.restore import restore_checkpoint
 from orchestrator.trial.samples import TrialSamples
 from orchestrator.trial.sampling import action_ids
@@ -178,9 +180,10 @@ def run_trial(config: dict) -> None:
 
     ctx = TrialContext(cfg, workers, learner, tokenizer, task, action_ids(cfg, task, tokenizer), calls,
                        Phases.for_trial(cfg, workers, learner, out_dir))
-    source = trial_source(ctx)  # single-turn, episodes, or a mix of them (mixed.py), chosen once from the task
+    source = replay_source(ctx, trial_source(ctx))  # one task, episodes or a mix; `replay:` saved batches
     pipe = OneStepOff(ctx, source, resume.pending) if cfg.rollout.mode == "one_step_off" else None
     samples = TrialSamples(cfg, out_dir, tokenizer)
+    batches = TrialBatches(cfg, out_dir)
     for step in range(resume.start, cfg.steps):
         row, calls.step, eval_version = {}, step, version
         check_health(calls, rollout_names(workers))  # a frozen engine fails here, before a long phase waits on it
@@ -194,6 +197,7 @@ def run_trial(config: dict) -> None:
         uncertainty = row.pop("_uncertainty", None)
         if uncertainty is not None:
             write_uncertainty(out_dir, step, uncertainty)
+        batches.record(step, row)  # logging.batches: trials/<trial>/batches/ (orchestrator/trial/batches.py)
         tables = samples.record(step, row, eval_version)  # trials/<trial>/samples/ (orchestrator/trial/samples.py)
         rows.append(row)
         store.write_text(metrics_loc, "".join(json.dumps(r) + "\n" for r in rows))

@@ -10,6 +10,7 @@ import time
 
 from orchestrator.trial.context import TrialContext
 from orchestrator.trial.fill import gather, usable_groups
+from orchestrator.trial.replay import ReplaySource
 from orchestrator.trial.sources import Rollouts, RolloutSource
 from workers.credit import SepaController
 from workers.learner.inputs import LearnerBatch, StepResult
@@ -18,6 +19,8 @@ from workers.learner.inputs import LearnerBatch, StepResult
 def collect(ctx: TrialContext, source: RolloutSource, step: int) -> Rollouts:
     """One step's groups from the trial's source, refilled to rollout.fill.groups usable ones when set
     (fill.py); `time/generate_s` (all rounds, scoring excluded) and `train/fill_rounds` in its metrics."""
+    if isinstance(source, ReplaySource):  # `trial --replay`: the step as the run gathered it (replay.py)
+        return source.saved(step)
     return gather(ctx.cfg, source, step)
 
 
