@@ -7,6 +7,7 @@ Layout of `<storage>/<campaign>/` (the Tune experiment directory, plus our own f
     trials/<trial>/events.jsonl     one line per (re)start of the trial: {"event": "start", "from_step": k}
     trials/<trial>/placement.json   the placement group and GPUs each actor of the trial got
     trials/<trial>/samples/         sampled text: step_<s>.jsonl.gz, eval_step_<s>.jsonl.gz (trial/samples.py)
+    trials/<trial>/eval/<set>.csv   `python -m orchestrator eval`: checkpoints on held-out sets (trial/offline_eval.py)
     wandb/                          offline W&B runs (when storage is a local path)
     report/                         `python -m orchestrator report` output
 Local paths are written atomically; URIs (s3://, gs://, ...) go through pyarrow.fs, which Tune also uses.
@@ -31,6 +32,7 @@ STATE_FILE = "trial_state.json"  # inside a checkpoint: step, policy version, ta
 PLACEMENT_FILE = "placement.json"
 UNCERTAINTY_DIR = "uncertainty"  # trials/<trial>/uncertainty/step_<k>.npz
 SAMPLES_DIR = "samples"  # trials/<trial>/samples/{step,eval_step}_<k>.jsonl.gz
+EVAL_DIR = "eval"  # trials/<trial>/eval/<set>.csv: offline evaluation of the trial's checkpoints
 TRIAL_CONFIG_FILE = "trial_config.json"  # `python -m orchestrator trial`: the config a single trial ran with
 _VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 
@@ -152,6 +154,11 @@ def read_gzip_jsonl(location: str) -> list[dict] | None:
     """The rows of a `gzip_jsonl` file, or None when it does not exist."""
     data = read_bytes(location)
     return None if data is None else parse_gzip_jsonl(data)
+
+
+def eval_file(trial_dir: str, eval_set: str) -> str:
+    """Where `python -m orchestrator eval` keeps a trial's results on held-out set `eval_set`."""
+    return join(trial_dir, EVAL_DIR, f"{eval_set}.csv")
 
 
 def trial_dir(campaign_dir: str, trial: str) -> str:

@@ -27,6 +27,7 @@ from orchestrator.tracking.run import TrialTracker
 from orchestrator.trial.actors import placement_record, rollout_names, shutdown_actors, start_actors
 from orchestrator.trial.calls import Calls, Deadlines, Hang, check_health
 from orchestrator.trial.context import TrialContext
+from orchestrator.trial.eval_sets import EvalSets
 from orchestrator.trial.learner_group import LearnerGroup
 from orchestrator.trial.models import resolve_model
 from orchestrator.trial.one_step_off import OneStepOff, load_pending
@@ -181,11 +182,13 @@ def run_trial(config: dict) -> None:
     source = rollout_source(ctx)  # single-turn or episodes, chosen once from the task
     pipe = OneStepOff(ctx, source, resume.pending) if cfg.rollout.mode == "one_step_off" else None
     samples = TrialSamples(cfg, out_dir, tokenizer)
+    eval_sets = EvalSets(ctx)  # eval.sets: more held-out sets, logged as eval/<set>/... (trial/eval_sets.py)
     for step in range(resume.start, cfg.steps):
         row, calls.step, eval_version = {}, step, version
         check_health(calls, rollout_names(workers))  # a frozen engine fails here, before a long phase waits on it
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps - 1):
             row.update(source.evaluate(step))
+            row.update(eval_sets.evaluate(step))
         if pipe is not None:  # generates step + 1 while the learner trains on step
             row = {**pipe.step(step, sepa, version), **row}
         else:
@@ -207,4 +210,5 @@ def run_trial(config: dict) -> None:
             tune.report(row)
     tracker.finish()
     task.close()
+    eval_sets.close()
     store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "end", "step": cfg.steps - 1, "time": time.time()})
