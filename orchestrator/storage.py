@@ -7,7 +7,8 @@ Layout of `<storage>/<campaign>/` (the Tune experiment directory, plus our own f
     trials/<trial>/events.jsonl     one line per (re)start of the trial: {"event": "start", "from_step": k}
     trials/<trial>/placement.json   the placement group and GPUs each actor of the trial got
     trials/<trial>/samples/         sampled text: step_<s>.jsonl.gz, eval_step_<s>.jsonl.gz (trial/samples.py)
-    trials/<trial>/eval/<set>.csv   `python -m orchestrator eval`: checkpoints on held-out sets (trial/offline_eval.py)
+    trials/<trial>/eval/<set>.csv   `python -m orchestrator eval`: checkpoints on held-out sets (trial/offline_eval.py),
+                                    and their generations, <set>_checkpoint_<s>.jsonl.gz
     wandb/                          offline W&B runs (when storage is a local path)
     report/                         `python -m orchestrator report` output
 Local paths are written atomically; URIs (s3://, gs://, ...) go through pyarrow.fs, which Tune also uses.
@@ -159,6 +160,11 @@ def read_gzip_jsonl(location: str) -> list[dict] | None:
 def eval_file(trial_dir: str, eval_set: str) -> str:
     """Where `python -m orchestrator eval` keeps a trial's results on held-out set `eval_set`."""
     return join(trial_dir, EVAL_DIR, f"{eval_set}.csv")
+
+
+def eval_samples_file(trial_dir: str, eval_set: str, checkpoint_step: int) -> str:
+    """The generations of that evaluation (rows as in the samples files)."""
+    return join(trial_dir, EVAL_DIR, f"{eval_set}_checkpoint_{checkpoint_step}.jsonl.gz")
 
 
 def trial_dir(campaign_dir: str, trial: str) -> str:

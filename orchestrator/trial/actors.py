@@ -28,7 +28,7 @@ def _where() -> dict:
             "pid": os.getpid()}
 
 
-def _engine_dtype(dtype: str) -> str:
+def engine_dtype(dtype: str) -> str:
     """'auto' is decided where the engine runs: bf16 on a real GPU, fp32 on CPU (logical GPUs included)."""
     if dtype != "auto":
         return dtype
@@ -44,7 +44,7 @@ class TrialRolloutActor(RolloutWorker):
     def __init__(self, model_cfg: dict, settings: RolloutWorkerSettings):
         check_gpu_runtime()
         super().__init__(resolve_model(ModelConfig(**model_cfg)),
-                         dataclasses.replace(settings, dtype=_engine_dtype(settings.dtype)))
+                         dataclasses.replace(settings, dtype=engine_dtype(settings.dtype)))
 
     def placement(self) -> dict:
         return _where()

@@ -17,7 +17,7 @@ from pathlib import Path
 import ray
 
 from orchestrator.config.trial import ModelConfig
-from orchestrator.trial.actors import _engine_dtype
+from orchestrator.trial.actors import engine_dtype
 from orchestrator.trial.models import resolve_model
 from workers.learner.config import LearnerConfig
 from workers.models.gpu_runtime import check_gpu_runtime
@@ -29,7 +29,7 @@ class EvalEngine(RolloutWorker):
     def __init__(self, model_cfg: dict, settings: RolloutWorkerSettings):
         check_gpu_runtime()
         self.model_path = resolve_model(ModelConfig(**model_cfg))
-        super().__init__(self.model_path, dataclasses.replace(settings, dtype=_engine_dtype(settings.dtype)))
+        super().__init__(self.model_path, dataclasses.replace(settings, dtype=engine_dtype(settings.dtype)))
 
     def load_checkpoint(self, files: dict[str, bytes], learner: LearnerConfig, version: int, source: str) -> int:
         """The checkpoint's policy (`files`: its learner blob and shards by name) as the engine's; its version."""

@@ -221,8 +221,10 @@ def evaluate_trial(engine, plan: TrialEval) -> list[dict]:
     from orchestrator.trial.context import TrialContext
     from orchestrator.trial.eval_sets import close_context, set_context
     from orchestrator.trial.models import resolve_model
+    from orchestrator.trial.samples import SampleText, sample_rows
     from orchestrator.trial.sampling import action_ids
     from orchestrator.trial.sources import rollout_source
+    from workers.credit import resolve_plugins
     from workers.models.loading import load_tokenizer
     from workers.tasks import make_task
 
@@ -240,6 +242,8 @@ def evaluate_trial(engine, plan: TrialEval) -> list[dict]:
     ctx = TrialContext(cfg, [engine] * cfg.rollout.num_workers, None, tokenizer, task,
                        action_ids(cfg, task, tokenizer), calls)
     rows = []
+    text = SampleText(tokenizer, cfg.credit.strategic_grams, resolve_plugins(cfg.credit).get("planning_detector")
+                      ) if cfg.logging.samples.eval else None
     try:
         for s in plan.sets:
             sctx = set_context(ctx, s, plan.ev)
@@ -247,7 +251,11 @@ def evaluate_trial(engine, plan: TrialEval) -> list[dict]:
                 metrics = rollout_source(sctx).evaluate(plan.step + 1)  # the seeds of the evaluation of step + 1
             finally:
                 close_context(sctx, ctx)
-            metrics.pop("_samples", None)
+            generations = metrics.pop("_samples", None)
+            if text is not None and generations:  # rows as in the samples files, at the evaluation's step
+                store.write_bytes(store.eval_samples_file(plan.trial_dir, set_name(s), plan.step),
+                                  store.gzip_jsonl(sample_rows(text, generations, step=plan.step + 1, split="eval",
+                                                               version=version)))
             rows.append({"checkpoint_step": plan.step, "eval_step": plan.step + 1, "policy_version": version,
                          "set": set_name(s), "n": plan.ev.n, "k": plan.ev.k, "temperature": plan.ev.temperature,
                          "seed": cfg.seed + EVAL_SEED_OFFSET,
