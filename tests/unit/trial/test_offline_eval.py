@@ -13,7 +13,14 @@ import yaml
 from orchestrator import storage as store
 from orchestrator.campaign.expand import load_campaign
 from orchestrator.cli import main
-from orchestrator.trial.offline_eval import EvalRequest, parse_set, parse_step, plan_eval, read_rows, write_row
+from orchestrator.trial.offline_eval import (
+    EvalRequest,
+    parse_set,
+    parse_step,
+    plan_eval,
+    read_rows,
+    write_row,
+)
 from workers.checkpoint.blob import dump_blob
 
 BASE = {"steps": 2, "model": {"name": "tiny"}, "task": {"name": "arithmetic"},
