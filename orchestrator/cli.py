@@ -31,7 +31,7 @@ def _trial(args: argparse.Namespace) -> int:
     why = check_task_plugin(cfg, {})
     if why:
         raise UserError(f"{args.config or '<default trial>'}: task: {why}")
-    from orchestrator.config.eval_sets import check_eval_sets
+    from orchestrator.config.task_check import check_eval_sets
 
     at, why = check_eval_sets(cfg, {})
     if why:

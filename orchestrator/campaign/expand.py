@@ -22,9 +22,8 @@ from orchestrator import storage as store
 from orchestrator.campaign.schema import Campaign, CampaignConfig, ExpandedTrial
 from orchestrator.campaign.sections import CONTRAST, MEASURE
 from orchestrator.config.errors import UserError, first_error, format_validation
-from orchestrator.config.eval_sets import check_eval_sets
 from orchestrator.config.files import load_yaml
-from orchestrator.config.task_check import check_task_plugin
+from orchestrator.config.task_check import check_eval_sets, check_task_plugin
 from orchestrator.config.trial import TrialConfig
 
 

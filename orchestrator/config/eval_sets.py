@@ -57,15 +57,3 @@ def agentic_mismatch(sets: list[EvalSetConfig], trial_agentic: bool) -> str | No
                     "single-turn: its engines' context (model.max_model_len) is sized for one turn")
     return None
 
-
-def check_eval_sets(trial, checked: dict[str, str]) -> tuple[str, str]:
-    """('', '') when every set of `trial.eval.sets` with a task of its own builds (its dataset files read, its
-    plugin dry-run: config/task_check.py), else (the set's key path, why not): one line before launch."""
-    from orchestrator.config.task_check import check_task_plugin
-
-    for i, s in enumerate(trial.eval.sets):
-        if s.task is not None:
-            why = check_task_plugin(trial.model_copy(update={"task": s.task}), checked)
-            if why:
-                return f"eval.sets.{i}.task", why
-    return "", ""

@@ -28,3 +28,14 @@ def check_task_plugin(trial: TrialConfig, checked: dict[str, str]) -> str:
         except (PluginError, ValueError, ImportError) as exc:
             checked[key] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return checked[key]
+
+
+def check_eval_sets(trial: TrialConfig, checked: dict[str, str]) -> tuple[str, str]:
+    """('', '') when every `eval.sets` entry with a task of its own passes `check_task_plugin`, else (its key
+    path, why not)."""
+    for i, s in enumerate(trial.eval.sets):
+        if s.task is not None:
+            why = check_task_plugin(trial.model_copy(update={"task": s.task}), checked)
+            if why:
+                return f"eval.sets.{i}.task", why
+    return "", ""
