@@ -298,6 +298,9 @@ def _eval(args: argparse.Namespace) -> int:
         raise UserError(f"{args.file}: {exc}") from None
     from orchestrator.tune.launch import ensure_ray
 
+    left_out = [t.name for t in campaign.trials if t.name not in {p.trial for p in plans}]
+    if left_out:
+        print(f"not evaluated (no checkpoint yet): {', '.join(left_out)}", flush=True)
     ensure_ray(max(p.cfg.resources.worker_cpus for p in plans))
     print(summary(run_eval(plans, args.engines)))
     print(f"\neval: checkpoint step {plans[0].step} of {len(plans)} trials -> "

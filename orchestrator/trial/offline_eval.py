@@ -151,14 +151,17 @@ def _check_set(cfg: TrialConfig, s: EvalSetConfig, checked: dict) -> None:
 
 
 def plan_eval(campaign, directory: str, request: EvalRequest) -> list[TrialEval]:
-    """Every trial of `campaign` (its directory `directory`) at the asked step, its checkpoint verified and its
-    sets resolved. Raises LookupError (no such step), CheckpointError (damaged) or ValueError (a bad option), each
+    """Every trial of `campaign` (its directory `directory`) that has a checkpoint, at the asked step, its
+    checkpoint verified and its sets resolved. Raises LookupError (no such step), CheckpointError (damaged) or ValueError (a bad option), each
     one line, before anything starts."""
     asked = [parse_set(t) for t in request.sets]
-    names = [t.name for t in campaign.trials]
     fs, _ = store.filesystem(directory)
-    paths = {n: store.filesystem(store.join(directory, n))[1] for n in names}
-    steps = {n: checkpoint_steps(fs, paths[n]) for n in names}
+    paths = {t.name: store.filesystem(store.join(directory, t.name))[1] for t in campaign.trials}
+    steps = {n: checkpoint_steps(fs, p) for n, p in paths.items()}
+    names = [n for n in paths if steps[n]]  # trials without any checkpoint yet (not started) are left out
+    if not names:
+        raise LookupError("no trial has a checkpoint yet")
+    steps = {n: steps[n] for n in names}
     step = request.step
     if step is None:
         common = set.intersection(*(set(s) for s in steps.values())) if steps else set()

@@ -103,13 +103,22 @@ def test_mistakes_are_one_line_and_exit_2_before_anything_starts(campaign, capsy
 def test_last_without_a_common_step_and_a_damaged_checkpoint_are_refused(campaign, capsys):
     import shutil
 
-    shutil.rmtree(campaign["checkpoints"][("B_s0", 0)])
-    assert "--step last: no step has a checkpoint in every trial; checkpoints: A_s0: 0, 1; B_s0: none" in \
+    shutil.rmtree(campaign["checkpoints"][("A_s0", 0)])
+    assert "--step last: no step has a checkpoint in every trial; checkpoints: A_s0: 1; B_s0: 0" in \
         refused(capsys, campaign["path"])
     ck = campaign["checkpoints"][("A_s0", 1)]
     (ck / "learner.pt").write_bytes((ck / "learner.pt").read_bytes()[:-3])
+    shutil.rmtree(campaign["checkpoints"][("B_s0", 0)])
     err = refused(capsys, campaign["path"], "--step", "1")
     assert "learner.pt" in err and ("checksum" in err or "damaged" in err or "truncated" in err), err
+
+
+def test_a_trial_without_any_checkpoint_is_left_out(campaign):
+    import shutil
+
+    shutil.rmtree(campaign["checkpoints"][("B_s0", 0)])
+    plans = plan_eval(campaign["campaign"], campaign["campaign"].directory, EvalRequest())
+    assert [(p.trial, p.step) for p in plans] == [("A_s0", 1)]
 
 
 def test_a_bad_step_is_an_argument_error(campaign, capsys):
