@@ -24,7 +24,7 @@ from workers.models.gpu_runtime import check_gpu_runtime
 from workers.rollout.worker import RolloutWorker, RolloutWorkerSettings, SamplingRequest
 
 
-@ray.remote
+@ray.remote(concurrency_groups={"health": 1})  # as the trial's rollout actor: the same process and threads
 class EvalEngine(RolloutWorker):
     def __init__(self, model_cfg: dict, settings: RolloutWorkerSettings):
         check_gpu_runtime()
@@ -53,3 +53,7 @@ class EvalEngine(RolloutWorker):
         if not self._llm.reset_prefix_cache():
             raise RuntimeError("vLLM did not reset its prefix cache before an evaluation shard")
         return super().generate(prompt_token_ids, request)
+
+    @ray.method(concurrency_group="health")
+    def health(self) -> dict:
+        return super().health()
