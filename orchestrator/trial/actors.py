@@ -38,7 +38,7 @@ def engine_dtype(dtype: str) -> str:
 @ray.remote(concurrency_groups={"health": 1})
 class TrialRolloutActor(RolloutWorker):
     """A rollout worker whose model is a trial's `model` config (resolved where the actor runs) and whose dtype
-    may be "auto" (`_engine_dtype`). `health` runs on its own thread: it answers while `generate` waits on a
+    may be "auto" (`engine_dtype`). `health` runs on its own thread: it answers while `generate` waits on a
     frozen engine (orchestrator/trial/calls.py asks it after a missed deadline)."""
 
     def __init__(self, model_cfg: dict, settings: RolloutWorkerSettings):
