@@ -48,7 +48,7 @@ def test_view_references_only_what_the_offline_runs_hold(ray_local, tmp_path):
                  "rollout": {"prompts_per_step": 4, "n": 4, "max_tokens": 4}, "learner": {"optim": {"lr": 1e-2}},
                  "eval": {"every": 2, "problems": 4, "n": 2, "k": 2,
                           "sets": [{"name": "small", "task": {"name": "arithmetic", "max_operand": 3}}]},
-                 "checkpoint": {"every": 1}},
+                 "checkpoint": {"every": 2}},  # steps 1 and 2: `eval --step 1` below
         "conditions": {
             "grpo": {"credit": {"advantage_mode": "grpo"}},
             "sepa": {"credit": {"transform_mode": "gtpo_sepa", "log_decomposition": True,
