@@ -1,4 +1,4 @@
-"""`python -m orchestrator {expand,plan,run,status,submit,report,samples,export,dashboard,doctor,trial}`. User
+"""`python -m orchestrator {expand,plan,run,status,submit,report,samples,export,eval,dashboard,doctor,trial}`. User
 mistakes: one line on stderr, exit code 2."""
 
 from __future__ import annotations
@@ -33,6 +33,11 @@ def _trial(args: argparse.Namespace) -> int:
     why = check_task_plugin(cfg, {})
     if why:
         raise UserError(f"{args.config or '<default trial>'}: task: {why}")
+    from orchestrator.config.task_check import check_eval_sets
+
+    at, why = check_eval_sets(cfg, {})
+    if why:
+        raise UserError(f"{args.config or '<default trial>'}: {at}: {why}")
 
     try:
         resolve_plugins(cfg.credit)
@@ -274,6 +279,41 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _step_arg(text: str) -> int | None:
+    from orchestrator.trial.offline_eval import parse_step
+
+    try:
+        return parse_step(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--step {text}: ")) from None
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from orchestrator import storage as store
+    from orchestrator.trial.offline_eval import EvalRequest, plan_eval, run_eval, summary
+    from orchestrator.trial.restore import CheckpointError
+
+    if args.engines is not None and args.engines < 1:
+        raise UserError(f"{args.file}: --engines {args.engines}: at least 1")
+    campaign, directory = _campaign_dir(args.file)
+    request = EvalRequest(step=args.step, sets=tuple(args.set or ()), n=args.n, k=args.k,
+                          temperature=args.temperature, engines=args.engines)
+    try:
+        plans = plan_eval(campaign, directory, request)  # every checkpoint verified, every set built, before Ray
+    except (CheckpointError, LookupError, ValueError) as exc:
+        raise UserError(f"{args.file}: {exc}") from None
+    from orchestrator.tune.launch import ensure_ray
+
+    left_out = [t.name for t in campaign.trials if t.name not in {p.trial for p in plans}]
+    if left_out:
+        print(f"not evaluated (no checkpoint yet): {', '.join(left_out)}", flush=True)
+    ensure_ray(max(p.cfg.resources.worker_cpus for p in plans))
+    print(summary(run_eval(plans, args.engines)))
+    print(f"\neval: checkpoint step {plans[0].step} of {len(plans)} trials -> "
+          + store.eval_file(store.trial_dir(directory, "<trial>"), "<set>"))
+    return 0
+
+
 def _dashboard(args: argparse.Namespace) -> int:
     from orchestrator.campaign.expand import load_campaign
     from orchestrator.tracking.dashboard import dashboard
@@ -343,6 +383,19 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--out", required=True, help="a new directory for the model")
     ex.add_argument("--merge", action="store_true", help="LoRA trials: merge the adapter into the base weights")
     ex.set_defaults(fn=_export)
+    ev = sub.add_parser("eval", help="evaluate every trial's checkpoint of one step on held-out sets (Ray work) "
+                        "into trials/<trial>/eval/<set>.csv; `report` compares them")
+    ev.add_argument("file", help="campaign YAML")
+    ev.add_argument("--step", type=_step_arg, default=None, help="the checkpoint of this step, or 'last' (default: "
+                    "the newest step every trial has a checkpoint of)")
+    ev.add_argument("--set", action="append", metavar="NAME[=SPEC]", help="repeatable: 'default' (the task's own "
+                    "held-out set), a name from the trials' eval.sets, or NAME=FILE (a dataset file, every row held "
+                    "out), NAME=module:Class (a task plugin), NAME='{task table}' (default: default + eval.sets)")
+    ev.add_argument("--n", type=int, help="samples per problem (default: the trial's eval.n)")
+    ev.add_argument("--k", type=int, help="pass@k's k (default: the trial's eval.k)")
+    ev.add_argument("--temperature", type=float, help="sampling temperature (default: the trial's eval.temperature)")
+    ev.add_argument("--engines", type=int, help="engines per kind of base model (default: one per GPU, one on CPU)")
+    ev.set_defaults(fn=_eval)
     d = sub.add_parser("dashboard", help="save the campaign's W&B workspace (view) or, with --dry-run, write it")
     d.add_argument("file", help="campaign YAML")
     d.add_argument("--dry-run", action="store_true", help="write the view's JSON next to the report; no network")

@@ -8,6 +8,8 @@ Layout of `<storage>/<campaign>/` (the Tune experiment directory, plus our own f
     trials/<trial>/placement.json   the placement group and GPUs each actor of the trial got
     trials/<trial>/samples/         sampled text: step_<s>.jsonl.gz, eval_step_<s>.jsonl.gz (trial/samples.py)
     trials/<trial>/batches/         each step's training batch, step_<s>.npz (logging.batches; trial/batches.py)
+    trials/<trial>/eval/<set>.csv   `python -m orchestrator eval`: checkpoints on held-out sets (trial/offline_eval.py),
+                                    and their generations, <set>_checkpoint_<s>.jsonl.gz
     wandb/                          offline W&B runs (when storage is a local path)
     report/                         `python -m orchestrator report` output
 Local paths are written atomically; URIs (s3://, gs://, ...) go through pyarrow.fs, which Tune also uses.
@@ -33,6 +35,7 @@ PLACEMENT_FILE = "placement.json"
 UNCERTAINTY_DIR = "uncertainty"  # trials/<trial>/uncertainty/step_<k>.npz
 SAMPLES_DIR = "samples"  # trials/<trial>/samples/{step,eval_step}_<k>.jsonl.gz
 BATCHES_DIR = "batches"  # trials/<trial>/batches/step_<k>.npz (logging.batches; `trial --replay` reads them)
+EVAL_DIR = "eval"  # trials/<trial>/eval/<set>.csv: offline evaluation of the trial's checkpoints
 TRIAL_CONFIG_FILE = "trial_config.json"  # `python -m orchestrator trial`: the config a single trial ran with
 _VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
 
@@ -159,6 +162,14 @@ def read_gzip_jsonl(location: str) -> list[dict] | None:
 def batch_file(step: int) -> str:
     """The name of a trial's saved training batch of `step` in its BATCHES_DIR."""
     return f"step_{step}.npz"
+def eval_file(trial_dir: str, eval_set: str) -> str:
+    """Where `python -m orchestrator eval` keeps a trial's results on held-out set `eval_set`."""
+    return join(trial_dir, EVAL_DIR, f"{eval_set}.csv")
+
+
+def eval_samples_file(trial_dir: str, eval_set: str, checkpoint_step: int) -> str:
+    """The generations of that evaluation (rows as in the samples files)."""
+    return join(trial_dir, EVAL_DIR, f"{eval_set}_checkpoint_{checkpoint_step}.jsonl.gz")
 
 
 def trial_dir(campaign_dir: str, trial: str) -> str:

@@ -23,7 +23,7 @@ from orchestrator.campaign.schema import Campaign, CampaignConfig, ExpandedTrial
 from orchestrator.campaign.sections import CONTRAST, MEASURE
 from orchestrator.config.errors import UserError, first_error, format_validation
 from orchestrator.config.files import load_yaml
-from orchestrator.config.task_check import check_task_plugin
+from orchestrator.config.task_check import check_eval_sets, check_task_plugin
 from orchestrator.config.trial import TrialConfig
 
 
@@ -216,6 +216,9 @@ def expand(cfg: CampaignConfig, source: str = "<campaign>", directory: str = "",
                 if why:
                     origin = f"conditions.{cond}.task" if "task" in override else "base.task"
                     raise UserError(f"{source}: {origin}: {why} ({where.rstrip(': ')})")
+                at, why = check_eval_sets(trial_cfg, checked)
+                if why:
+                    raise UserError(f"{source}: {at}: {why} ({where.rstrip(': ')})")
                 if name in seen:
                     raise UserError(f"{source}: sweep: trial name {name!r} repeats ({seen[name]}); sweep values "
                                     "must give distinct labels")

@@ -32,3 +32,14 @@ def check_task_plugin(trial: TrialConfig, checked: dict[str, str]) -> str:
         if checked[key]:
             return f"mix[{i}].task: {checked[key]}" if isinstance(trial.task, MixConfig) else checked[key]
     return ""
+
+
+def check_eval_sets(trial: TrialConfig, checked: dict[str, str]) -> tuple[str, str]:
+    """('', '') when every `eval.sets` entry with a task of its own passes `check_task_plugin`, else (its key
+    path, why not)."""
+    for i, s in enumerate(trial.eval.sets):
+        if s.task is not None:
+            why = check_task_plugin(trial.model_copy(update={"task": s.task}), checked)
+            if why:
+                return f"eval.sets.{i}.task", why
+    return "", ""

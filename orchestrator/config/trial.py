@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from orchestrator.config.eval_sets import EvalSetConfig, agentic_mismatch, check_unique
 from workers.credit.config import CreditConfig, SepaConfig
 from workers.learner.config import FULL_MODE_LR, LearnerConfig
 from workers.objectives.interventions import InterventionsConfig, scoring_pass_needs
@@ -151,6 +152,13 @@ class EvalConfig(_Strict):
     n: int = Field(8, ge=1, description="samples per problem")
     k: int = Field(8, ge=1, description="pass@k with the unbiased estimator from n samples (k <= n)")
     temperature: float = Field(1.0, gt=0.0, le=2.0)
+    sets: list[EvalSetConfig] = Field(default_factory=list, description=(
+        "more held-out sets, each logged as eval/<name>/... beside the task's own (orchestrator/config/eval_sets.py)"))
+
+    @field_validator("sets")
+    @classmethod
+    def _unique_sets(cls, v: list[EvalSetConfig]) -> list[EvalSetConfig]:
+        return check_unique(v)
 
     @model_validator(mode="after")
     def _k_le_n(self) -> EvalConfig:
@@ -316,6 +324,13 @@ class TrialConfig(_Strict):
         if isinstance(paths, list) and all(isinstance(p, str) for p in paths):
             add_plugin_paths(paths)
         return data
+
+    @model_validator(mode="after")
+    def _eval_sets(self) -> TrialConfig:
+        why = agentic_mismatch(self.eval.sets, self.task.agentic)
+        if why:
+            raise ValueError(f"eval.sets: {why}")
+        return self
 
     @model_validator(mode="after")
     def _learner_mode(self) -> TrialConfig:

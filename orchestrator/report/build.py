@@ -19,7 +19,7 @@ import pandas as pd
 
 from orchestrator import storage as store
 from orchestrator.campaign.sections import CONTRAST, AdaptiveSeeds, parse_contrast
-from orchestrator.report import examples
+from orchestrator.report import examples, offline_eval
 from orchestrator.report import figures as figs
 from orchestrator.report.comparisons import all_specs
 from orchestrator.report.load import CampaignFiles, Group, TrialIssue, load
@@ -256,6 +256,9 @@ def build_report(campaign_dir: Path | str, options: ReportOptions | None = None)
     tables.update(extra_tables)
     files = CampaignFiles(campaign_dir)
     extra_md += examples.markdown(files, examples.campaign_trials(files))
+    offline_tables, offline_md = offline_eval.section(files, groups, base, pairs, out_dir)  # `eval`'s CSVs
+    tables.update(offline_tables)
+    extra_md += offline_md
 
     written = _figures(groups, metric, tables, reached, lambda_curves, token_samples, out_dir) \
         if opts.figures else []

@@ -27,6 +27,8 @@ CRITIC = ("critic/vf_clip_frac", "critic/grad_norm", "critic/value_mean", "criti
           "critic/explained_variance", "critic/optimizer_steps", "loss/value")
 TIS = ("tis/weight_mean", "tis/ratio_max", "tis/ratio_min", "tis/truncated_frac")
 FLOOR_CLASSES = ("planning", "execution", "all")
+EVAL_SET = ("pass@1", "pass@k", "k", "problems")  # eval/<set>/<name> (orchestrator/trial/eval_sets.py)
+OFFLINE_EVAL = ("pass@1", "pass@k")  # the measures `eval` writes and the report compares (trials/<t>/eval/<set>.csv)
 EFFECTIVE_BATCH = ("train/groups_sampled", "train/groups_informative", "train/tokens_trained", "train/overlong_share",
                    "train/fill_rounds")  # step.py: prepare; fill.py: gather (the report's effective batch)
 
@@ -62,6 +64,7 @@ def _step(cfg: TrialConfig) -> set[str]:
         names |= {"eval/pass@1", "eval/pass@k", "eval/k", "eval/problems", "time/eval_s"}
         if cfg.task.agentic and not is_mix(cfg):
             names |= {f"eval/{k}" for k in EPISODE}
+        names |= eval_set_metrics(cfg)
     names |= per_task(cfg)
     samples = cfg.logging.samples  # wandb.Tables of the samples files (orchestrator/trial/samples.py)
     if samples.every and samples.per_step:
@@ -86,6 +89,26 @@ def per_task(cfg: TrialConfig) -> set[str]:
             names.add(f"eval/{label}/pass@1")
             if part.task.agentic:
                 names |= {f"eval/{label}/{k}" for k in EPISODE}
+    return names
+
+
+def eval_set_metric(name: str, metric: str) -> str:
+    """`eval/<set>/<metric>`: an `eval.sets` entry's held-out metric (`metric` as the task's own set names it,
+    without `eval/`)."""
+    return f"eval/{name}/{metric}"
+
+
+def eval_set_time(name: str) -> str:
+    return f"time/eval_{name}_s"
+
+
+def eval_set_metrics(cfg: TrialConfig) -> set[str]:
+    """What `eval.sets` log at each held-out evaluation (an agentic set its episode metrics too)."""
+    names = set()
+    for s in cfg.eval.sets:
+        agentic = (s.task or cfg.task).agentic
+        names |= {eval_set_metric(s.name, k) for k in (*EVAL_SET, *(EPISODE if agentic else ()))}
+        names.add(eval_set_time(s.name))
     return names
 
 

@@ -87,6 +87,14 @@ def _outcome(m: CampaignMetrics) -> ws.Section:
     ], is_open=True)
 
 
+def _eval_sets(m: CampaignMetrics) -> ws.Section | None:
+    """One panel per `eval.sets` entry (names.py: `eval/<set>/pass@1`)."""
+    sets = sorted({k.split("/")[1] for k in m.logged if k.count("/") == 2 and k.startswith("eval/")
+                   and k.endswith("/pass@1")})
+    return _section("Held-out sets", [_line(m, f"{s}: pass@1 / pass@k", f"eval/{s}/pass@1", f"eval/{s}/pass@k")
+                                      for s in sets], is_open=True)
+
+
 def _sweep_sections(m: CampaignMetrics) -> list[ws.Section]:
     """One section per swept key: the final value and the AUC of the report's metric against the swept value
     (one point per group: condition x swept values), then the parallel coordinates over every swept key."""
@@ -216,7 +224,8 @@ def build_workspace(campaign: Campaign, entity: str, project: str) -> ws.Workspa
     """The campaign's saved view (not yet saved)."""
     m = campaign_metrics(campaign)
     cfg = campaign.config
-    sections = [_outcome(m), _tasks(m), *_sweep_sections(m), _effective_batch(m), _credit(m), _interventions(m), _ppo(m),
+    sections = [_outcome(m), _tasks(m), _eval_sets(m), *_sweep_sections(m), _effective_batch(m), _credit(m),
+                _interventions(m), _ppo(m),
                 _env(m), _rollout_and_timing(m)]
     view = ws.Workspace(
         entity=entity, project=project, name=cfg.name, sections=[s for s in sections if s is not None],

@@ -28,7 +28,7 @@ def _where() -> dict:
             "pid": os.getpid()}
 
 
-def _engine_dtype(dtype: str) -> str:
+def engine_dtype(dtype: str) -> str:
     """'auto' is decided where the engine runs: bf16 on a real GPU, fp32 on CPU (logical GPUs included)."""
     if dtype != "auto":
         return dtype
@@ -38,13 +38,13 @@ def _engine_dtype(dtype: str) -> str:
 @ray.remote(concurrency_groups={"health": 1})
 class TrialRolloutActor(RolloutWorker):
     """A rollout worker whose model is a trial's `model` config (resolved where the actor runs) and whose dtype
-    may be "auto" (`_engine_dtype`). `health` runs on its own thread: it answers while `generate` waits on a
+    may be "auto" (`engine_dtype`). `health` runs on its own thread: it answers while `generate` waits on a
     frozen engine (orchestrator/trial/calls.py asks it after a missed deadline)."""
 
     def __init__(self, model_cfg: dict, settings: RolloutWorkerSettings):
         check_gpu_runtime()
         super().__init__(resolve_model(ModelConfig(**model_cfg)),
-                         dataclasses.replace(settings, dtype=_engine_dtype(settings.dtype)))
+                         dataclasses.replace(settings, dtype=engine_dtype(settings.dtype)))
 
     def placement(self) -> dict:
         return _where()

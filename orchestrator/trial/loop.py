@@ -28,6 +28,7 @@ from orchestrator.trial.actors import placement_record, rollout_names, shutdown_
 from orchestrator.trial.batches import TrialBatches
 from orchestrator.trial.calls import Calls, Deadlines, Hang, check_health
 from orchestrator.trial.context import TrialContext
+from orchestrator.trial.eval_sets import EvalSets
 from orchestrator.trial.learner_group import LearnerGroup
 from orchestrator.trial.mixed import trial_source
 from orchestrator.trial.models import resolve_model
@@ -184,11 +185,13 @@ def run_trial(config: dict) -> None:
     pipe = OneStepOff(ctx, source, resume.pending) if cfg.rollout.mode == "one_step_off" else None
     samples = TrialSamples(cfg, out_dir, tokenizer)
     batches = TrialBatches(cfg, out_dir)
+    eval_sets = EvalSets(ctx)  # eval.sets: more held-out sets, logged as eval/<set>/... (trial/eval_sets.py)
     for step in range(resume.start, cfg.steps):
         row, calls.step, eval_version = {}, step, version
         check_health(calls, rollout_names(workers))  # a frozen engine fails here, before a long phase waits on it
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps - 1):
             row.update(source.evaluate(step))
+            row.update(eval_sets.evaluate(step))
         if pipe is not None:  # generates step + 1 while the learner trains on step
             row = {**pipe.step(step, sepa, version), **row}
         else:
@@ -211,4 +214,5 @@ def run_trial(config: dict) -> None:
             tune.report(row)
     tracker.finish()
     task.close()
+    eval_sets.close()
     store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "end", "step": cfg.steps - 1, "time": time.time()})

@@ -174,6 +174,12 @@ def restore_checkpoint(fs, trial_path: str, *, recorded: bool, events: str | Non
     raise err
 
 
+def checkpoint_steps(fs, trial_path: str, state_file: str = STATE_FILE) -> list[int]:
+    """The steps of a trial's checkpoints whose state file reads (not verified), ascending."""
+    return sorted({int(s) for s in (ck.step(state_file) for ck in _checkpoint_dirs(fs, trial_path, state_file))
+                   if s != float("inf")})
+
+
 def verified_checkpoint(fs, trial_path: str, step: int | None = None, *, state_file: str = STATE_FILE,
                         learner_file: str = "learner.pt",
                         metrics_file: str = METRICS_FILE) -> tuple[dict, dict[str, bytes], str]:

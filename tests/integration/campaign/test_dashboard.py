@@ -1,9 +1,13 @@
 """The dashboard fits the data: a tiny two-condition sweep campaign runs offline on the real stack, its W&B
 offline runs are read back from their files, and every metric and config key the campaign's view references
-exists in those runs, and every logged metric family has a panel."""
+exists in those runs, and every logged metric family has a panel. The same campaign, with a second held-out set
+(`eval.sets`), is then evaluated offline (`python -m orchestrator eval`): its checkpoint of step 1 reproduces the
+in-training evaluation of step 2 (the same policy and seeds), and the report compares it."""
 
 from __future__ import annotations
 
+import csv
+import gzip
 import json
 import subprocess
 import sys
@@ -42,7 +46,9 @@ def test_view_references_only_what_the_offline_runs_hold(ray_local, tmp_path):
         "name": "dash", "storage": str(tmp_path / "store"), "seeds": [0], "wandb": {"mode": "offline"},
         "base": {"steps": STEPS, "model": {"name": "tiny"}, "task": {"name": "arithmetic"},
                  "rollout": {"prompts_per_step": 4, "n": 4, "max_tokens": 4}, "learner": {"optim": {"lr": 1e-2}},
-                 "eval": {"every": 2, "problems": 4, "n": 2, "k": 2}, "checkpoint": {"every": STEPS}},
+                 "eval": {"every": 2, "problems": 4, "n": 2, "k": 2,
+                          "sets": [{"name": "small", "task": {"name": "arithmetic", "max_operand": 3}}]},
+                 "checkpoint": {"every": 2}},  # steps 1 and 2: `eval --step 1` below
         "conditions": {
             "grpo": {"credit": {"advantage_mode": "grpo"}},
             "sepa": {"credit": {"transform_mode": "gtpo_sepa", "log_decomposition": True,
@@ -85,6 +91,9 @@ def test_view_references_only_what_the_offline_runs_hold(ray_local, tmp_path):
     kl = {n: runs[n]["summary"] for n in runs}
     assert all(0.0 <= s["auc/eval/pass@1"] <= 1.0 for s in kl.values()), kl  # the sweep panels' AUC
 
+    assert {"eval/small/pass@1", "eval/small/pass@k"} <= logged  # eval.sets, in the view's "Held-out sets"
+    _offline_eval_equals_the_in_training_one(path, campaign)
+
     # the command a user runs: the view's JSON next to the report, no network
     out = subprocess.run([sys.executable, "-m", "orchestrator", "dashboard", str(path), "--dry-run"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
@@ -110,3 +119,29 @@ def test_view_references_only_what_the_offline_runs_hold(ray_local, tmp_path):
     media = [k for b in blocks for p in b.get("metadata", {}).get("panelBankSectionConfig", {}).get("panels", [])
              if p["viewType"] == "Media Browser" for k in p["config"]["mediaKeys"]]
     assert len(media) >= 4 and set(media) == figure_keys, (media, figure_keys)
+    offline = (Path(campaign.directory) / "report" / "offline_eval.csv").read_text().splitlines()
+    assert len(offline) == 1 + 4 * 2  # 4 groups x (default, small) at checkpoint 1
+    assert "## Offline evaluation" in (Path(campaign.directory) / "report" / "report.md").read_text()
+
+
+def _offline_eval_equals_the_in_training_one(path: Path, campaign) -> None:
+    """`eval --step 1` on one engine: every trial's checkpoint of step 1 on its task's own held-out set and on
+    `small` gives the numbers and the very completions of the in-training evaluation of step 2."""
+    from orchestrator.cli import main
+
+    assert main(["eval", str(path), "--step", "1", "--engines", "1"]) == 0
+    for t in campaign.trials:
+        tdir = Path(campaign.directory) / "trials" / t.name
+        row = [json.loads(ln) for ln in (tdir / "metrics.jsonl").read_text().splitlines()][2]
+        for name, prefix in (("default", "eval/"), ("small", "eval/small/")):
+            with open(tdir / "eval" / f"{name}.csv") as f:
+                (got,) = list(csv.DictReader(f))
+            assert (got["checkpoint_step"], got["eval_step"], got["set"]) == ("1", "2", name)
+            assert [float(got[m]) for m in ("pass@1", "pass@k", "problems")] == \
+                [row[prefix + m] for m in ("pass@1", "pass@k", "problems")], (t.name, name, got, row)
+        with gzip.open(tdir / "eval" / "default_checkpoint_1.jsonl.gz", "rt") as f:
+            offline = [json.loads(ln) for ln in f]
+        with gzip.open(tdir / "samples" / "eval_step_2.jsonl.gz", "rt") as f:
+            trained = [json.loads(ln) for ln in f]
+        assert [(r["problem"], r["completion"], r["reward"], r["adapter_version"]) for r in offline] == \
+            [(r["problem"], r["completion"], r["reward"], r["adapter_version"]) for r in trained], t.name
