@@ -2,7 +2,9 @@
 
 - generate (engine awake): the engine's share (rollout.engine.gpu_memory_utilization x the device's memory:
   weights + KV cache, what vLLM takes) + what the learner rank keeps between steps (its sharded weights, gradients
-  and Adam moments, the frozen base / reference: `LearnerMemory.resident`) + each process's CUDA context;
+  and Adam moments, the frozen base / reference: `LearnerMemory.resident`; with learner.offload_between_steps
+  only the weights the engine's phase reads: the LoRA base and adapter, or the policy for the weight sync) + each
+  process's CUDA context;
 - train (engine asleep): the learner's whole estimate (orchestrator/preflight/learner_memory.py) + what the
   sleeping engine still holds (nothing of its weights or KV cache: level 1 keeps the weights in host memory,
   level 2 drops them) + the CUDA contexts.
@@ -41,8 +43,9 @@ def phase_fit(utilization: float, learner_total: float, learner_resident: float,
                     usable=usable, max_utilization=(usable - learner_resident - contexts) / device)
 
 
-def refusal(fit: PhaseFit, utilization: float) -> tuple[str, str] | None:
-    """(the key to change, what to change in one sentence), or None when both phases fit."""
+def refusal(fit: PhaseFit, utilization: float, offloads: bool = False) -> tuple[str, str] | None:
+    """(the key to change, what to change in one sentence), or None when both phases fit. `offloads`: the learner
+    already sets learner.offload_between_steps (not suggested again)."""
     if fit.train > fit.usable:
         return "resources.learner_ranks", (f"the training phase needs {fit.train:.1f} GiB of {fit.usable:.1f} usable: raise "
                 "resources.learner_ranks, set learner.cpu_offload or learner.gradient_checkpointing, or use "
@@ -52,7 +55,8 @@ def refusal(fit: PhaseFit, utilization: float) -> tuple[str, str] | None:
             how = f"lower rollout.engine.gpu_memory_utilization to {int(fit.max_utilization * 100) / 100:.2f} or less"
         else:
             how = "no engine share fits beside the learner's resident state"
+        offload = "" if offloads else "set learner.offload_between_steps, "
         return "rollout.engine.gpu_memory_utilization", (f"the generate phase needs {fit.generate:.1f} GiB of {fit.usable:.1f} usable (the engine at "
-                f"{utilization:g} of the GPU beside the learner's resident state): {how}; or raise "
+                f"{utilization:g} of the GPU beside the learner's resident state): {how}; or {offload}raise "
                 "resources.learner_ranks, set learner.cpu_offload, or use resources.placement 'separate'")
     return None

@@ -115,7 +115,8 @@ SLEEP_WAKE_FIXED_S = 1.0  # allocator and scheduler round trips of one sleep + w
 
 def overhead_seconds(cfg: TrialConfig, device: str = "H100") -> dict[str, float]:
     """Modelled seconds of one trial outside its steps' generate / score / train, by part: start-up,
-    checkpoints, weight syncs, and (colocated) sleep + wake. Evaluation's generation is in `step_seconds`."""
+    checkpoints, weight syncs, (colocated) sleep + wake, and learner.offload_between_steps' copies (no-ops on a
+    CPU). Evaluation's generation is in `step_seconds`."""
     p = model_params(cfg.model.name) or 0.0
     gpu = device != "cpu"
     full = cfg.learner.mode == "full"
@@ -129,4 +130,7 @@ def overhead_seconds(cfg: TrialConfig, device: str = "H100") -> dict[str, float]
     if cfg.resources.placement == "colocated":
         moved = 0.0 if full else 2 * 2 * p / HOST_COPY_BYTES_PER_S  # level 1: out and back
         out["sleep_wake"] = cfg.steps * (SLEEP_WAKE_FIXED_S + moved)
+    if cfg.learner.offload_between_steps and gpu:  # Adam's moments (+ the fp32 policy) out and back, per rank
+        kept = 8 * p * (1.0 if full else 0.01) + (4 * p if full else 0.0)
+        out["offload"] = cfg.steps * 2 * kept / cfg.resources.learner_ranks / HOST_COPY_BYTES_PER_S
     return out

@@ -15,7 +15,10 @@ the LoRA targets' shapes) counted. Per GPU, with N = resources.learner_ranks, as
   checkpointing: the layer's input only, plus one layer's full set), and the LM head's fp32 logits of every
   token of the micro-batch, twice (the temperature-scaled copy and its gradient). This counts prompt tokens as
   if they were response tokens, an upper bound;
-- cpu_offload moves the sharded fp32 state (weights, gradients, moments) off the GPU.
+- cpu_offload moves the sharded fp32 state (weights, gradients, moments) off the GPU;
+- offload_between_steps keeps the state in host memory between steps (workers/learner/offload.py): what the rank
+  holds while a colocated engine is awake (`resident`) loses the gradients and Adam moments, and under full mode
+  every weight but the policy's, which the weight sync reads back while the engine is awake.
 Approximate are the activation constants and what the allocator fragments: the check keeps 10% of the GPU free.
 """
 
@@ -107,6 +110,7 @@ class LearnerMemory:
     gathered: float
     activations: float
     ranks: int
+    offloaded: float = 0.0  # of weights + grads + optimizer, what offload_between_steps holds on the host
 
     @property
     def total(self) -> float:
@@ -114,8 +118,9 @@ class LearnerMemory:
 
     @property
     def resident(self) -> float:
-        """What the rank keeps between steps (the gathered layers and activations are freed after each step)."""
-        return self.weights + self.grads + self.optimizer
+        """What the rank keeps between steps (the gathered layers and activations are freed after each step; the
+        offloaded state waits in host memory)."""
+        return self.weights + self.grads + self.optimizer - self.offloaded
 
     def describe(self) -> str:
         parts = ("weights", "grads", "optimizer", "gathered", "activations")
@@ -145,7 +150,10 @@ def learner_memory(cfg: TrialConfig, counts: ModelCounts, ranks: int | None = No
     kept = (2 * counts.hidden * counts.layers + per_token_layer) if lrn.gradient_checkpointing \
         else per_token_layer * counts.layers
     activations = tokens * (kept + 2 * 4 * counts.vocab)
-    return LearnerMemory(weights, grads, optimizer, gathered, activations, n)
+    offloaded = 0.0
+    if lrn.offload_between_steps:  # the policy's fp32 weights come back for the weight sync (full mode)
+        offloaded = grads + optimizer + (weights - 4 * counts.params * offload / n if full else 0.0)
+    return LearnerMemory(weights, grads, optimizer, gathered, activations, n, offloaded)
 
 
 def gpu_memory_gib(cfg: TrialConfig) -> float | None:
@@ -189,7 +197,7 @@ def _colocated(cfg: TrialConfig, need: LearnerMemory, have: float, source: str) 
 
     util = cfg.rollout.engine.gpu_memory_utilization
     fit = phase_fit(util, need.total / GIB, need.resident / GIB, have, RESERVE)
-    why = refusal(fit, util)
+    why = refusal(fit, util, cfg.learner.offload_between_steps)
     if why is not None:
         raise UserError(f"{source}: {why[0]}: resources.placement 'colocated' on a {have:.0f} GiB GPU: {why[1]}")
     return (f"colocated with an engine at {util:g}: generate phase {fit.generate:.1f} GiB, train phase "

@@ -25,6 +25,7 @@ RV_FILTER = ("kept_ratio", "groups_kept", "groups_total", "zero_std_groups", "st
              "loss_scale")
 CRITIC = ("critic/vf_clip_frac", "critic/grad_norm", "critic/value_mean", "critic/return_mean",
           "critic/explained_variance", "critic/optimizer_steps", "loss/value")
+OFFLOAD = ("memory/offloaded_bytes", "time/offload_s", "time/reload_s")  # learner.offload_between_steps
 TIS = ("tis/weight_mean", "tis/ratio_max", "tis/ratio_min", "tis/truncated_frac")
 FLOOR_CLASSES = ("planning", "execution", "all")
 EVAL_SET = ("pass@1", "pass@k", "k", "problems")  # eval/<set>/<name> (orchestrator/trial/eval_sets.py)
@@ -58,6 +59,8 @@ def _step(cfg: TrialConfig) -> set[str]:
             names.add("floor/sampler_min_valid_prob")
     if cfg.interventions.rv_filter.enabled:
         names |= {f"rv_filter/{k}" for k in RV_FILTER}
+    if cfg.resources.placement == "colocated":  # orchestrator/trial/phases.py, on the steps the learner trains
+        names |= {"time/sleep_s", "time/wake_s"}
     if cfg.rollout.mode == "one_step_off":
         names |= {"rollout/staleness", "time/prefetch_s", "time/learner_wait_s", *TIS}
     if cfg.eval.every:
@@ -133,6 +136,8 @@ def _learner(cfg: TrialConfig) -> set[str]:
         names |= {"floor/action_logprob_min", "floor/learner_min_valid_prob"}
     if credit.advantage_mode == "gae":
         names |= set(CRITIC)
+    if cfg.learner.offload_between_steps:  # workers/learner/offload.py
+        names |= set(OFFLOAD)
     kind = credit.uncertainty_kind  # workers/credit/pipeline.py: batch_stats
     names |= {f"credit/{k}" for k in ("groups", "groups_skipped", "groups_skipped_all_correct",
                                         "groups_skipped_all_wrong", "planning_token_frac", "adv_token_mean",

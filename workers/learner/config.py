@@ -87,6 +87,11 @@ class LearnerConfig(_Strict):
     cpu_offload: bool = Field(False, description=(
         "keep the sharded parameters, gradients and optimizer state in CPU memory and step the optimizer there "
         "(FSDP2's CPUOffloadPolicy): less GPU memory, slower steps"))
+    offload_between_steps: bool = Field(False, description=(
+        "between training steps, move the optimizer state (and under mode full the weights: policy, reference, "
+        "critic) to pinned host memory and drop the gradients; they come back at the next step's start (and for "
+        "the weight sync and checkpoints). Frees the GPU for a colocated engine while it generates; on a CPU "
+        "learner a reported no-op. Logs memory/offloaded_bytes, time/offload_s, time/reload_s"))
     loss_mask: Literal["sampled", "assistant_segments"] = Field("sampled", description=(
         "which response tokens the policy loss covers (agentic tasks). sampled: the ids vLLM sampled; "
         "assistant_segments: RAGEN's, the whole assistant segment of every turn: its role header, the protocol's "

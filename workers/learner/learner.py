@@ -18,6 +18,7 @@ the models (workers/learner/modules.py) are FSDP2-sharded and the gradients are 
 from __future__ import annotations
 
 import random
+from contextlib import nullcontext
 
 import torch
 from torch import Tensor
@@ -35,6 +36,7 @@ from workers.learner.forward import PolicyForward
 from workers.learner.inputs import LearnerBatch, RunSettings, StepResult
 from workers.learner.metrics import critic_metrics, probe_metrics, step_metrics, token_samples
 from workers.learner.modules import frozen_copy, load_causal_lm, lora_config, shard
+from workers.learner.offload import StateOffload
 from workers.learner.ranks import ONE_RANK, Ranks, join_group, rendezvous_address
 from workers.learner.scoring import Scorer
 from workers.learner.state import LearnerStateIO, PolicyExport, Progress
@@ -43,6 +45,8 @@ from workers.models.loading import head_is_linear, load_tokenizer, token_pieces
 from workers.objectives.interventions import InterventionsConfig, scoring_pass_needs
 from workers.objectives.losses import entropy_floor_surrogate, truncated_importance_weights
 from workers.sync.policy import PolicyUpdate
+
+POLICY, MODELS = "policy", "models"  # offload groups (workers/learner/offload.py): the policy's weights, the others'
 
 
 def _decomposes(credit: CreditConfig) -> bool:
@@ -109,6 +113,16 @@ class Learner:
         self.updater = Updater(self.forward, optim, self.critic, cfg=self.cfg, iv=self.iv, seed=self.seed)
         self.exporter = PolicyExport(self.model, self.critic, layout)
         self.state_io = LearnerStateIO(self.model, optim, self.critic, layout, self.progress)
+        self.offloader = self._offload_parts() if self.cfg.offload_between_steps else None
+
+    def _offload_parts(self) -> StateOffload:
+        """learner.offload_between_steps (workers/learner/offload.py): every optimizer's state; under full mode
+        also the weights of the policy, its reference and the critic (LoRA keeps its frozen base and adapter)."""
+        critic = self.critic
+        critic_module = critic.head if isinstance(critic, LoraCritic) else getattr(critic, "model", None)
+        optimizers = [self.optimizer] + ([critic.optimizer] if critic is not None else [])
+        weights = {POLICY: [self.model], MODELS: [self.reference, critic_module]} if self.full else {}
+        return StateOffload(optimizers, weights, [self.model, critic_module])
 
     def _build_models(self, model_path: str, weights_dtype: torch.dtype, cuda: bool, offload: bool) -> None:
         """Policy (+ the LoRA critic's adapter on it), the frozen reference (full mode, when KL reads it) and the
@@ -178,6 +192,7 @@ class Learner:
         Returns the metrics plus `exec_values` (raw execution-token uncertainties, for SEPA's auto schedule) and
         `uncertainty` (the samples when `batch.want_uncertainty`, else None).
         """
+        moved = self.offloader.reload() if self.offloader is not None else {}  # the state left in host memory
         b = collate(batch, self.tokenizer.pad_token_id)
         iv = self.iv
         floor = None
@@ -234,6 +249,8 @@ class Learner:
             lam = float(batch.sepa_lambda) if "sepa" in self.credit.stages else None
             metrics.update(decomposition_metrics(-scored.learner_lp, scored.entropy, b.mask, planning,
                                                  sepa_lambda=lam))
+        if self.offloader is not None:  # until the next step the engine beside this rank may have the memory
+            metrics.update({**moved, **self.offloader.offload()})
         counts = b.mask.sum(-1).clamp(min=1)
         return StepResult(metrics=metrics, exec_values=scored.signals[classes["execution"]],
                           uncertainty=token_samples(scored.signals, credit.signal_after, b.mask, planning,
@@ -277,23 +294,34 @@ class Learner:
         return out
 
     # -- what leaves the learner (workers/learner/state.py) ---------------------------------------------
+    def _resident(self, *groups: str):
+        """The offloaded `groups` (all when none is named) back on the device for one call (a no-op context
+        without offload)."""
+        return self.offloader.resident(*groups) if self.offloader is not None else nullcontext()
+
     def export_policy(self, version: int) -> PolicyUpdate | None:
-        return self.exporter.export_policy(version)
+        with self._resident(POLICY):  # only the policy: its reference, critic and optimizer stay away
+            return self.exporter.export_policy(version)
 
     def export_adapter(self, version: int) -> dict[str, bytes] | None:
-        return self.exporter.export_adapter(version)
+        with self._resident(POLICY):
+            return self.exporter.export_adapter(version)
 
     def checkpoint_files(self) -> dict[str, bytes]:
-        return self.state_io.checkpoint_files()
+        with self._resident():
+            return self.state_io.checkpoint_files()
 
     def restore(self, files, source: str = "checkpoint") -> None:
-        self.state_io.restore(files, source)
+        with self._resident():
+            self.state_io.restore(files, source)
 
     def state_dict(self) -> bytes:
-        return self.state_io.state_dict()
+        with self._resident():
+            return self.state_io.state_dict()
 
     def load_state_dict(self, blob: bytes, source: str = "learner state") -> None:
-        self.state_io.load_state_dict(blob, source)
+        with self._resident():
+            self.state_io.load_state_dict(blob, source)
 
     def ready(self) -> bool:
         return True

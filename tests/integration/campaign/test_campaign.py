@@ -32,16 +32,8 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
 
 
-def test_trials_pack_onto_logical_gpus_in_their_own_placement_groups(ray_local, tmp_path, capsys):
-    path = _write(
-        tmp_path, name="packing", base={"steps": 2, **SMALL},
-        conditions={"A": {}, "B": {"credit": {"advantage_mode": "maxrl"}}, "C": {}},
-        resources={"rollout_workers": 1, "worker_gpus": 1, "learner_gpus": 1, "worker_cpus": 0.5,
-                   "learner_cpus": 0.5, "driver_cpus": 0.25},
-        wandb={"mode": "disabled"},
-    )
-    campaign = load_campaign(path)
-    assert run_campaign(campaign) == 0
+def _spans_and_placements(campaign) -> tuple[dict, dict]:
+    """Each trial's (start, end) times from its events.jsonl and its placement.json, by trial name."""
     spans, placements = {}, {}
     for t in campaign.trials:
         tdir = Path(campaign.directory) / "trials" / t.name
@@ -49,6 +41,29 @@ def test_trials_pack_onto_logical_gpus_in_their_own_placement_groups(ray_local, 
         spans[t.name] = (events[0]["time"], events[-1]["time"])
         placements[t.name] = json.loads((tdir / "placement.json").read_text())
         assert [r["step"] for r in _jsonl(tdir / "metrics.jsonl")] == [0, 1]
+    return spans, placements
+
+
+def _most_at_once(spans: dict) -> int:
+    return max(sum(start <= moment < end for start, end in spans.values()) for moment, _ in spans.values())
+
+
+def test_trials_pack_onto_logical_gpus_in_their_own_placement_groups(ray_local, tmp_path, capsys):
+    """Separate trials (1 engine GPU + 1 learner GPU) on the 4 logical GPUs: at most 2 at once. Colocated ones
+    (engine and learner rank on one GPU) with 2 of the GPUs held elsewhere: 2 at once on 2 GPUs, where a separate
+    trial would fit once: twice the trials at once per GPU."""
+    resources = {"rollout_workers": 1, "worker_gpus": 1, "learner_gpus": 1, "worker_cpus": 0.5,
+                 "learner_cpus": 0.5, "driver_cpus": 0.25}
+    path = _write(
+        tmp_path, name="packing", base={"steps": 2, **SMALL},
+        conditions={"A": {}, "B": {"credit": {"advantage_mode": "maxrl"}}, "C": {}},
+        resources=resources, wandb={"mode": "disabled"},
+    )
+    campaign = load_campaign(path)
+    assert run_campaign(campaign) == 0
+    spans, placements = _spans_and_placements(campaign)
+    for t in campaign.trials:
+        tdir = Path(campaign.directory) / "trials" / t.name
         assert sorted(p.name for p in (tdir / "samples").iterdir()) == [  # logging.samples' defaults
             "eval_step_0.jsonl.gz", "eval_step_1.jsonl.gz", "step_0.jsonl.gz", "step_1.jsonl.gz"]
     # `samples`: one held-out problem's completions across the conditions at one step (the same problem each saw)
@@ -63,10 +78,7 @@ def test_trials_pack_onto_logical_gpus_in_their_own_placement_groups(ray_local, 
     assert all(h.endswith("/8 correct") for h in headers if h.startswith("--"))  # eval.n completions each
 
     # 3 trials x 2 GPUs on 4 GPUs: never more than 2 at once, and 2 did run together (CPUs allow 3).
-    def running_at(moment: float) -> int:
-        return sum(start <= moment < end for start, end in spans.values())
-
-    assert max(running_at(start) for start, _ in spans.values()) == 2
+    assert _most_at_once(spans) == 2
 
     pgs = set()
     for name, p in placements.items():
@@ -76,6 +88,36 @@ def test_trials_pack_onto_logical_gpus_in_their_own_placement_groups(ray_local, 
         assert len(gpus) == 2 and len(set(gpus)) == 2, (name, p)  # one GPU for the worker, one for the learner
         pgs.add(p["placement_group"])
     assert len(pgs) == 3
+    _no_gpu_shared_while_overlapping(spans, placements)
+
+    # colocated: 1 GPU a trial. With 2 of the 4 GPUs held by another placement group, both trials run at once on
+    # the 2 left, where one separate trial (2 GPUs) would take them all
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from orchestrator.config.placement import trial_gpus
+
+    together = load_campaign(_write(
+        tmp_path, name="packing_colocated", base={"steps": 2, **SMALL},
+        conditions={"A": {}, "B": {"credit": {"advantage_mode": "maxrl"}}},
+        resources={**resources, "placement": "colocated"}, wandb={"mode": "disabled"}))
+    assert [trial_gpus(t.trial) for t in together.trials] == [1, 1]
+    assert {trial_gpus(t.trial) for t in campaign.trials} == {2}
+    held = placement_group([{"GPU": 1, "CPU": 0.01}] * 2)
+    ray_local.get(held.ready(), timeout=60)
+    try:
+        assert run_campaign(together) == 0
+    finally:
+        remove_placement_group(held)
+    spans, placements = _spans_and_placements(together)
+    assert _most_at_once(spans) == 2
+    for name, p in placements.items():
+        assert p["placement"] == "colocated"
+        assert p["workers"][0]["gpu_ids"] == p["learner"]["gpu_ids"] and len(p["learner"]["gpu_ids"]) == 1, name
+    _no_gpu_shared_while_overlapping(spans, placements)
+
+
+def _no_gpu_shared_while_overlapping(spans: dict, placements: dict) -> None:
+    """Two trials that ran at the same time never had a GPU in common."""
     for a in placements:
         for b in placements:
             overlap = spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]

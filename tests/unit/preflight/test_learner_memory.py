@@ -132,10 +132,14 @@ storage: {tmp_path / "out"}
 
 
 # ------------------------------------------------------------------------------------------ colocated
-def _colocated(qwen3b: str, utilization: float) -> TrialConfig:
+def _colocated(qwen3b: str, utilization: float, **learner) -> TrialConfig:
     """Qwen2.5-3B full fine-tuning + a full critic (GAE), each rank beside one engine on an 80 GB GPU."""
     return _cfg(qwen3b, resources={"placement": "colocated", "learner_ranks": 4, "gpu_memory_gb": 80},
-                rollout={"engine": {"gpu_memory_utilization": utilization}})
+                rollout={"engine": {"gpu_memory_utilization": utilization}}, learner=learner)
+
+
+def _allowed(msg: str) -> float:
+    return float(msg.split("gpu_memory_utilization to ")[1].split(" ")[0])
 
 
 def test_colocated_check_refuses_an_engine_at_0_9_and_accepts_one_that_fits(qwen3b):
@@ -154,7 +158,7 @@ def test_colocated_check_refuses_an_engine_at_0_9_and_accepts_one_that_fits(qwen
         check_learner_memory(_colocated(qwen3b, 0.9), qwen3b, "c.yaml", "t")
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith("c.yaml: rollout.engine.gpu_memory_utilization: ")
-    allowed = float(msg.split("gpu_memory_utilization to ")[1].split(" ")[0])
+    allowed = _allowed(msg)
     assert f"{generate:.1f} GiB" in msg
     assert 0.05 < allowed < 0.9
     line = check_learner_memory(_colocated(qwen3b, allowed), qwen3b, "c.yaml", "t")
@@ -170,3 +174,30 @@ def test_colocated_check_names_ranks_when_training_alone_overflows(qwen3b):
     key, why = refusal(fit, 0.3)
     assert key == "resources.learner_ranks" and "76.0 GiB of 72.0" in why
     assert refusal(phase_fit(0.3, 40.0, 10.0, 80.0, 0.1), 0.3) is None  # 24 + 10 + 1 <= 72 and 41 <= 72
+
+
+def test_offload_between_steps_leaves_only_the_weights_the_engines_phase_reads(qwen3b):
+    """Full mode: beside the awake engine only the policy's fp32 shard stays (the weight sync reads it); the
+    critic, gradients and Adam moments wait in host memory. The training phase is unchanged, the engine's share
+    that fits grows, and the refusal stops suggesting the offload once it is set."""
+    counts = model_counts(qwen3b, _colocated(qwen3b, 0.9))
+    plain, off = (learner_memory(_colocated(qwen3b, 0.9, **kw), counts) for kw in ({}, {"offload_between_steps": True}))
+    assert off.total == plain.total and off.resident < plain.resident
+    assert off.resident == pytest.approx(4 * counts.params / 4)
+    refused = {}
+    for name, kw in (("plain", {}), ("off", {"offload_between_steps": True})):
+        with pytest.raises(UserError) as err:
+            check_learner_memory(_colocated(qwen3b, 0.9, **kw), qwen3b, "c.yaml", "t")
+        refused[name] = str(err.value)
+    assert "set learner.offload_between_steps" in refused["plain"]
+    assert "offload_between_steps" not in refused["off"]
+    more = _allowed(refused["off"])
+    assert more > _allowed(refused["plain"]) + 0.2  # 2.9 GiB resident instead of 23
+    assert "colocated with an engine" in check_learner_memory(
+        _colocated(qwen3b, more, offload_between_steps=True), qwen3b, "c.yaml", "t")
+    with pytest.raises(UserError):
+        check_learner_memory(_colocated(qwen3b, more), qwen3b, "c.yaml", "t")
+    # LoRA: the frozen base and the adapter stay, the gradients and moments leave
+    lora = {"mode": "lora", "offload_between_steps": True}
+    mem = learner_memory(_colocated(qwen3b, 0.3, **lora), counts)
+    assert mem.resident == mem.weights and mem.offloaded == mem.grads + mem.optimizer > 0

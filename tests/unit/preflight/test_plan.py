@@ -195,6 +195,20 @@ def test_without_a_pilot_the_time_outside_the_steps_is_modelled():
     assert t.hours * 3600 == pytest.approx(t.trial.trial.steps * t.step_s + t.overhead_s)
 
 
+def test_offload_between_steps_is_modelled_on_a_gpu_only():
+    from orchestrator.config.trial import TrialConfig
+    from orchestrator.preflight.cost_model import HOST_COPY_BYTES_PER_S, model_params, overhead_seconds
+
+    cfg = TrialConfig(model={"name": "Qwen/Qwen2.5-3B-Instruct"}, steps=10, resources={"learner_ranks": 4},
+                      learner={"mode": "full", "offload_between_steps": True})
+    p = model_params(cfg.model.name)
+    # Adam's two fp32 moments and the fp32 policy, each rank's quarter, out and back every step
+    assert overhead_seconds(cfg, "H100")["offload"] == pytest.approx(10 * 2 * 12 * p / 4 / HOST_COPY_BYTES_PER_S)
+    assert "offload" not in overhead_seconds(cfg, "cpu")  # the copies are no-ops there
+    plain = cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"offload_between_steps": False})})
+    assert "offload" not in overhead_seconds(plain, "H100")
+
+
 def test_compare_placement_side_by_side():
     out = _plan_cli("campaigns/ragen/sokoban_entropy.yaml", "--gpus", "12", "--compare-placement")
     table = out.split("compare placement:\n")[1].splitlines()
