@@ -67,12 +67,13 @@ def test_the_sbatch_script_runs_a_campaign_and_a_requeue_resumes_it_without_repe
         "wandb": {"mode": "disabled"}}))
     token = slurm.dir / "ray_token"
     token.write_text(secrets.token_hex(32))
-    gcs, *ports = free_ports(6)
+    gcs, *ports = free_ports(7)
     env = {**slurm.env, "CAMPAIGN": str(campaign), "ORCHESTRATOR_STORAGE": str(store), "RAY_PORT": str(gcs),
            "RAY_AUTH_TOKEN_PATH": str(token), "RAY_TMPDIR": str(slurm.dir), "RAY_USAGE_STATS_ENABLED": "0",
-           "RAY_START_ARGS": "--include-dashboard=false --dashboard-agent-listen-port={} --dashboard-agent-grpc-port={} "
-                             "--runtime-env-agent-port={} --metrics-export-port={} --ray-client-server-port={}"
-                             .format(*ports),
+           # Ray's other ports, free ones: the host network is shared with other tests' Rays
+           "RAY_START_ARGS": "--include-dashboard=false --dashboard-port={} --dashboard-agent-listen-port={} "
+                             "--dashboard-agent-grpc-port={} --runtime-env-agent-port={} --metrics-export-port={} "
+                             "--ray-client-server-port={}".format(*ports),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
     for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "WANDB_MODE"):
