@@ -5,7 +5,8 @@ job's processes, never another test's Ray). The host network is shared: getaddri
 uses to listen, finds no address in a network namespace that has only loopback.
 
 The node advertises 4 CPUs (`SlurmdParameters=config_overrides`: more than the 2 cores of a CI runner, like the
-tests' local Ray) and 2 count-only GPUs (no device files: the allocation's GPU variables are set, nothing uses a GPU).
+tests' local Ray) and 2 GPUs on placeholder files (gres/gpu drops a GPU without a file; slurmd logs that they are no
+devices and counts them): the allocation's GPU variables are set, nothing uses a GPU.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch")
+BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "unshare")
 UP = r"""
 set -e
 munged --key-file "$D/munge.key" --socket "$D/munge.sock" --pid-file "$D/munged.pid" --log-file "$D/munged.log" \
@@ -33,7 +34,7 @@ wait
 
 def available() -> str | None:
     """Why a local SLURM cannot start here, or None."""
-    missing = [d for d in DAEMONS if shutil.which(d) is None]
+    missing = [d for d in BINARIES if shutil.which(d) is None]
     if missing:
         return f"not installed: {', '.join(missing)} (.ci/run installs slurmctld slurmd slurm-client munge)"
     if os.geteuid() != 0:
@@ -95,18 +96,20 @@ class Slurm:
     @classmethod
     def start(cls, timeout_s: float = 60) -> Slurm:
         d = Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))  # short: Ray's socket paths in the job stay short
+        d.chmod(0o755)  # munged wants its socket's directory searchable
         for sub in ("state", "spool"):
             (d / sub).mkdir()
         (d / "munge.key").write_bytes(os.urandom(1024))
         (d / "munge.key").chmod(0o400)
         host = socket.gethostname()
         (d / "slurm.conf").write_text(_conf(d, host, *free_ports(2)))
-        for i in range(2):  # gres/gpu drops a GPU without a device file; these files stand in for /dev/nvidia*
+        for i in range(2):  # stand-ins for /dev/nvidia*
             (d / f"gpu{i}").touch()
         (d / "gres.conf").write_text(f"NodeName={host} Name=gpu File={d}/gpu[0-1]\n")
         env = {**os.environ, "D": str(d), "SLURM_CONF": str(d / "slurm.conf")}
-        proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "bash", "-c", UP], env=env,
-                                stdout=open(d / "up.out", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        with open(d / "up.out", "w") as log:
+            proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "bash", "-c", UP], env=env,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         cluster = cls(d, proc)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -157,5 +160,4 @@ class Slurm:
                 pass
         self.proc.kill()
         self.proc.wait(timeout=30)
-        if not os.environ.get("SLURM_TEST_KEEP"):
-            shutil.rmtree(self.dir, ignore_errors=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
