@@ -35,11 +35,11 @@ class Allocation:
 
 
 def _count(value: str | None) -> float | None:
-    """`8`, `a100:8`, `64(x2)`, `64,32`: the first node's count (SLURM's per-node lists start with this node's
+    """`8`, `a100:8`, `gpu:a100:8`, `64(x2)`, `64,32`: the first node's count (SLURM's per-node lists start with this node's
     kind in a homogeneous allocation)."""
     if not value:
         return None
-    m = re.match(r"(?:[\w.-]+:)?(\d+)", value.split(",")[0].strip())
+    m = re.search(r"(\d+)(?:\(x\d+\))?$", value.split(",")[0].strip())
     return float(m.group(1)) if m else None
 
 

@@ -174,6 +174,7 @@ SLURM_ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_
     ({}, 4, 32),
     ({"SLURM_GPUS_ON_NODE": "", "SLURM_JOB_GPUS": "0,1,2"}, 3, 32),  # the ids SLURM gave this node
     ({"SLURM_GPUS_ON_NODE": "", "SLURM_GPUS_PER_NODE": "h100:8"}, 8, 32),
+    ({"SLURM_GPUS_ON_NODE": "", "SLURM_GPUS_PER_NODE": "gpu:h100:2"}, 2, 32),
     ({"SLURM_GPUS_ON_NODE": "", "SLURM_CPUS_ON_NODE": ""}, 0, 32),  # a CPU job; CPUs from 32(x2)
 ])
 def test_a_slurm_allocation_is_read_from_the_job_variables(extra, gpus, cpus):
