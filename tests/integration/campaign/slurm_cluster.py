@@ -78,6 +78,7 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=2
 ReturnToService=2
 SlurmdParameters=config_overrides
 GresTypes=gpu
@@ -127,7 +128,8 @@ class Slurm:
 
     def logs(self, tail: int = 40) -> str:
         out = []
-        for name in ("up.out", "slurmctld.log", "slurmd.log", "munged.log"):
+        for name in ("up.out", "slurmctld.log", "slurmd.log", "munged.log", *sorted(
+                p.name for p in self.dir.glob("*.out") if p.name != "up.out")):  # the jobs' logs
             p = self.dir / name
             if p.exists():
                 out.append(f"--- {name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-tail:]))

@@ -46,12 +46,11 @@ def _job(slurm: Slurm, job: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", out))
 
 
-def _until(what: str, ready, log: Path, limit_s: float = 600) -> None:
+def _until(what: str, ready, slurm: Slurm, limit_s: float = 600) -> None:
     deadline = time.monotonic() + limit_s
     while not ready():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not in {limit_s:.0f} s; job log:\n" + (
-                log.read_text(errors="replace")[-4000:] if log.exists() else "(none)"))
+            raise TimeoutError(f"{what}: not in {limit_s:.0f} s\n{slurm.logs()}")
         time.sleep(0.2)
 
 
@@ -78,21 +77,22 @@ def test_the_sbatch_script_runs_a_campaign_and_a_requeue_resumes_it_without_repe
            "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
     for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "WANDB_MODE"):
         env.pop(key, None)
-    log = tmp_path / "job.out"
+    log = slurm.dir / "job.out"  # in the failure messages with the daemons' logs
     # the script's #SBATCH lines, sized down to this node: 1 node, its 2 (count-only) GPUs, a short limit
     job = slurm.run(["sbatch", "--parsable", "--nodes=1", "--gpus-per-node=2", "--time=30", f"--output={log}",
                      str(ROOT / "infra" / "slurm" / "campaign.sbatch")], env=env, cwd=ROOT).stdout.strip()
 
     trial = store / "slurm_ci" / "trials" / "A_s0"
-    _until("step 0", lambda: len(_jsonl(trial / "metrics.jsonl")) >= 1, log)
+    _until("step 0", lambda: len(_jsonl(trial / "metrics.jsonl")) >= 1, slurm)
     slurm.run(["scancel", "--batch", "--signal=USR1", job])
-    # SLURM holds a requeued job for 2 minutes (BeginTime); the test does not wait them out
-    _until("the requeue", lambda: _job(slurm, job).get("Restarts") == "1", log)
-    slurm.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
-    _until("the requeued job's end", lambda: _job(slurm, job).get("JobState") in ("COMPLETED", "FAILED"), log)
+    # SLURM holds a requeued job for 2 minutes (BeginTime); the test waits 10 s of them. Not none: slurmd refuses a
+    # launch whose credential is not newer than the kill's revocation ("Job 1 already killed, do not launch").
+    _until("the requeue", lambda: _job(slurm, job).get("Reason") == "BeginTime", slurm)
+    slurm.run(["scontrol", "update", f"JobId={job}", "StartTime=now+10"])
+    _until("the requeued job's end", lambda: _job(slurm, job).get("JobState") in ("COMPLETED", "FAILED"), slurm)
 
     state, text = _job(slurm, job), log.read_text(errors="replace")
-    assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", (state, text[-4000:])
+    assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", f"{state}\n{slurm.logs()}"
     assert "signal: stopping the campaign and requeueing" in text and "restart 1" in text, text[-4000:]
     assert "resuming campaign slurm_ci" in text, text[-4000:]
     rows = _jsonl(trial / "metrics.jsonl")
