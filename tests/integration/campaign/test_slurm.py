@@ -46,11 +46,13 @@ def _job(slurm: Slurm, job: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", out))
 
 
-def _until(what: str, ready, slurm: Slurm, limit_s: float = 600) -> None:
+def _until(what: str, ready, slurm: Slurm, job: str, log: Path, limit_s: float = 600) -> None:
     deadline = time.monotonic() + limit_s
     while not ready():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not in {limit_s:.0f} s\n{slurm.logs()}")
+        state = _job(slurm, job).get("JobState")
+        if time.monotonic() > deadline or state in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            text = log.read_text(errors="replace") if log.exists() else ""
+            raise AssertionError(f"{what}: not in {limit_s:.0f} s (job {state})\n{text[-6000:]}\n{slurm.logs()}")
         time.sleep(0.2)
 
 
@@ -83,13 +85,13 @@ def test_the_sbatch_script_runs_a_campaign_and_a_requeue_resumes_it_without_repe
                      str(ROOT / "infra" / "slurm" / "campaign.sbatch")], env=env, cwd=ROOT).stdout.strip()
 
     trial = store / "slurm_ci" / "trials" / "A_s0"
-    _until("step 0", lambda: len(_jsonl(trial / "metrics.jsonl")) >= 1, slurm)
+    _until("step 0", lambda: len(_jsonl(trial / "metrics.jsonl")) >= 1, slurm, job, log)
     slurm.run(["scancel", "--batch", "--signal=USR1", job])
     # SLURM holds a requeued job for 2 minutes (BeginTime); the test waits 10 s of them. Not none: slurmd refuses a
     # launch whose credential is not newer than the kill's revocation ("Job 1 already killed, do not launch").
-    _until("the requeue", lambda: _job(slurm, job).get("Reason") == "BeginTime", slurm)
+    _until("the requeue", lambda: _job(slurm, job).get("Reason") == "BeginTime", slurm, job, log)
     slurm.run(["scontrol", "update", f"JobId={job}", "StartTime=now+10"])
-    _until("the requeued job's end", lambda: _job(slurm, job).get("JobState") in ("COMPLETED", "FAILED"), slurm)
+    _until("the requeued job's end", lambda: _job(slurm, job).get("JobState") == "COMPLETED", slurm, job, log)
 
     state, text = _job(slurm, job), log.read_text(errors="replace")
     runs = "".join(ln for ln in text.splitlines(keepends=True) if "scripts.py" not in ln)[-6000:]  # not ray stop's
