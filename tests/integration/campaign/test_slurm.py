@@ -52,7 +52,8 @@ def _until(what: str, ready, slurm: Slurm, job: str, log: Path, limit_s: float =
         state = _job(slurm, job).get("JobState")
         if time.monotonic() > deadline or state in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
             text = log.read_text(errors="replace") if log.exists() else ""
-            raise AssertionError(f"{what}: not in {limit_s:.0f} s (job {state})\n{text[-6000:]}\n{slurm.logs()}")
+            raise AssertionError(f"{what}: not reached (job {state}, limit {limit_s:.0f} s)\n{text[-6000:]}\n"
+                                 f"{slurm.logs()}")
         time.sleep(0.2)
 
 
