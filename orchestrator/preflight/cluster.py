@@ -8,7 +8,8 @@ autoscaler's node types up to their `max_workers`. The autoscaler's config is re
 - KubeRay: the RayCluster resource, through Ray's own KubeRay config reader (head pod, `RAY_CLUSTER_NAME`),
 - the launcher YAML the head's autoscaler runs with (`--autoscaling-config` of the monitor process on this node,
   or `~/ray_bootstrap_config.yaml`, where the cluster launcher puts it on the head),
-and when none is found the cluster is taken as it is now (no autoscaler).
+and when none is found the cluster is taken as it is now (no autoscaler). Inside a SLURM allocation
+(orchestrator/preflight/slurm.py) the cluster is the allocation: its nodes, each with the job's GPUs and CPUs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from orchestrator import storage as store
 from orchestrator.config.errors import UserError
+from orchestrator.preflight.slurm import Allocation, allocation
 
 BOOTSTRAP = Path("~/ray_bootstrap_config.yaml")  # where `ray up` puts the autoscaler's config on the head
 
@@ -38,21 +40,29 @@ class Capacity:
     types: list[NodeType] = field(default_factory=list)
     max_workers: int = 0  # the autoscaler's cap on workers in all
     source: str = "live"  # where the node types came from
+    allocation: Allocation | None = None  # the SLURM job's nodes: the most this cluster can ever be
 
     @property
     def autoscaling(self) -> bool:
         return self.max_workers > 0 and any(t.max_workers > 0 for t in self.types)
 
     def max_nodes(self) -> int:
+        if self.allocation:
+            return self.allocation.nodes
         return len(self.live) + (self.max_workers if self.autoscaling else 0)
 
     def can_hold(self, bundle: dict[str, float]) -> bool:
-        """Whether one node, live or one the autoscaler can add, holds the bundle."""
+        """Whether one node, live or one the autoscaler can add (in an allocation: one of its nodes), holds the
+        bundle."""
+        if self.allocation:
+            return self.allocation.holds(bundle)
         shapes = self.live + [t.resources for t in self.types if t.max_workers > 0]
         return any(_fits(bundle, shape) for shape in shapes)
 
     def total(self, key: str) -> float:
         """The most of `key` the cluster can ever have at once (live nodes + every addable worker)."""
+        if self.allocation and self.allocation.total(key) is not None:
+            return self.allocation.total(key)
         live = sum(n.get(key, 0.0) for n in self.live)
         if not self.autoscaling:
             return live
@@ -61,6 +71,8 @@ class Capacity:
         return live + sum(per_node[: self.max_workers])
 
     def describe(self) -> str:
+        if self.allocation:
+            return self.allocation.describe()
         if not self.autoscaling:
             return "no autoscaler"
         return ", ".join(f"{t.name} ({_fmt(t.resources)}) x {t.max_workers}" for t in self.types if t.max_workers)
@@ -137,6 +149,9 @@ def capacity() -> Capacity:
     import ray
 
     live = [{k: float(v) for k, v in n["Resources"].items()} for n in ray.nodes() if n.get("Alive")]
+    slurm = allocation()
+    if slurm:
+        return Capacity(live, source="SLURM's job variables", allocation=slurm)
     gcs = ray.get_runtime_context().gcs_address
     for source, read in (("Ray's cluster config", _from_gcs), ("the RayCluster resource", _from_kuberay)):
         try:
@@ -163,6 +178,10 @@ def check_trials(campaign, cap: Capacity) -> list[str]:
     for t in campaign.trials:
         b = bundles(t.trial)
         for what, bundle in zip(bundle_roles(t.trial), b, strict=True):
+            if not cap.can_hold(bundle) and cap.allocation:
+                raise UserError(f"{src}: resources: trial {t.name}'s {what} bundle ({_fmt(bundle)}) fits on no node "
+                                f"of the allocation ({cap.describe()}); lower worker_gpus/learner_gpus or the CPUs, "
+                                "or ask SLURM for more per node (--gpus-per-node, --cpus-per-task)")
             if not cap.can_hold(bundle):
                 adds = f"node types it can add: {cap.describe()}" if cap.autoscaling else "no autoscaler"
                 raise UserError(f"{src}: resources: trial {t.name}'s {what} bundle ({_fmt(bundle)}) fits on no node "
@@ -170,6 +189,10 @@ def check_trials(campaign, cap: Capacity) -> list[str]:
                                 "worker_gpus/learner_gpus or the CPUs, or add a node type that holds it")
         for key in ("GPU", "CPU"):
             need = sum(x.get(key, 0.0) for x in b)
+            if need > cap.total(key) and cap.allocation:
+                raise UserError(f"{src}: resources: trial {t.name} asks for {need:g} {key}s; the allocation "
+                                f"({cap.describe()}) has {cap.total(key):g}; ask SLURM for more (--nodes, "
+                                "--gpus-per-node) or lower the trial's resources")
             if need > cap.total(key):
                 raise UserError(f"{src}: resources: trial {t.name} asks for {need:g} {key}s; the cluster can have "
                                 f"at most {cap.total(key):g} ({cap.describe()})")
@@ -184,6 +207,8 @@ def check_storage(campaign, cap: Capacity) -> None:
     if cap.max_nodes() > 1 and not store.is_uri(campaign.storage) and not campaign.config.storage_shared:
         now = f"a {len(cap.live)}-node cluster" + (f" that can grow to {cap.max_nodes()} nodes" if cap.autoscaling
                                                    else "")
+        if cap.allocation:
+            now = f"the allocation {cap.describe()}"
         raise UserError(f"{campaign.source}: storage: {campaign.storage} is a node-local path on {now}; a trial "
                         "retried on another node would not find its checkpoint. Use a URI (s3://, gs://) or a "
                         "shared filesystem path and set storage_shared: true")
@@ -194,7 +219,11 @@ def check_campaign(campaign) -> Capacity:
     cap = capacity()
     waiting = check_trials(campaign, cap)
     check_storage(campaign, cap)
-    if waiting:
+    if waiting and cap.allocation:
+        print(f"slurm: {len(waiting)} of {len(campaign.trials)} trials need nodes of {cap.describe()} that have not "
+              f"joined Ray ({len(cap.live)} have); they stay PENDING until they do (a node's `ray start` failed? "
+              "see the job's log)", flush=True)
+    elif waiting:
         print(f"autoscaling: {len(waiting)} of {len(campaign.trials)} trials need nodes that are not up yet; they "
               f"stay PENDING until the autoscaler adds them ({cap.describe()}; from {cap.source})", flush=True)
     return cap

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pickletools
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -61,12 +62,27 @@ def _trainable(trials: dict[str, dict]):
     return tune.with_resources(tune.with_parameters(_campaign_trial, trials=trials), _factory(trials))
 
 
-SNAPSHOT_FILES = ("experiment_state-", "basic-variant-state-")  # Tune's JSON snapshot: trials, search state
+SNAPSHOT_FILES = ("experiment_state-", "basic-variant-state-")  # Tune's snapshot: trials (JSON), search state
+
+
+def _whole(raw: bytes) -> bool:
+    """Whole JSON (experiment_state) or a whole pickle stream (basic-variant-state: Tune pickles it despite its
+    .json name; pickletools reads the opcodes up to STOP without running any)."""
+    try:
+        json.loads(raw)
+        return True
+    except ValueError:
+        pass
+    try:
+        ops = list(pickletools.genops(raw))
+    except Exception:  # truncated or not a pickle: genops raises ValueError, or anything a broken stream trips
+        return False
+    return bool(ops) and ops[-1][0].name == "STOP"
 
 
 def _torn_snapshot(directory: str) -> str | None:
-    """Why Tune could not restore the experiment in `directory` (the newest of its snapshot files is not whole
-    JSON: the driver was killed while Tune copied it to storage), or None. A torn file is moved aside (`.torn`) so
+    """Why Tune could not restore the experiment in `directory` (the newest of its snapshot files is not whole:
+    the driver was killed while Tune copied it to storage), or None. A torn file is moved aside (`.torn`) so
     that no later restore reads it."""
     import pyarrow.fs
 
@@ -79,11 +95,9 @@ def _torn_snapshot(directory: str) -> str | None:
         newest = f"{path}/{names[-1]}"
         with fs.open_input_stream(newest) as f:
             raw = f.read()
-        try:
-            json.loads(raw)
-        except ValueError:
+        if not _whole(raw):
             fs.move(newest, newest + ".torn")
-            return f"Tune's experiment snapshot {names[-1]} is torn ({len(raw)} bytes, not whole JSON)"
+            return f"Tune's experiment snapshot {names[-1]} is torn ({len(raw)} bytes, not whole)"
     return None
 
 

@@ -9,7 +9,9 @@
 - A frozen vLLM engine core (SIGSTOP on the engine process of `rollout.engine.in_process: false`, found by pid in
   the trial's placement.json) while its actor lives: the trial's deadline fires (not Ray's keepalive: the actor
   answers), the hang is recorded with its phase and actor, the trial's actors are killed, and Tune's retry resumes
-  from the newest checkpoint to the reference trajectory. (A frozen learner rank: test_full_mode.py.)
+  from the newest checkpoint to the reference trajectory. The same for the rollout actor's whole process stopped
+  (found by pid in placement.json): its calls and its health call go unanswered, the deadline fires, Tune resumes.
+  (A frozen learner rank: test_full_mode.py.)
 - NaN rewards, a NaN sampled log-prob and a reward function that raises: the groups are dropped and counted,
   nothing non-finite reaches the optimizer, the trial goes on.
 """
@@ -181,6 +183,42 @@ def test_a_frozen_engine_core_fails_its_deadline_and_resumes_to_the_same_traject
     assert [_stable(r) for r in rows] == [_stable(r) for r in reference]
     print(f"frozen engine: caught in phase {hang['phase']} (deadline {hang['deadline_s']:.0f} s), "
           f"trial done in {elapsed:.0f} s")
+
+
+def test_a_stopped_rollout_actor_fails_its_deadline_and_resumes_to_the_same_trajectory(reference, tmp_path):
+    timeouts = {"multiple": 5.0, "min_s": 45.0, "first_s": 300.0, "health": 45.0}  # not Ray's keepalive (~7 min)
+    cfg = TrialConfig(name="stopped_actor", output_dir=str(tmp_path / "out"), timeouts=timeouts, **BASE)
+    out = Path(cfg.output_dir)
+    stopped: list[int] = []
+    errors: list[BaseException] = []
+
+    def injector() -> None:
+        try:
+            wait_for_rows(out, 1, 3)  # steps 0-2 done, checkpoint after step 1
+            pid = json.loads((out / "placement.json").read_text())["workers"][0]["pid"]  # this trial's actor only
+            os.kill(pid, signal.SIGSTOP)  # the whole actor process: it answers neither its calls nor `health`
+            stopped.append(pid)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=injector, daemon=True)
+    thread.start()
+    result = run_single_trial(cfg, tmp_path, max_failures=2)
+    thread.join(timeout=5)
+    assert not errors, errors
+    assert result is not None and stopped
+    events = jsonl(out / "events.jsonl")
+    hangs = [e for e in events if e["event"] == "hang"]
+    assert len(hangs) == 1, events
+    hang = hangs[0]
+    assert hang["late"] == ["rollout[0]"] == hang["frozen"] and hang["phase"] in ("health", "generate", "sync"), hang
+    assert "frozen (no health answer): rollout[0]" in hang["reason"], hang
+    starts = [e["from_step"] for e in events if e["event"] == "start"]
+    assert starts[0] == 0 and len(starts) == 2 and starts[1] in (2, 4), events  # the newest checkpoint
+    assert proc_state(stopped[0]) in (None, "Z")  # killed with the trial's actors, though it was stopped
+    rows = jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(STEPS))
+    assert [_stable(r) for r in rows] == [_stable(r) for r in reference]
 
 
 def _poisoned(config):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -281,14 +282,14 @@ def test_a_torn_tune_snapshot_is_named_and_set_aside(tmp_path):
 
     assert _torn_snapshot(str(tmp_path / "none")) is None  # no experiment yet
     (tmp_path / "experiment_state-2026-01-01_00-00-00.json").write_text('{"trial_data": []}')
-    (tmp_path / "basic-variant-state-2026-01-01_00-00-00.json").write_text('{"counter": 1}')
+    (tmp_path / "basic-variant-state-2026-01-01_00-00-00.json").write_bytes(pickle.dumps({"counter": 1}))  # Tune's
     assert _torn_snapshot(str(tmp_path)) is None
     newer = tmp_path / "experiment_state-2026-01-02_00-00-00.json"
     newer.write_text('{"trial_data": [["{\\"status\\": \\"RUN')  # cut mid-copy by a SIGKILL
     size = newer.stat().st_size
-    assert _torn_snapshot(str(tmp_path)) == f"Tune's experiment snapshot {newer.name} is torn ({size} bytes, not whole JSON)"
+    assert _torn_snapshot(str(tmp_path)) == f"Tune's experiment snapshot {newer.name} is torn ({size} bytes, not whole)"
     assert not newer.exists() and (tmp_path / f"{newer.name}.torn").is_file()
     assert _torn_snapshot(str(tmp_path)) is None  # the older, whole one is newest again
     searcher = tmp_path / "basic-variant-state-2026-01-02_00-00-00.json"
-    searcher.write_text("")
+    searcher.write_bytes(pickle.dumps({"counter": 2, "live": ["t0"]})[:-5])
     assert searcher.name in _torn_snapshot(str(tmp_path)) and not searcher.exists()

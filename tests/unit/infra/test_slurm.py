@@ -1,6 +1,7 @@
 """infra/slurm/campaign.sbatch offline: valid bash, requeue on preemption with a signal ahead of the time limit,
 Ray started across the allocation by `ray symmetric-run` (a command the installed Ray has), the campaign run on
-the head. Not a SLURM run: no SLURM in this project's CI (docs/deploy.md, section D)."""
+the head and connected to that Ray. The script runs for real on a single-node SLURM in
+tests/integration/campaign/test_slurm.py (docs/deploy.md, section D)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def test_the_sbatch_script_parses_and_requeues_on_a_signal():
     assert directives["ntasks-per-node"] == "1"  # one symmetric-run per node
     assert "trap requeue USR1" in text and 'scontrol requeue "${SLURM_JOB_ID}"' in text
     assert re.search(r"ray symmetric-run --address \S+ --min-nodes", text)
-    assert 'python -m orchestrator run "${CAMPAIGN}"' in text
+    assert 'RAY_ADDRESS="$1" exec python -m orchestrator run "$2"' in text  # without it: a private local Ray
 
 
 def test_symmetric_run_exists_in_the_installed_ray():

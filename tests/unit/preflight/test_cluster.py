@@ -164,3 +164,48 @@ def test_the_driver_records_which_trials_wait_and_since_when(tmp_path, capsys):
     assert capsys.readouterr().out.count("autoscaling: 1 trial pending for up to 0m00s") == 1  # once per every_s
     cb.on_experiment_end([])
     assert pending_since(str(tmp_path)) == {}
+
+
+SLURM_ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "4",
+             "SLURM_CPUS_ON_NODE": "32", "SLURM_JOB_CPUS_PER_NODE": "32(x2)"}
+
+
+@pytest.mark.parametrize(("extra", "gpus", "cpus"), [
+    ({}, 4, 32),
+    ({"SLURM_GPUS_ON_NODE": "", "SLURM_JOB_GPUS": "0,1,2"}, 3, 32),  # the ids SLURM gave this node
+    ({"SLURM_GPUS_ON_NODE": "", "SLURM_GPUS_PER_NODE": "h100:8"}, 8, 32),
+    ({"SLURM_GPUS_ON_NODE": "", "SLURM_GPUS_PER_NODE": "gpu:h100:2"}, 2, 32),
+    ({"SLURM_GPUS_ON_NODE": "", "SLURM_CPUS_ON_NODE": ""}, 0, 32),  # a CPU job; CPUs from 32(x2)
+])
+def test_a_slurm_allocation_is_read_from_the_job_variables(extra, gpus, cpus):
+    from orchestrator.preflight.slurm import allocation
+
+    alloc = allocation({**SLURM_ENV, **extra})
+    assert (alloc.job_id, alloc.nodes, alloc.gpus, alloc.cpus) == ("4242", 2, gpus, cpus)
+    assert allocation({k: v for k, v in SLURM_ENV.items() if k != "SLURM_JOB_ID"}) is None  # outside SLURM
+    assert allocation({}) is None
+
+
+def test_trials_are_checked_against_the_allocation(tmp_path, monkeypatch):
+    from orchestrator.preflight import cluster
+    from orchestrator.preflight.checks import check_cluster
+
+    for k, v in SLURM_ENV.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr("ray.nodes", lambda: [{"Alive": True, "Resources": {"CPU": 32.0, "GPU": 4.0}}])
+    monkeypatch.setattr("ray.get_runtime_context", lambda: pytest.fail("an allocation needs no autoscaler"))
+    cap = cluster.capacity()  # one of the allocation's 2 nodes has joined Ray
+    assert cap.allocation and cap.max_nodes() == 2 and cap.total("GPU") == 8 and cap.total("CPU") == 64
+    fits = _campaign(tmp_path, worker_gpus=4, learner_gpus=1, learner_ranks=4)
+    # the worker on one node, the learner's 4 ranks on the other, which has not joined Ray yet: it waits
+    assert cluster.check_trials(fits, cap) == ["C1_s0"]
+    with pytest.raises(UserError) as err:
+        cluster.check_trials(_campaign(tmp_path, worker_gpus=8), cap)
+    msg = str(err.value)
+    assert "\n" not in msg and "rollout worker bundle (CPU:4 GPU:8) fits on no node of the allocation " \
+        "(SLURM job 4242: 2 nodes x 4 GPUs, 32 CPUs)" in msg, msg
+    with pytest.raises(UserError, match=r"trial C1_s0 asks for 12 GPUs; the allocation \(SLURM job 4242: 2 nodes "
+                                        r"x 4 GPUs, 32 CPUs\) has 8; ask SLURM for more \(--nodes"):
+        check_cluster(_campaign(tmp_path, worker_gpus=4, learner_gpus=1, learner_ranks=8))  # what `run` turns into exit 2
+    with pytest.raises(UserError, match=r"node-local path on the allocation SLURM job 4242: 2 nodes"):
+        cluster.check_storage(fits, cap)
