@@ -280,7 +280,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _step_arg(text: str) -> int | None:
-    from orchestrator.trial.offline_eval import parse_step
+    from orchestrator.evaluate.offline import parse_step
 
     try:
         return parse_step(text)
@@ -290,7 +290,7 @@ def _step_arg(text: str) -> int | None:
 
 def _eval(args: argparse.Namespace) -> int:
     from orchestrator import storage as store
-    from orchestrator.trial.offline_eval import EvalRequest, plan_eval, run_eval, summary
+    from orchestrator.evaluate.offline import EvalRequest, plan_eval, run_eval, summary
     from orchestrator.trial.restore import CheckpointError
 
     if args.engines is not None and args.engines < 1:

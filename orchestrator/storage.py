@@ -8,7 +8,7 @@ Layout of `<storage>/<campaign>/` (the Tune experiment directory, plus our own f
     trials/<trial>/placement.json   the placement group and GPUs each actor of the trial got
     trials/<trial>/samples/         sampled text: step_<s>.jsonl.gz, eval_step_<s>.jsonl.gz (trial/samples.py)
     trials/<trial>/batches/         each step's training batch, step_<s>.npz (logging.batches; trial/batches.py)
-    trials/<trial>/eval/<set>.csv   `python -m orchestrator eval`: checkpoints on held-out sets (trial/offline_eval.py),
+    trials/<trial>/eval/<set>.csv   `python -m orchestrator eval`: checkpoints on held-out sets (evaluate/offline.py),
                                     and their generations, <set>_checkpoint_<s>.jsonl.gz
     wandb/                          offline W&B runs (when storage is a local path)
     report/                         `python -m orchestrator report` output

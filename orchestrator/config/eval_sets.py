@@ -5,7 +5,7 @@ dataset file (`task: {name: dataset, path: ..., heldout_path: ...}`, workers/tas
 plugin by dotted path (`task: {name: my.mod:Countdown, ...}`, workers/tasks/plugins.py): any `task:` table, the
 same union and the same errors as the trial's `task:`. In training its metrics are `eval/<set>/pass@1`, ... at
 every held-out evaluation (orchestrator/trial/eval_sets.py); `python -m orchestrator eval` evaluates checkpoints
-on them afterwards (orchestrator/trial/offline_eval.py).
+on them afterwards (orchestrator/evaluate/offline.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The report's offline-evaluation section: what `python -m orchestrator eval` wrote (trials/<trial>/eval/<set>.csv,
-orchestrator/trial/offline_eval.py), per group, and compared paired by seed like the in-training measures.
+orchestrator/evaluate/offline.py), per group, and compared paired by seed like the in-training measures.
 
 Each (set, checkpoint step, n, k, temperature) is its own measure (`<set> pass@1 @ checkpoint S`), compared with
 the report's comparisons (every group against the baseline, the contrasts, the main effects: comparisons.py);

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator import storage as store
+from orchestrator.evaluate.offline import write_row
 from orchestrator.report import ReportOptions, build_report
-from orchestrator.trial.offline_eval import write_row
 from tests.unit.report.test_report_sections import write_campaign
 
 EFFECT = {"C1": 0.0, "C4": 0.125, "C8": 0.25}

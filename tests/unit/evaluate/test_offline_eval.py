@@ -13,7 +13,7 @@ import yaml
 from orchestrator import storage as store
 from orchestrator.campaign.expand import load_campaign
 from orchestrator.cli import main
-from orchestrator.trial.offline_eval import (
+from orchestrator.evaluate.offline import (
     EvalRequest,
     parse_set,
     parse_step,

@@ -210,8 +210,8 @@ def engine_count(cfg: TrialConfig, trials: int, asked: int | None, cluster_gpus:
 
 
 def _start_engines(cfg: TrialConfig, count: int) -> list:
+    from orchestrator.evaluate.engine import EvalEngine
     from orchestrator.trial.actors import rollout_settings
-    from orchestrator.trial.eval_engine import EvalEngine
 
     settings = dataclasses.replace(rollout_settings(cfg), sleep_mode=False)
     return [EvalEngine.options(num_cpus=cfg.resources.worker_cpus, num_gpus=engine_gpus(cfg)).remote(
