@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 EXTRA := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo gpu; else echo cpu; fi)
 STAMP := $(VENV)/.installed-$(EXTRA)
 
-.PHONY: setup test unit integration bench trial demo lint clean
+.PHONY: setup test test-slurm unit integration bench trial demo lint clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,13 @@ TEST_ORDER := tests/integration/trial tests/integration/campaign tests/integrati
 
 test: setup
 	$(PREBUILD) $(BIN)/python -m pytest $(TEST_ORDER) -n 3 --dist loadfile --durations=25; rc=$$?; wait; exit $$rc
+
+# The single-node SLURM test (tests/integration/campaign/test_slurm.py): Debian's slurmctld, slurmd and munge are
+# installed (root, apt) if missing; the test starts its own daemons and stops them. Not in `make test` yet: the
+# final sbatch script has not had a passing run on a loaded 2-core machine (Ray's 30 s start limit inside the job).
+test-slurm: setup
+	bash infra/slurm/install_local.sh
+	$(BIN)/python -m pytest tests/integration/campaign/test_slurm.py -m slurm -v
 
 unit: setup
 	$(BIN)/python -m pytest tests/unit

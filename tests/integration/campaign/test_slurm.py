@@ -19,7 +19,7 @@ import yaml
 
 from tests.integration.campaign.slurm_cluster import Slurm, available, free_ports
 
-pytestmark = [pytest.mark.integration, pytest.mark.skipif(available() is not None, reason=str(available()))]
+pytestmark = [pytest.mark.integration, pytest.mark.slurm, pytest.mark.skipif(available() is not None, reason=str(available()))]
 
 ROOT = Path(__file__).resolve().parents[3]
 STEPS = 6  # steps take a fraction of a second here: a few more than 2 so the signal lands mid-run
