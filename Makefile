@@ -28,14 +28,15 @@ PREBUILD := tmp=$${TMPDIR:-/tmp}; \
 	$(BIN)/python -m workers.models.local tiny-reasoner tiny-qwen2-base tiny-qwen2-instruct tiny-qwen3 tiny-qwen3-2507 \
 		> $$tmp/prebuild-models.log 2>&1 &
 
-# Three pytest workers on the 2 CPU cores: most of an integration test is waiting on Ray and engine start-ups (a
-# serial run kept the CPUs busy a third of the time; two workers still left them idle). Whole files go to one
-# worker (--dist loadfile: a module's shared trial run is made once); xdist hands out files by test count.
+# Two pytest workers: most of an integration test is waiting on Ray and engine start-ups, so two share the 2 CPU
+# cores well; three were tried (2026-11-27) and the CPU-bound learning tests at the end ran about 2x slower. Whole
+# files go to one worker (--dist loadfile: a module's shared trial run is made once); xdist hands out files by
+# test count.
 TEST_ORDER := tests/integration/trial tests/integration/campaign tests/integration/learner \
 	tests/integration/rollout tests/integration/test_benchmarks.py tests/unit
 
 test: setup
-	$(PREBUILD) $(BIN)/python -m pytest $(TEST_ORDER) -n 3 --dist loadfile --durations=25; rc=$$?; wait; exit $$rc
+	$(PREBUILD) $(BIN)/python -m pytest $(TEST_ORDER) -n 2 --dist loadfile --durations=25; rc=$$?; wait; exit $$rc
 
 # The single-node SLURM test (tests/integration/campaign/test_slurm.py): Debian's slurmctld, slurmd and munge are
 # installed (root, apt) if missing; the test starts its own daemons and stops them. Not in `make test` yet: the
