@@ -99,7 +99,7 @@ def main() -> None:
                 wall, row = stack.step("sync")
                 walls[mode].append(wall)
                 if mode == "colocated":
-                    phases.append((row.get("time/sleep_s", 0.0), row.get("time/wake_s", 0.0)))
+                    phases.append((row.get("time/sleep_s", 0.0), row.get("time/wake_s", 0.0) + row.get("time/wake_kv_s", 0.0)))
                 print(f"{mode:10s} step {row['step']}: {wall:.3f} s (generate {row['time/generate_s']:.3f}, train "
                       f"{row['time/train_s']:.3f}, sync {row['time/sync_s']:.3f})", flush=True)
     finally:

@@ -60,7 +60,7 @@ def _step(cfg: TrialConfig) -> set[str]:
     if cfg.interventions.rv_filter.enabled:
         names |= {f"rv_filter/{k}" for k in RV_FILTER}
     if cfg.resources.placement == "colocated":  # orchestrator/trial/phases.py, on the steps the learner trains
-        names |= {"time/sleep_s", "time/wake_s"}
+        names |= {"time/sleep_s", "time/wake_s", "time/wake_kv_s"}
     if cfg.rollout.mode == "one_step_off":
         names |= {"rollout/staleness", "time/prefetch_s", "time/learner_wait_s", *TIS}
     if cfg.eval.every:

@@ -1,10 +1,11 @@
 """The phases of a colocated trial's step, which never overlap on a GPU: engines generate -> engines sleep ->
-learner trains -> engines wake (weights, then KV cache) -> weight sync -> (evaluation, next step's generation).
+learner trains -> engines wake their weights -> weight sync -> engines wake their KV cache -> (evaluation, next
+step's generation). The sync's transfer buffers and the KV cache never hold GPU memory at the same time.
 
-Two calls in `one_step` (orchestrator/trial/step.py) drive it: `before_train` after the step's groups are
-collected and `before_sync` after the learner's update. Each phase boundary is one line in the trial's
-events.jsonl ({"event": "phase", "step", "phase", "time"}; phases "generated", "asleep", "trained", "awake"), so
-the order can be read back. A separate trial (its engines on GPUs of their own) gets `Phases.off()`: no calls,
+Three calls in `one_step` (orchestrator/trial/step.py) drive it: `before_train` after the step's groups are
+collected, `before_sync` after the learner's update and `after_sync` once the new policy is loaded. Each phase
+boundary is one line in the trial's events.jsonl ({"event": "phase", "step", "phase", "time"}; phases
+"generated", "asleep", "trained", "weights_awake", "synced", "awake"), so the order can be read back. A separate trial (its engines on GPUs of their own) gets `Phases.off()`: no calls,
 no lines. On CPU the engines' sleep and wake are recorded no-ops (vLLM-CPU has no sleep mode); the engines still
 refuse to sample or load a policy while recorded asleep (workers/rollout/sleep.py), so the order is enforced.
 """
@@ -60,15 +61,26 @@ class Phases:
         return {"time/sleep_s": time.perf_counter() - t0}
 
     def before_sync(self, step: int) -> dict:
-        """The learner has stepped: its ranks release their cached GPU memory, then every engine wakes (weights,
-        then KV cache) before the new policy is pushed to it. Returns {"time/wake_s"} when the engines slept."""
+        """The learner has stepped: its ranks release their cached GPU memory, then every engine wakes its weights
+        (not yet its KV cache) so the new policy can be loaded. Returns {"time/wake_s"} when the engines slept."""
         if not self.asleep:
             return {}
         self._mark(step, "trained")
         t0 = time.perf_counter()
-        if self.learner is not None:  # the step's activations leave the allocator's cache: the KV cache needs them
+        if self.learner is not None:  # the step's activations leave the allocator's cache: the engine needs them
             self.learner.release_cache()
-        self.calls.get([w.wake_up.remote() for w in self.workers], "sync", self.names)
+        self.calls.get([w.wake_up.remote(["weights"]) for w in self.workers], "sync", self.names)
+        self._mark(step, "weights_awake")
+        return {"time/wake_s": time.perf_counter() - t0}
+
+    def after_sync(self, step: int) -> dict:
+        """The new policy is loaded: every engine wakes its KV cache and can sample again. Returns
+        {"time/wake_kv_s"} when the engines slept."""
+        if not self.asleep:
+            return {}
+        self._mark(step, "synced")
+        t0 = time.perf_counter()
+        self.calls.get([w.wake_up.remote(["kv_cache"]) for w in self.workers], "sync", self.names)
         self.asleep = False
         self._mark(step, "awake")
-        return {"time/wake_s": time.perf_counter() - t0}
+        return {"time/wake_kv_s": time.perf_counter() - t0}

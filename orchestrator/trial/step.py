@@ -109,7 +109,7 @@ def push_policy(ctx: TrialContext, version: int) -> int:
 
 def one_step(ctx: TrialContext, source: RolloutSource, step: int, sepa: SepaController, version: int) -> dict:
     """Collect (the source's groups) -> drop uninformative groups -> [colocated: engines sleep] -> train ->
-    [engines wake] -> push the new adapter."""
+    [engines wake their weights] -> push the new policy -> [engines wake their KV cache]."""
     roll = collect(ctx, source, step)
     row, batch, correct_rate = prepare(ctx, step, roll, sepa, version)
     row.update(ctx.phases.before_train(step, trains=batch is not None))  # colocated: engines sleep
@@ -117,12 +117,13 @@ def one_step(ctx: TrialContext, source: RolloutSource, step: int, sepa: SepaCont
     out = ctx.learner.train_step(batch) if batch is not None else None
     absorb(row, out, sepa, correct_rate)
     row["time/train_s"] = time.perf_counter() - t0
-    row.update(ctx.phases.before_sync(step))  # colocated: engines wake (weights, then KV cache)
+    row.update(ctx.phases.before_sync(step))  # colocated: engines wake their weights
 
     t0 = time.perf_counter()
     if batch is not None:  # a new policy only when the learner stepped
         version = push_policy(ctx, version + 1)
     row["time/sync_s"] = time.perf_counter() - t0
+    row.update(ctx.phases.after_sync(step))  # colocated: engines wake their KV cache
     row["_version"] = version
     row["_rollouts"] = roll
     return row

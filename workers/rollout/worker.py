@@ -186,19 +186,24 @@ class RolloutWorker:
             self._llm.sleep(level=level)
         return {"asleep": level, "real": self._sleep.real, "seconds": time.perf_counter() - t0}
 
-    def wake_up(self) -> dict:
-        """The weights first, then the KV cache, so the two never both reallocate at once (what the peers do);
-        the engine schedules again once both are back. Returns {"awake": True, "real": bool, "seconds": float}."""
+    def wake_up(self, parts: list[str] | None = None) -> dict:
+        """Reallocate `parts` of a sleeping engine (vLLM's wake tags "weights", "kv_cache"; None: both). A
+        colocated step wakes the weights, loads the new policy, then wakes the KV cache, so the sync's buffers and
+        the KV cache never hold memory at once (what verl and the other peers do); sampling needs both back.
+        Returns {"awake": [parts], "asleep": [parts still asleep], "real": bool, "seconds": float}."""
         t0 = time.perf_counter()
+        parts = list(self._sleep.asleep) if parts is None else list(parts)
+        self._sleep.leave(parts)
         if self._sleep.real:
-            self._llm.wake_up(tags=["weights"])
-            if not self._llm.wake_up(tags=["kv_cache"]):
-                raise RuntimeError("vLLM still reports memory asleep after waking the weights and the KV cache")
-        self._sleep.leave()
-        return {"awake": True, "real": self._sleep.real, "seconds": time.perf_counter() - t0}
+            fully = self._llm.wake_up(tags=parts)
+            if fully != (not self._sleep.asleep):
+                raise RuntimeError(f"vLLM reports fully awake={fully} after waking {parts}; "
+                                   f"expected parts still asleep: {self._sleep.asleep}")
+        return {"awake": parts, "asleep": list(self._sleep.asleep), "real": self._sleep.real,
+                "seconds": time.perf_counter() - t0}
 
-    def sleep_log(self) -> list[tuple[str, int]]:
-        """Every sleep ("sleep", level) and wake ("wake", 0) this engine went through, in order."""
+    def sleep_log(self) -> list[tuple[str, int | str]]:
+        """Every sleep ("sleep", level) and wake ("wake", part) this engine went through, in order."""
         return list(self._sleep.log)
 
     # ----------------------------------------------------------------------------------------------- sampling
@@ -288,7 +293,7 @@ class RolloutWorker:
         if update.kind != self._sync.kind:
             raise ValueError(f"a policy update of kind {update.kind!r} needs a worker built with "
                              f"enable_lora={update.kind == 'adapter'}; this one takes {self._sync.kind!r} updates")
-        self._sleep.check_awake("a policy update")
+        self._sleep.check_awake("a policy update", needs=("weights",))
         try:
             self._sync.apply(self._llm, update)
         except BaseException as e:

@@ -19,7 +19,7 @@ from orchestrator.config.trial import TrialConfig
 from orchestrator.tune.launch import run_single_trial
 
 VOLATILE = ("time/", "rollout/tokens_per_s")
-PHASES = ["generated", "asleep", "trained", "awake"]
+PHASES = ["generated", "asleep", "trained", "weights_awake", "synced", "awake"]
 OFFLOADED = "memory/offloaded_bytes"  # only the colocated trial offloads
 
 
