@@ -219,64 +219,16 @@ def _doctor(args: argparse.Namespace) -> int:
     return code
 
 
-def _campaign_dir(path: str):
-    """(campaign, its directory) of a campaign YAML that has run; UserError when it has not."""
-    from orchestrator import storage as store
-    from orchestrator.campaign.expand import load_campaign
-
-    campaign = load_campaign(path)
-    if store.read_text(store.join(campaign.directory, store.CAMPAIGN_FILE)) is None:
-        raise UserError(f"{path}: campaign '{campaign.config.name}' has not run yet (no {campaign.directory}"
-                        "/campaign.json); start it with: python -m orchestrator run " + path)
-    return campaign, campaign.directory
-
-
 def _samples(args: argparse.Namespace) -> int:
-    from orchestrator.report import examples
+    from orchestrator.report.samples_command import samples_command
 
-    _, directory = _campaign_dir(args.file)
-    trials = examples.campaign_trials(directory)
-    if args.trial is not None and args.trial not in {t.name for t in trials}:
-        raise UserError(f"{args.file}: --trial {args.trial}: no such trial; trials: "
-                        + ", ".join(t.name for t in trials))
-    split = "eval" if args.eval or args.trial is None else "train"  # held-out: what every condition shares
-    try:
-        if args.trial is not None and args.problem is None:
-            print(examples.show(directory, args.trial, args.step, split))
-        else:
-            chosen = [t for t in trials if args.trial in (None, t.name)]
-            print(examples.compare(directory, chosen, args.step, args.problem, split))
-    except examples.SamplesError as exc:
-        raise UserError(f"{args.file}: {exc}") from None
-    return 0
+    return samples_command(args)
 
 
 def _export(args: argparse.Namespace) -> int:
-    from orchestrator import storage as store
-    from orchestrator.trial.export import export_trial, lone_trial_tune_dir
-    from orchestrator.trial.restore import CheckpointError
+    from orchestrator.trial.export_command import export_command
 
-    if Path(args.source).is_file():  # a campaign YAML
-        campaign, directory = _campaign_dir(args.source)
-        names = [t.name for t in campaign.trials]
-        if args.trial not in names:
-            raise UserError(f"{args.source}: --trial {args.trial}: " + ("needed with a campaign" if args.trial is None
-                            else "no such trial") + "; trials: " + ", ".join(names))
-        tune_dir, trial = store.join(directory, args.trial), args.trial
-    else:
-        if args.trial is not None:
-            raise UserError(f"{args.source}: --trial goes with a campaign YAML, not a trial directory")
-        try:
-            tune_dir = lone_trial_tune_dir(args.source)
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
-        trial = tune_dir.rsplit("/", 1)[-1]
-    try:
-        manifest = export_trial(tune_dir, trial, Path(args.out), step=args.step, merge=args.merge)
-    except (CheckpointError, LookupError, ValueError) as exc:
-        raise UserError(f"{args.source}: {exc}") from None
-    print(f"exported {trial} step {manifest['step']} ({manifest['kind']}) of {manifest['base_model']} to {args.out}")
-    return 0
+    return export_command(args)
 
 
 def _step_arg(text: str) -> int | None:
@@ -289,29 +241,14 @@ def _step_arg(text: str) -> int | None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from orchestrator import storage as store
-    from orchestrator.evaluate.offline import EvalRequest, plan_eval, run_eval, summary
-    from orchestrator.trial.restore import CheckpointError
+    from orchestrator.evaluate.command import eval_command
 
-    if args.engines is not None and args.engines < 1:
-        raise UserError(f"{args.file}: --engines {args.engines}: at least 1")
-    campaign, directory = _campaign_dir(args.file)
-    request = EvalRequest(step=args.step, sets=tuple(args.set or ()), n=args.n, k=args.k,
-                          temperature=args.temperature, engines=args.engines)
-    try:
-        plans = plan_eval(campaign, directory, request)  # every checkpoint verified, every set built, before Ray
-    except (CheckpointError, LookupError, ValueError) as exc:
-        raise UserError(f"{args.file}: {exc}") from None
-    from orchestrator.tune.launch import ensure_ray
+    def start_ray(min_cpus: float) -> None:  # imported only once the checkpoints and sets are checked
+        from orchestrator.tune.launch import ensure_ray
 
-    left_out = [t.name for t in campaign.trials if t.name not in {p.trial for p in plans}]
-    if left_out:
-        print(f"not evaluated (no checkpoint yet): {', '.join(left_out)}", flush=True)
-    ensure_ray(max(p.cfg.resources.worker_cpus for p in plans))
-    print(summary(run_eval(plans, args.engines)))
-    print(f"\neval: checkpoint step {plans[0].step} of {len(plans)} trials -> "
-          + store.eval_file(store.trial_dir(directory, "<trial>"), "<set>"))
-    return 0
+        ensure_ray(min_cpus)
+
+    return eval_command(args, start_ray)
 
 
 def _dashboard(args: argparse.Namespace) -> int:

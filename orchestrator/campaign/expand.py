@@ -247,6 +247,16 @@ def load_campaign(path: str | Path) -> Campaign:
     return Campaign(cfg, source, directory, storage, trials)
 
 
+def load_ran_campaign(path: str) -> Campaign:
+    """A campaign YAML that has run (its directory holds campaign.json), for the commands that read what it
+    wrote (`samples`, `export`, `eval`); UserError when it has not run."""
+    campaign = load_campaign(path)
+    if store.read_text(store.join(campaign.directory, store.CAMPAIGN_FILE)) is None:
+        raise UserError(f"{path}: campaign '{campaign.config.name}' has not run yet (no {campaign.directory}"
+                        "/campaign.json); start it with: python -m orchestrator run " + path)
+    return campaign
+
+
 def check_schedule(cfg: CampaignConfig, trials: list[ExpandedTrial], source: str) -> None:
     """schedule / budget / seeds.adaptive / report.primary against the trials they govern (one line each, before
     launch)."""

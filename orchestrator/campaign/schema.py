@@ -16,7 +16,8 @@ from orchestrator.campaign.sections import (
     ScheduleConfig,
     SeedsConfig,
 )
-from orchestrator.config.trial import PluginsConfig, ResourcesConfig, TrialConfig, WandbConfig
+from orchestrator.config.sections import PluginsConfig, ResourcesConfig, WandbConfig
+from orchestrator.config.trial import TrialConfig
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 

@@ -32,7 +32,8 @@ from pydantic import ValidationError
 from orchestrator import storage as store
 from orchestrator.config.errors import format_validation
 from orchestrator.config.eval_sets import DEFAULT_SET, EvalSetConfig, agentic_mismatch
-from orchestrator.config.trial import EvalConfig, TrialConfig
+from orchestrator.config.sections import EvalConfig
+from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.restore import checkpoint_steps, verified_checkpoint
 from orchestrator.trial.sources import EVAL_SEED_OFFSET
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import ray
 
-from orchestrator.config.trial import TimeoutsConfig
+from orchestrator.config.sections import TimeoutsConfig
 
 PHASES = ("setup", "health", "generate", "eval", "train", "sync", "checkpoint")
 FIXED_ONLY = ("setup", "health")  # one fixed deadline each: no history to take a median of

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from orchestrator.config.eval_sets import EvalSetConfig
-from orchestrator.config.trial import EvalConfig
+from orchestrator.config.sections import EvalConfig
 from orchestrator.tracking.names import eval_set_metric, eval_set_time
 from orchestrator.trial.context import TrialContext
 from orchestrator.trial.sampling import action_ids

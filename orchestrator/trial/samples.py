@@ -1,6 +1,6 @@
 """Sampled text kept for reading: what the model wrote, how it was scored and what credit it got.
 
-`logging.samples` (orchestrator/config/trial.py) writes, through the storage layer (a path or a bucket URI),
+`logging.samples` (orchestrator/config/sections.py) writes, through the storage layer (a path or a bucket URI),
     trials/<trial>/samples/step_<s>.jsonl.gz        the first `per_step` groups of training step s
     trials/<trial>/samples/eval_step_<s>.jsonl.gz   every generation of the held-out evaluation at step s
 one JSON row per completion (or episode): `ROW_KEYS`. `completion` is the text of every response token (for an

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.config.trial import TimeoutsConfig, TrialConfig
+from orchestrator.config.sections import TimeoutsConfig
+from orchestrator.config.trial import TrialConfig
 from tests.unit.config.cli_errors import trial_error
 
 

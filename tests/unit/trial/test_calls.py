@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import orchestrator.trial.calls as calls_mod
-from orchestrator.config.trial import TimeoutsConfig
+from orchestrator.config.sections import TimeoutsConfig
 from orchestrator.trial.calls import Calls, Deadlines, Hang, PhaseTimeout, check_health
 
 
