@@ -20,12 +20,23 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def init_ray(num_cpus: int = 6) -> None:
+def init_ray(num_cpus: int = 6, tries: int = 3) -> None:
+    """A private local Ray for a benchmark. Ray waits a fixed 30 s for its raylet to register
+    (ray/_private/node.py) and a loaded machine can miss that ("The current node timed out during startup"):
+    the start is tried again, after shutting down what the failed one left."""
     import ray
 
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": os.environ["VLLM_CPU_KVCACHE_SPACE"],
-                                       "TOKENIZERS_PARALLELISM": "false"}})
+    for attempt in range(tries):
+        try:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": os.environ["VLLM_CPU_KVCACHE_SPACE"],
+                                               "TOKENIZERS_PARALLELISM": "false"}})
+            return
+        except Exception as exc:  # Ray raises a bare Exception for this
+            if "timed out during startup" not in str(exc) or attempt + 1 == tries:
+                raise
+            ray.shutdown()
+            print(f"ray start timed out (try {attempt + 1} of {tries}); starting it again", flush=True)
 
 
 class Stack:

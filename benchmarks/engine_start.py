@@ -20,6 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._stack import init_ray  # noqa: E402
+
 REPS, PROMPTS, N, MAX_TOKENS, SEED = 3, 16, 8, 32, 7
 
 
@@ -55,8 +57,7 @@ def main() -> None:
     tok = load_tokenizer(model_dir)
     prompts = [[tok.bos_token_id] + tok.encode(f"what is {i} + {i} ?", add_special_tokens=False)
                for i in range(args.prompts)]
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    init_ray(2)
     times: dict[bool, list[float]] = {True: [], False: []}
     samples: dict[bool, list] = {}
     try:

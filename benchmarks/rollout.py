@@ -23,6 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._stack import init_ray  # noqa: E402
+
 N_PROMPTS, N, MAX_TOKENS, TEMPERATURE, SEED, REPS = 16, 16, 32, 0.7, 1234, 10
 TEXTS = ["what is 1 + 2 ?", "what is 3 * 4 ?", "let me think", "the answer is", "wait let me check",
          "so the key insight is", "what is 7 - 5 ?", "notice that 2 + 2 = 4"]  # fmt: skip
@@ -114,9 +116,7 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as d:
         model_dir = str(build_tiny_model(Path(d) / "tiny", seed=0))
         prompts = _prompts(load_tokenizer(model_dir), cli.prompts)
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": os.environ["VLLM_CPU_KVCACHE_SPACE"],
-                                           "TOKENIZERS_PARALLELISM": "false"}})
+        init_ray(2)
         try:
             main(model_dir, prompts, cli)
         finally:
