@@ -21,16 +21,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def init_ray(num_cpus: int = 6, tries: int = 3) -> None:
-    """A private local Ray for a benchmark. Ray waits a fixed 30 s for its raylet to register
-    (ray/_private/node.py) and a loaded machine can miss that ("The current node timed out during startup"):
-    the start is tried again, after shutting down what the failed one left."""
+    """A private local Ray for a benchmark, or the Ray at `RAY_ADDRESS` when that is set (a running cluster;
+    the test suite's own local Ray, so its smoke runs start none). Ray waits a fixed 30 s for its raylet to
+    register (ray/_private/node.py) and a loaded machine can miss that ("The current node timed out during
+    startup"): the start is tried again, after shutting down what the failed one left."""
     import ray
 
+    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ["VLLM_CPU_KVCACHE_SPACE"], "TOKENIZERS_PARALLELISM": "false"}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, runtime_env={"env_vars": env})
+        return
     for attempt in range(tries):
         try:
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": os.environ["VLLM_CPU_KVCACHE_SPACE"],
-                                               "TOKENIZERS_PARALLELISM": "false"}})
+                     runtime_env={"env_vars": env})
             return
         except Exception as exc:  # Ray raises a bare Exception for this
             if "timed out during startup" not in str(exc) or attempt + 1 == tries:

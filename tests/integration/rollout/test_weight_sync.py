@@ -209,6 +209,7 @@ def test_tied_head_follows_its_embedding(engines, tmp_path_factory):
 
     model_dir = str(family_builder("tiny-qwen2-base")(tmp_path_factory.mktemp("qwen2") / "m", seed=0))
     worker = engines.get(model_dir, engine={"in_process": False})
+    assert "distributed_executor_backend" not in ray.get(worker.settings.remote())  # vLLM's own processes
     model = _model(model_dir, noise_seed=2)
     state = model.state_dict()
     assert state["lm_head.weight"].data_ptr() == state["model.embed_tokens.weight"].data_ptr()

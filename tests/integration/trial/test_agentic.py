@@ -151,22 +151,28 @@ def test_frozen_lake_trial_raises_validation_success(ray_local, agent_model_dir,
     assert all(x["train/correct_rate"] == x["env/success"] for x in r)
 
 
-def test_sokoban_ppo_gae_trial_resumes_equivalently(ray_local, agent_model_dir, tmp_path):
-    """PPO + GAE (critic, 2 mini-batches per step) on Sokoban, killed after step 4, restored from step 3."""
+def test_sokoban_ppo_gae_one_step_off_trial_resumes_equivalently(ray_local, agent_model_dir, tmp_path):
+    """PPO + GAE (critic, 2 mini-batches per step) on Sokoban, generating one step off the policy, killed after
+    step 4, restored from step 3: the critic's state and the batch prefetched before the kill (it is in the
+    checkpoint; regenerating it with the restored policy would differ) both come back."""
 
     from tests.integration.trial import test_trial
 
     base = dict(steps=6, seed=5, task={"name": "sokoban", "fixed_level": None},
-                rollout={"prompts_per_step": 4, "n": 4}, eval={"every": 5, "problems": 4, "n": 2, "k": 2},
+                rollout={"prompts_per_step": 4, "n": 4, "mode": "one_step_off"},
+                eval={"every": 5, "problems": 4, "n": 2, "k": 2},
                 credit={"advantage_mode": "gae"}, learner={"optim": {"mini_batch_size": 8}, "critic": {"lr": 1e-3}})
     plain = _trial("plain", tmp_path, **base)
     assert run_single_trial(plain, tmp_path) is not None
     flaky = _trial("flaky", tmp_path, **base)
     assert test_trial.run_preempted(flaky, tmp_path, sys.modules[__name__]).error is None
     assert (tmp_path / "flaky" / "failed_once").exists()  # it really died after step 4 and restored step 3
+    assert list((tmp_path / "flaky").rglob("prefetch.json"))  # the checkpoints hold the prefetched batch
     a, b = rows(plain.output_dir), rows(flaky.output_dir)
     assert [x["step"] for x in b] == list(range(6))
     assert [stable(x) for x in a] == [stable(x) for x in b]
+    assert [x["rollout/staleness"] for x in a] == [0, 1, 1, 1, 1, 1]
+    assert a[-1]["rollout/adapter_version"] > 2  # the policy moved: a regenerated prefetch would differ
     assert a[0]["env/turns_mean"] > 1 and "eval/success" in a[0] and "eval/success" in a[5]
     assert all(x["train/optimizer_steps"] == x["critic/optimizer_steps"] == 2 for x in a if x["train/groups_kept"] == 4)
     assert all(math.isfinite(x["loss/value"]) for x in a if "loss/value" in x)

@@ -17,12 +17,13 @@ from orchestrator.tune.launch import run_single_trial
 pytestmark = pytest.mark.integration
 
 SMALL = {"num_workers": 1, "prompts_per_step": 2, "n": 2, "max_tokens": 8, "max_turns": 2}
+# each family on a multi-turn task and each task once (a family's chat template and a task's rendering are
+# independent parts: the cross product would start two more trials to prove nothing new)
 CASES = {"chain-qwen3": ("tiny-qwen3", "chain"), "frozen-qwen2-base": ("tiny-qwen2-base", "frozen_lake"),
-         "frozen-qwen3": ("tiny-qwen3", "frozen_lake"), "sokoban-qwen2-base": ("tiny-qwen2-base", "sokoban"),
          "sokoban-qwen3": ("tiny-qwen3", "sokoban")}
 # one case trains RAGEN's assistant segments (header, prefill, end-of-turn token too): the gap is still measured on
 # the sampled ids only, and must still be 0 there
-LOSS_MASK = {"sokoban-qwen2-base": "assistant_segments"}
+LOSS_MASK = {"frozen-qwen2-base": "assistant_segments"}
 
 
 @pytest.mark.parametrize("case", list(CASES))

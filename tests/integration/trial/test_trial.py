@@ -1,7 +1,7 @@
 """One RL trial end to end on the real stack: local Ray, Tune, two vLLM-CPU workers, a PEFT learner.
 
-`run_preempted` (a trial that raises once after step 4 and Tune's retry restores it) serves the resume tests of
-test_agentic.py and test_async.py; a sync single-turn trial resuming to the same trajectory is test_faults.py's, the
+`run_preempted` (a trial that raises once after step 4 and Tune's retry restores it) serves the resume test of
+test_agentic.py (PPO + GAE, one step off); a sync single-turn trial resuming to the same trajectory is test_faults.py's, the
 seed reaching sampling tests/integration/campaign/test_lockstep.py's."""
 
 from __future__ import annotations
