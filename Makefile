@@ -30,15 +30,12 @@ PREBUILD := tmp=$${TMPDIR:-/tmp}; \
 
 # Two pytest workers: most of an integration test is waiting on Ray and engine start-ups, so two share the 2 CPU
 # cores well; three were tried (2026-11-27) and the CPU-bound learning tests at the end ran about 2x slower. Whole
-# files go to one worker (--dist loadfile: a module's shared trial run is made once), in the order below
-# (--no-loadscope-reorder; xdist's default hands out the files with the most tests first, which ran the unit tests
-# first and left one worker alone on the last long campaign test for minutes): the longest integration files first
-# (test_agentic 1045 s, test_campaign 700, test_benchmarks 593, test_faults 564 in a fresh-clone run), the many
-# short unit files last, to keep both workers busy to the end.
-TEST_ORDER := tests/integration/trial/test_agentic.py tests/integration/campaign/test_campaign.py \
-	tests/integration/test_benchmarks.py tests/integration/trial/test_faults.py \
-	tests/integration/campaign tests/integration/trial tests/integration/learner tests/integration/rollout \
-	tests/integration/test_doctor.py tests/unit
+# files go to one worker (--dist loadfile: a module's shared trial run is made once), in collection order
+# (--no-loadscope-reorder; xdist's default hands out the files with the most tests first, which ran the ~950 unit
+# tests first and left one worker alone on a long campaign test for the last minutes): the integration files
+# first, the many short unit files last, to keep both workers busy to the end.
+TEST_ORDER := tests/integration/test_benchmarks.py tests/integration/campaign tests/integration/trial \
+	tests/integration/learner tests/integration/rollout tests/integration/test_doctor.py tests/unit
 
 test: setup
 	$(PREBUILD) $(BIN)/python -m pytest $(TEST_ORDER) -n 2 --dist loadfile --no-loadscope-reorder --durations=25; rc=$$?; wait; exit $$rc
