@@ -4,7 +4,7 @@ drives changes (a benchmark is only run by hand otherwise).
 Each runs in a subprocess of its own session, as a user would run it: it must exit 0, print its ratio of ours
 to the reference as the last line ("ratio A/B ...: <number> ..."), and leave no process behind. The scripts
 that use Ray join the session's local Ray through `RAY_ADDRESS`, as they would join a running cluster (a Ray
-start each is ~15 CPU-seconds; without `RAY_ADDRESS` each starts a private one).
+start each is 8-10 CPU-seconds; without `RAY_ADDRESS` each starts a private one).
 Timings are not checked: at these sizes they mean nothing.
 """
 
