@@ -10,3 +10,11 @@ import os
 # fixture's 600 s limit. Equal niceness shares the 2 cores fairly. Inherited by every local Ray a test starts,
 # in this process or in a subprocess (`python -m orchestrator run`, the benchmarks, the job round trip).
 os.environ.setdefault("RAY_worker_niceness", "0")
+
+
+def pytest_collection_finish(session) -> None:
+    """The test modules are imported: the session collects at the default thresholds from here on (a test
+    session runs for many minutes; workers/startup.py)."""
+    from orchestrator import imports_done
+
+    imports_done()

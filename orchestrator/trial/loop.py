@@ -44,6 +44,7 @@ from workers.envs.tokens import turn_format
 from workers.learner.state import BLOB as LEARNER_FILE
 from workers.learner.state import SHARDS
 from workers.models.loading import load_tokenizer
+from workers.startup import imports_done
 from workers.tasks import make_task
 
 
@@ -145,6 +146,7 @@ def run_trial(config: dict) -> None:
     Writes `metrics.jsonl` (whole, after every step: a restore rewinds it to the checkpoint, so the file never
     has gaps or repeats), `events.jsonl` and `placement.json` to `output_dir` (a path or URI).
     """
+    imports_done()  # the trainable's process has its imports: workers/startup.py
     cfg = TrialConfig.model_validate(config)
     out_dir = cfg.output_dir or tempfile.mkdtemp(prefix=f"trial-{cfg.name}-")
     metrics_loc = store.join(out_dir, METRICS_FILE)

@@ -18,6 +18,7 @@ from pathlib import Path
 import ray
 from ray import tune
 
+from orchestrator import imports_done
 from orchestrator import storage as store
 from orchestrator.campaign.schema import Campaign
 from orchestrator.config.errors import UserError
@@ -211,6 +212,7 @@ def driver_lock(campaign: Campaign):
 
 def run_campaign(campaign: Campaign) -> int:
     """Run (or resume) every trial of the campaign; returns the number of trials that did not finish."""
+    imports_done()  # a driver that may run for days collects at the default thresholds: workers/startup.py
     campaign = with_wandb_mode(campaign, wandb_mode())  # $WANDB_MODE / --wandb-mode over the file
     need = max(sum(b.get("CPU", 0) for b in bundles(t.trial)) for t in campaign.trials)
     ensure_ray(need)

@@ -62,6 +62,10 @@ class Learner:
                  init_method: str | None = None) -> None:
         from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
+        from workers.startup import imports_done
+
+        imports_done()  # workers/startup.py
+
         cuda = torch.cuda.is_available()
         self.device = "cuda" if cuda else "cpu"
         self.ranks = ranks

@@ -53,6 +53,17 @@ def use_engine_processes(in_process: bool) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
 
 
+def quiet_sampler_compile() -> None:
+    """An eager CPU engine (the CPU default) still traces vLLM's two `torch.compile`d sampler helpers (a rank count
+    and a seedless sampler) on its first batch: ~2.5 s of Dynamo per engine start for a comparison and a sum.
+    Off here (and in the engine-core process vLLM starts, through the environment); the tokens and log-probs are
+    the same (checked by tests/integration/rollout/test_rollout.py against a transformers forward)."""
+    import torch
+
+    os.environ["TORCH_COMPILE_DISABLE"] = "1"
+    torch._dynamo.config.disable = True
+
+
 def engine_settings(engine: dict | None, *, cuda: bool, in_process: bool = False) -> dict[str, Any]:
     """`rollout.engine` (orchestrator/config/trial.py:EngineConfig, as a dict) -> `vllm.LLM` keyword arguments.
 
@@ -146,6 +157,9 @@ class RolloutWorker:
         from vllm import LLM
 
         from workers.objectives.probability_floor import ProbabilityFloorLogitsProcessor
+        from workers.startup import imports_done
+
+        imports_done()  # before vLLM's engine build, whose gc.collect() calls would walk the imports again
 
         s = settings or RolloutWorkerSettings()
         engine = s.engine_dict()
@@ -166,6 +180,8 @@ class RolloutWorker:
         # the floor processor is inert for requests that don't ask for it; user processors are kept after it
         kwargs["logits_processors"] = [ProbabilityFloorLogitsProcessor, *(extra.pop("logits_processors", None) or [])]
         kwargs.update(extra)
+        if not cuda and kwargs["enforce_eager"]:
+            quiet_sampler_compile()
         self._sleep = SleepState(real=bool(s.sleep_mode) and cuda)
         if self._sleep.real:
             kwargs["enable_sleep_mode"] = True  # vLLM's cumem allocator: sleep can hand the memory back
