@@ -146,7 +146,6 @@ def run_trial(config: dict) -> None:
     Writes `metrics.jsonl` (whole, after every step: a restore rewinds it to the checkpoint, so the file never
     has gaps or repeats), `events.jsonl` and `placement.json` to `output_dir` (a path or URI).
     """
-    imports_done()  # the trainable's process has its imports: workers/startup.py
     cfg = TrialConfig.model_validate(config)
     out_dir = cfg.output_dir or tempfile.mkdtemp(prefix=f"trial-{cfg.name}-")
     metrics_loc = store.join(out_dir, METRICS_FILE)
@@ -164,6 +163,7 @@ def run_trial(config: dict) -> None:
     trackers: list[TrialTracker] = []  # the W&B run, once it exists, hears of a hang too
     calls.on_hang = _hang_handler(cfg, out_dir, workers, learner, trackers)
     tokenizer = load_tokenizer(resolve_model(cfg.model))
+    imports_done()  # the trainable has its imports (transformers came with the tokenizer): workers/startup.py
     fmt = turn_format(tokenizer)  # from the model's own files: which template and end-of-turn token this run uses
     store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "model", "name": cfg.model.name, **fmt})
     print(f"[{cfg.name}] {cfg.model.name}: chat template {fmt['chat_template'] or 'none'}, eos {fmt['eos']}, "

@@ -44,6 +44,7 @@ from workers.learner.update import Updater
 from workers.models.loading import head_is_linear, load_tokenizer, token_pieces
 from workers.objectives.interventions import InterventionsConfig, scoring_pass_needs
 from workers.objectives.losses import entropy_floor_surrogate, truncated_importance_weights
+from workers.startup import imports_done
 from workers.sync.policy import PolicyUpdate
 
 POLICY, MODELS = "policy", "models"  # offload groups (workers/learner/offload.py): the policy's weights, the others'
@@ -61,10 +62,6 @@ class Learner:
                  interventions: InterventionsConfig | None = None, ranks: Ranks = ONE_RANK,
                  init_method: str | None = None) -> None:
         from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
-
-        from workers.startup import imports_done
-
-        imports_done()  # workers/startup.py
 
         cuda = torch.cuda.is_available()
         self.device = "cuda" if cuda else "cpu"
@@ -106,6 +103,7 @@ class Learner:
         if self.skip_scoring and (needs := scoring_pass_needs(self.credit, self.iv)):
             raise ValueError(f"old_logprobs 'rollout' skips the scoring pass that {needs} needs")
         self._compose()
+        imports_done()  # the rank has its imports and models: workers/startup.py
 
     def _compose(self) -> None:
         """The parts, each given what it uses."""

@@ -2,10 +2,10 @@
 multi-node provider (RAY_FAKE_CLUSTER=1), whose GPU node type starts at zero workers. Worker "nodes" are local
 raylets with logical GPUs; vLLM runs on CPU.
 
-- A campaign asking GPUs of a cluster that has none *yet* launches (it used to exit 2), waits for the node the
-  autoscaler adds, and runs to the end there.
-- The autoscaled node is killed mid-run (its raylet, as a lost spot node): the trial resumes on a replacement node
-  from its checkpoint, every step exactly once.
+One campaign (one trial start saved over two campaigns: the proofs chain): asking GPUs of a cluster that has
+none *yet*, it launches (it used to exit 2), waits for the node the autoscaler adds and runs there; that node is
+then killed mid-run (its raylet, as a lost spot node) and the trial resumes on a replacement node from its
+checkpoint, every step exactly once.
 
 The head runs in a private PID namespace (`unshare --pid --fork --mount-proc`, root): stopping it ends every
 process it started, its autoscaled nodes included, and nothing else (never a machine-wide `ray stop`). Without
@@ -153,44 +153,35 @@ def _node_processes(node_id: str) -> list[psutil.Process]:
     return out
 
 
-def test_gpu_campaign_runs_on_nodes_the_autoscaler_adds(autoscaling_head):
-    address, env, tmp = autoscaling_head
-    campaign = _campaign(tmp, "as_grow", steps=4)
-    proc = _run(env, address, campaign)
-    pending = tmp / "store" / "as_grow" / "pending.json"
-    deadline = time.time() + 300
-    while "C1_s0" not in (pending.read_text() if pending.exists() else ""):  # the driver: waiting for nodes
-        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-4000:]
-        time.sleep(0.2)
-    status = render(load_campaign(campaign))  # what `python -m orchestrator status` prints, read from storage
-    if "C1_s0" in pending.read_text():  # still waiting after status read it (else the node came up first)
-        assert "C1_s0  PENDING " in status and "(waiting for nodes)" in status, status
-        assert "1 pending on autoscaling" in status, status
-        print(status)
-    out, _ = proc.communicate(timeout=900)
-    print("\n".join(ln for ln in out.splitlines() if ln.startswith("autoscaling:")))
-    assert proc.returncode == 0, out[-4000:]
-    assert "autoscaling: 1 of 1 trials need nodes that are not up yet" in out, out[-4000:]
-    assert "gpu_node (CPU:3 GPU:2) x 2" in out, out[-4000:]
-    trial = tmp / "store" / "as_grow" / "trials" / "C1_s0"
-    assert [r["step"] for r in _jsonl(trial / "metrics.jsonl")] == list(range(4))
-    placed = json.loads((trial / "placement.json").read_text())
-    assert placed["node_id"] != HEAD_ID  # on the node the autoscaler added
-    assert placed["workers"][0]["gpu_ids"] and placed["learner"]["gpu_ids"], placed
-
-
-def test_trial_resumes_on_a_replacement_when_its_node_is_lost(autoscaling_head):
+def test_a_trial_waits_for_the_nodes_the_autoscaler_adds_and_resumes_on_a_replacement_when_one_is_lost(
+        autoscaling_head):
+    """One campaign: its GPU trial waits for nodes (`status` says so), runs on the node the autoscaler added,
+    loses that node past its first checkpoint (every process of the node killed, as a preempted spot node) and
+    finishes on a replacement, each step exactly once."""
     address, env, tmp = autoscaling_head
     steps = 8
+    campaign = _campaign(tmp, "as_lose", steps=steps)
     trial = tmp / "store" / "as_lose" / "trials" / "C1_s0"
-    proc = _run(env, address, _campaign(tmp, "as_lose", steps=steps))
+    pending = tmp / "store" / "as_lose" / "pending.json"
+    proc = _run(env, address, campaign)
     try:
+        deadline = time.time() + 300
+        while "C1_s0" not in (pending.read_text() if pending.exists() else ""):  # the driver: waiting for nodes
+            assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-4000:]
+            time.sleep(0.2)
+        status = render(load_campaign(campaign))  # what `python -m orchestrator status` prints, from storage
+        if "C1_s0" in pending.read_text():  # still waiting after status read it (else the node came up first)
+            assert "C1_s0  PENDING " in status and "(waiting for nodes)" in status, status
+            assert "1 pending on autoscaling" in status, status
+            print(status)
         deadline = time.time() + 600
         while len(_jsonl(trial / "metrics.jsonl")) < 3:  # past the checkpoint of step 1
             assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-4000:]
             time.sleep(0.2)
         lost = json.loads((trial / "placement.json").read_text())["node_id"]
-        assert lost != HEAD_ID
+        assert lost != HEAD_ID  # on a node the autoscaler added
+        first = json.loads((trial / "placement.json").read_text())
+        assert first["workers"][0]["gpu_ids"] and first["learner"]["gpu_ids"], first
         victims = _node_processes(lost)
         assert any("raylet" in " ".join(p.cmdline()) for p in victims), lost
         for p in victims:  # the node is gone: its raylet, agents and workers, as a preempted spot node
@@ -204,7 +195,10 @@ def test_trial_resumes_on_a_replacement_when_its_node_is_lost(autoscaling_head):
     finally:
         if proc.poll() is None:
             proc.kill()
+    print("\n".join(ln for ln in out.splitlines() if ln.startswith("autoscaling:")))
     assert proc.returncode == 0, out[-4000:]
+    assert "autoscaling: 1 of 1 trials need nodes that are not up yet" in out, out[-4000:]
+    assert "gpu_node (CPU:3 GPU:2) x 2" in out, out[-4000:]
     assert done_at_loss < steps, "the trial finished before its node was lost; the test needs more steps"
     assert [r["step"] for r in _jsonl(trial / "metrics.jsonl")] == list(range(steps))  # each step exactly once
     starts = [e["from_step"] for e in _jsonl(trial / "events.jsonl") if e["event"] == "start"]

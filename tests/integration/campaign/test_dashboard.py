@@ -1,4 +1,4 @@
-"""The dashboard fits the data: a tiny two-condition sweep campaign runs offline on the real stack, its W&B
+"""The dashboard fits the data: a tiny two-condition campaign with a swept key runs offline on the real stack, its W&B
 offline runs are read back from their files, and every metric and config key the campaign's view references
 exists in those runs, and every logged metric family has a panel. The same campaign, with a second held-out set
 (`eval.sets`), is then evaluated offline (`python -m orchestrator eval`): its checkpoint of step 1 reproduces the
@@ -55,7 +55,7 @@ def test_view_references_only_what_the_offline_runs_hold(ray_local, tmp_path):
                                 "sepa": {"steps": 2, "delay_steps": 0}},
                      "interventions": {"rv_filter": {"enabled": True, "value": 0.9}}},
         },
-        "sweep": {"interventions.kl.coef": [0.0, 0.05]},
+        "sweep": {"interventions.kl.coef": [0.05]},  # one value: a swept key's panels and grouping, two trials
         "resources": {"rollout_workers": 1, "worker_cpus": 0.5, "learner_cpus": 0.5, "driver_cpus": 0.25},
     }))
     campaign = load_campaign(path)
@@ -120,7 +120,7 @@ def test_view_references_only_what_the_offline_runs_hold(ray_local, tmp_path):
              if p["viewType"] == "Media Browser" for k in p["config"]["mediaKeys"]]
     assert len(media) >= 4 and set(media) == figure_keys, (media, figure_keys)
     offline = (Path(campaign.directory) / "report" / "offline_eval.csv").read_text().splitlines()
-    assert len(offline) == 1 + 4 * 2  # 4 groups x (default, small) at checkpoint 1
+    assert len(offline) == 1 + 2 * 2  # 2 groups x (default, small) at checkpoint 1
     assert "## Offline evaluation" in (Path(campaign.directory) / "report" / "report.md").read_text()
 
 
