@@ -55,7 +55,7 @@ def main(model_dir: str, prompts: list[list[int]], args: argparse.Namespace) -> 
     # after each generate and would slow the worker call after it), no adapter loaded on either side
     import torch
 
-    from workers.rollout.worker import engine_in_process, engine_settings, use_engine_processes
+    from workers.rollout.engine import engine_in_process, engine_settings, use_engine_processes
 
     cuda = torch.cuda.is_available()
     in_process = engine_in_process(None, cuda=cuda, own_process=True)

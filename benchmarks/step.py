@@ -51,7 +51,7 @@ def main() -> None:
     from workers.envs.tokens import first_prompt_ids, stop_token_ids
     from workers.learner.inputs import LearnerBatch
     from workers.models.loading import load_model
-    from workers.rollout.worker import engine_in_process, engine_settings, use_engine_processes
+    from workers.rollout.engine import engine_in_process, engine_settings, use_engine_processes
     from workers.tasks import make_task
 
     cfg = TrialConfig(

@@ -18,7 +18,9 @@ import gc
 
 _IMPORTING = (100_000, 50, 100)  # young generation every 100k allocations; a full collection practically never
 _default: tuple[int, int, int] | None = None  # the thresholds before begin_imports, restored by imports_done
-_unfreeze_at_exit = False
+# At exit the frozen objects go back to the collector, so the interpreter's shutdown frees them as usual (left
+# frozen, extension modules that count their objects at shutdown report them as leaked: triton's nanobind).
+atexit.register(gc.unfreeze)
 
 
 def begin_imports() -> None:
@@ -32,12 +34,6 @@ def begin_imports() -> None:
 def imports_done() -> None:
     """Freeze every object alive now (the imported modules, classes, functions) and restore the default
     thresholds. Called again later (after a model build) it freezes what is alive then; always cheap."""
-    global _unfreeze_at_exit
-    if not _unfreeze_at_exit:
-        _unfreeze_at_exit = True
-        # at exit the frozen objects go back to the collector, so the interpreter's shutdown frees them as usual
-        # (left frozen, extension modules that count their objects at shutdown report them as leaked: nanobind)
-        atexit.register(gc.unfreeze)
     gc.freeze()
     if _default is not None and gc.get_threshold() == _IMPORTING:
         gc.set_threshold(*_default)

@@ -18,7 +18,6 @@ def test_a_fresh_process_collects_rarely_while_importing_then_restores_its_thres
     assert out == "(700, 10, 10) (100000, 50, 100) (700, 10, 10) (700, 10, 10) True", out
 
 
-
 def test_frozen_imports_are_freed_at_exit_without_leak_reports():
     """Left frozen at exit, extension modules that count their objects at shutdown (triton's nanobind bindings,
     imported with torch) print "leaked ..." lines after a script's last line; imports_done hands them back."""

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from orchestrator.config.errors import UserError, validate
 from orchestrator.config.trial import TrialConfig
 from tests.unit.config.cli_errors import trial_error
-from workers.rollout.worker import ENGINE_KEYS, engine_in_process, engine_settings
+from workers.rollout.engine import ENGINE_KEYS, engine_in_process, engine_settings
 
 
 def test_defaults_are_todays_behaviour():
