@@ -34,14 +34,14 @@ def build_tiny_model(out_dir: str | os.PathLike, seed: int = 0, vocab: Sequence[
     Config: hidden 128, 2 layers, 2 heads of dim 64 (vLLM's CPU attention needs head_dim >= 32), 1 KV head.
     Weights depend only on `seed`. Returns the directory.
     """
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
     out = Path(out_dir)
     spec = {"seed": seed, "vocab": list(vocab), "version": 1}
     marker = out / _MARKER
     if marker.exists() and json.loads(marker.read_text()) == spec:
-        return out
+        return out  # before the imports: transformers' model classes cost ~4 CPU-s in a process that only reads
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
     out.mkdir(parents=True, exist_ok=True)
 
     ids = {tok: i for i, tok in enumerate(vocab)}
