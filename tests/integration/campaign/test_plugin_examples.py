@@ -1,4 +1,6 @@
-"""One campaign run through `python -m orchestrator run` on a local Ray, three trials of 2 steps:
+"""One campaign run through `python -m orchestrator run` on the session's local Ray (joined through `RAY_ADDRESS`,
+as a user's `run` joins a running cluster; its worker processes never had the plugin directories on their path),
+three trials of 2 steps:
 - the two plugin examples, each from its own directory outside the package: the single-turn countdown task and
   the multi-turn guess_number environment reach the trial's processes through the campaign's `plugins.paths`;
   guess_number plays in a mixed task (`task: {mix: ...}`) beside the built-in single-turn chain task: every
@@ -23,7 +25,7 @@ from tests.unit.tasks.test_dataset_task import VERL_ROWS, write_verl_parquet
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def test_plugin_examples_train_from_their_own_directories(tmp_path):
+def test_plugin_examples_train_from_their_own_directories(ray_local, tmp_path):
     for name in ("countdown", "guess_number"):
         shutil.copytree(ROOT / "examples" / name, tmp_path / name)
     conditions = {}
@@ -50,7 +52,7 @@ def test_plugin_examples_train_from_their_own_directories(tmp_path):
                 "resources": {"rollout_workers": 1, "worker_cpus": 1, "learner_cpus": 1, "driver_cpus": 0.5},
                 "max_concurrent_trials": 1, "max_failures": 0, "storage": "results", "wandb": {"mode": "disabled"}}
     (tmp_path / "campaign.yaml").write_text(yaml.safe_dump(campaign))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = {**os.environ, "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address}
     env["PYTHONPATH"] = str(ROOT)  # the package; the plugins come only from plugins.paths
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "run", "campaign.yaml"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=1200)
