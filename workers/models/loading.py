@@ -94,11 +94,41 @@ def build_cached(out_dir: str | os.PathLike, spec: dict, marker: str, build) -> 
     return out
 
 
-def load_tokenizer(name_or_path: str):
-    """Tokenizer by hub name or local path (left padding is irrelevant: we pad ourselves)."""
-    from transformers import AutoTokenizer
+# The marker files this package's model builders write (loading.py, tiny_agent.py, reasoner.py, families.py;
+# tests/unit/models/test_tokenizer_loading.py holds the list to them) and the tokenizer classes they save.
+BUILT_HERE_MARKERS = (_MARKER, "tiny_agent.json", "reasoner.json", "tiny_family.json")
+_BUILT_HERE_TOKENIZERS = ("TokenizersBackend", "Qwen2Tokenizer")
 
-    tok = AutoTokenizer.from_pretrained(name_or_path)
+
+def built_here_tokenizer_class(path: str) -> type | None:
+    """The tokenizer class of a model directory built by this package (one of `BUILT_HERE_MARKERS` in it): the
+    class its tokenizer_config.json names, which is what AutoTokenizer resolves for these models too (checked
+    per builder by tests/unit/models/test_tokenizer_loading.py). None for any other name or directory."""
+    p = Path(path)
+    if not p.is_dir() or not any((p / m).is_file() for m in BUILT_HERE_MARKERS):
+        return None
+    try:
+        name = json.loads((p / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError):
+        return None
+    if name not in _BUILT_HERE_TOKENIZERS:
+        return None
+    import transformers
+
+    return getattr(transformers, name)
+
+
+def load_tokenizer(name_or_path: str):
+    """Tokenizer by hub name or local path (left padding is irrelevant: we pad ourselves).
+
+    A model built here loads with its own tokenizer class (`built_here_tokenizer_class`): importing
+    AutoTokenizer costs ~3 CPU-s (transformers' auto factories) in a process that needs only the tokenizer,
+    every trial's driver among them."""
+    cls = built_here_tokenizer_class(name_or_path)
+    if cls is None:
+        from transformers import AutoTokenizer as cls
+
+    tok = cls.from_pretrained(name_or_path)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
