@@ -31,8 +31,9 @@ class SleepState:
         self.level, self.asleep = level, list(PARTS)
         self.log.append(("sleep", level))
 
-    def leave(self, parts: list[str] | None = None) -> None:
-        """Wake `parts` (None: every part still asleep), each of which must be asleep."""
+    def waking(self, parts: list[str] | None = None) -> list[str]:
+        """The parts a wake of `parts` (None: every part still asleep) wakes, each of which must be asleep.
+        Records nothing: the caller wakes the engine, then `leave`s."""
         parts = list(self.asleep) if parts is None else list(parts)
         unknown = [p for p in parts if p not in PARTS]
         if unknown:
@@ -40,7 +41,11 @@ class SleepState:
         if not parts or any(p not in self.asleep for p in parts):
             raise RuntimeError(f"wake_up({', '.join(parts) or 'all'}) on an engine whose parts are awake "
                                f"(asleep: {', '.join(self.asleep) or 'none'})")
-        for p in parts:
+        return parts
+
+    def leave(self, parts: list[str] | None = None) -> None:
+        """Record `parts` (None: every part still asleep) awake; each must be asleep (`waking`)."""
+        for p in self.waking(parts):
             self.asleep.remove(p)
             self.log.append(("wake", p))
         if not self.asleep:

@@ -150,13 +150,12 @@ class RolloutWorker:
         the KV cache never hold memory at once (what verl and the other peers do); sampling needs both back.
         Returns {"awake": [parts], "asleep": [parts still asleep], "real": bool, "seconds": float}."""
         t0 = time.perf_counter()
-        parts = list(self._sleep.asleep) if parts is None else list(parts)
-        self._sleep.leave(parts)
-        if self._sleep.real:
-            fully = self._llm.wake_up(tags=parts)
-            if fully != (not self._sleep.asleep):
-                raise RuntimeError(f"vLLM reports fully awake={fully} after waking {parts}; "
-                                   f"expected parts still asleep: {self._sleep.asleep}")
+        parts = self._sleep.waking(parts)  # checked before the engine is touched
+        fully = self._llm.wake_up(tags=parts) if self._sleep.real else None
+        self._sleep.leave(parts)  # recorded awake once vLLM woke them: a failed wake leaves them asleep
+        if self._sleep.real and fully != (not self._sleep.asleep):
+            raise RuntimeError(f"vLLM reports fully awake={fully} after waking {parts}; "
+                               f"expected parts still asleep: {self._sleep.asleep}")
         return {"awake": parts, "asleep": list(self._sleep.asleep), "real": self._sleep.real,
                 "seconds": time.perf_counter() - t0}
 

@@ -55,3 +55,48 @@ def test_waking_an_awake_engine_or_an_unknown_part_is_an_error():
     s.enter(1)
     with pytest.raises(ValueError, match="wake_up parts must be among"):
         s.leave(["scheduling"])
+
+
+def test_waking_checks_without_recording():
+    s = SleepState()
+    s.enter(2)
+    assert s.waking(["weights"]) == ["weights"] and s.waking() == ["weights", "kv_cache"]
+    assert s.asleep == ["weights", "kv_cache"] and s.log == [("sleep", 2)]  # nothing recorded yet
+    with pytest.raises(ValueError, match="wake_up parts must be among"):
+        s.waking(["scheduling"])
+
+
+class _Engine:
+    """vLLM's sleep/wake calls as a real GPU engine answers them; `fail` makes the next wake raise."""
+
+    def __init__(self):
+        self.calls, self.fail = [], False
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags):
+        if self.fail:
+            raise RuntimeError("CUDA out of memory while reallocating")
+        self.calls.append(("wake", tuple(tags)))
+        return len(self.calls) >= 3  # fully awake after the second wake (weights, then kv_cache)
+
+
+def test_a_failed_wake_leaves_the_record_asleep():
+    """The record follows vLLM: a wake that raises leaves its parts asleep, so the worker keeps refusing to
+    sample or load a policy instead of reading memory that was never given back."""
+    from workers.rollout.worker import RolloutWorker
+
+    worker = object.__new__(RolloutWorker)  # the sleep methods only: no engine is built
+    worker._llm, worker._sleep = _Engine(), SleepState(real=True)
+    worker.sleep(2)
+    worker._llm.fail = True
+    with pytest.raises(RuntimeError, match="CUDA out of memory"):
+        worker.wake_up(["weights"])
+    assert worker._sleep.asleep == ["weights", "kv_cache"] and worker.sleep_log() == [("sleep", 2)]
+    with pytest.raises(RuntimeError, match="a policy update on a sleeping engine"):
+        worker._sleep.check_awake("a policy update", needs=("weights",))
+    worker._llm.fail = False
+    assert worker.wake_up(["weights"])["asleep"] == ["kv_cache"]
+    assert worker.wake_up()["asleep"] == [] and worker._llm.calls == [
+        ("sleep", 2), ("wake", ("weights",)), ("wake", ("kv_cache",))]
