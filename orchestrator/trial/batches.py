@@ -19,7 +19,8 @@ order (group i's G sequences, then group i+1's); B = the number of sequences, N 
     truncated, lengths     bool / int64 [B]   (absent when the source recorded none)
     train                  bool [N]   the refill's choice of the groups to train on (absent without rollout.fill)
 Split a ragged array with `np.split(a, np.cumsum(a_lens)[:-1])`. The header (JSON) holds `format` (FORMAT),
-`step`, `trial`, `model` ({name, tiny_seed}), `task`, `rollout` (the run's whole rollout section: what shaped
+`step`, `trial`, `model` ({name, tiny_seed, tokenizer: the fingerprint of the tokenizer the ids are in}), `task`,
+`rollout` (the run's whole rollout section: what shaped
 the data), `num_tokens`, `versions` (the policy versions that sampled it), `metrics` (the rollout side's step
 metrics), `groups_info` (each group's problem id, prompt text, truncation) and `extra` (the extras' names).
 Floats are float64, so vLLM's log-probs and the rewards come back bit for bit.
@@ -55,11 +56,14 @@ def _dtype(values: list) -> type:
     return np.float64
 
 
-def header_of(cfg: TrialConfig, step: int, roll: Rollouts) -> dict:
-    """What a replay checks the replaying trial against, and what the arrays do not say."""
+def header_of(cfg: TrialConfig, step: int, roll: Rollouts, tokenizer: str | None = None) -> dict:
+    """What a replay checks the replaying trial against, and what the arrays do not say. `tokenizer`: the
+    fingerprint of the tokenizer the ids are in (workers/models/loading.py: tokenizer_fingerprint)."""
     return {
         "format": FORMAT, "step": step, "trial": cfg.name,
-        "model": {"name": cfg.model.name, "tiny_seed": cfg.model.tiny_seed}, "task": cfg.task.name,
+        "model": {"name": cfg.model.name, "tiny_seed": cfg.model.tiny_seed, **({"tokenizer": tokenizer}
+                                                                               if tokenizer else {})},
+        "task": cfg.task.name,
         "rollout": cfg.rollout.model_dump(mode="json"), "num_tokens": roll.num_tokens,
         "versions": sorted(roll.versions, key=lambda v: -1 if v is None else v), "metrics": roll.metrics,
         "groups_info": roll.groups_info, "extra": sorted(roll.extra),
@@ -132,12 +136,12 @@ def read_batch(run_dir: str, step: int) -> tuple[Rollouts, dict] | None:
 class TrialBatches:
     """The loop's writer: `record` after each step (before the samples files take the step's rollouts)."""
 
-    def __init__(self, cfg: TrialConfig, out_dir: str):
-        self.cfg, self.out_dir = cfg, out_dir
+    def __init__(self, cfg: TrialConfig, out_dir: str, tokenizer: str | None = None):
+        self.cfg, self.out_dir, self.tokenizer = cfg, out_dir, tokenizer  # tokenizer: its fingerprint
 
     def record(self, step: int, row: dict) -> None:
         roll = row.get("_rollouts")
         if not self.cfg.logging.batches or roll is None:
             return
-        data = encode(roll, header_of(self.cfg, step, roll))
+        data = encode(roll, header_of(self.cfg, step, roll, self.tokenizer))
         store.write_bytes(store.join(self.out_dir, BATCHES_DIR, batch_file(step)), data)

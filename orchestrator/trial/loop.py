@@ -43,7 +43,7 @@ from workers.credit import SepaController
 from workers.envs.tokens import turn_format
 from workers.learner.state import BLOB as LEARNER_FILE
 from workers.learner.state import SHARDS
-from workers.models.loading import load_tokenizer
+from workers.models.loading import load_tokenizer, tokenizer_fingerprint
 from workers.startup import imports_done
 from workers.tasks import make_task
 
@@ -186,7 +186,7 @@ def run_trial(config: dict) -> None:
     source = replay_source(ctx, trial_source(ctx))  # one task, episodes or a mix; `replay:` saved batches
     pipe = OneStepOff(ctx, source, resume.pending) if cfg.rollout.mode == "one_step_off" else None
     samples = TrialSamples(cfg, out_dir, tokenizer)
-    batches = TrialBatches(cfg, out_dir)
+    batches = TrialBatches(cfg, out_dir, tokenizer_fingerprint(tokenizer) if cfg.logging.batches else None)
     eval_sets = EvalSets(ctx)  # eval.sets: more held-out sets, logged as eval/<set>/... (trial/eval_sets.py)
     for step in range(resume.start, cfg.steps):
         row, calls.step, eval_version = {}, step, version

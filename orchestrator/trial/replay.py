@@ -13,7 +13,8 @@ starts. A replayed step's `time/generate_s` is the time to read its file; the sa
 errors, per-source rates) are reported as the run's, its other `time/*` are dropped.
 
 Refused before anything starts, one line each (`check_replay`): a RUN_DIR without saved batches, a trial whose
-model, task or rollout shape (prompts_per_step, n, temperature) differs from the saved batches', fewer saved
+model (its name, or under the same name a tokenizer with another vocabulary), task or rollout shape
+(prompts_per_step, n, temperature) differs from the saved batches', fewer saved
 steps than `steps`, and rollout.mode one_step_off (it overlaps sampling with training; a replay samples nothing).
 """
 
@@ -53,16 +54,30 @@ def saved_steps(run: str) -> int:
     return k
 
 
-def mismatches(cfg: TrialConfig, header: dict) -> list[str]:
-    """`key path: what differs` for every setting of `cfg` the saved batches were made under and disagree with."""
+def mismatches(cfg: TrialConfig, header: dict, tokenizer: str | None = None) -> list[str]:
+    """`key path: what differs` for every setting of `cfg` the saved batches were made under and disagree with;
+    `tokenizer`: the replaying trial's tokenizer fingerprint, checked against the run's where both are known (the
+    same model name may hold other files: a local path rebuilt, a hub revision)."""
     saved = {"model.name": header["model"]["name"], "model.tiny_seed": header["model"]["tiny_seed"],
              "task.name": header["task"], "rollout.prompts_per_step": header["rollout"]["prompts_per_step"],
              "rollout.n": header["rollout"]["n"], "rollout.temperature": header["rollout"]["temperature"]}
     ours = {"model.name": cfg.model.name, "model.tiny_seed": cfg.model.tiny_seed, "task.name": cfg.task.name,
             "rollout.prompts_per_step": cfg.rollout.prompts_per_step, "rollout.n": cfg.rollout.n,
             "rollout.temperature": cfg.rollout.temperature}
-    return [f"{k}: {ours[k]!r}, but the saved batches were sampled with {saved[k]!r}"
-            for k in saved if ours[k] != saved[k]]
+    wrong = [f"{k}: {ours[k]!r}, but the saved batches were sampled with {saved[k]!r}"
+             for k in saved if ours[k] != saved[k]]
+    theirs = header["model"].get("tokenizer")
+    if not wrong and tokenizer and theirs and tokenizer != theirs:
+        wrong.append(f"model.name: {cfg.model.name!r} now has another tokenizer (vocabulary {tokenizer}) than the "
+                     f"one the saved batches' token ids are in ({theirs})")
+    return wrong
+
+
+def _tokenizer_of(cfg: TrialConfig) -> str:
+    from orchestrator.trial.models import resolve_model_quietly
+    from workers.models.loading import load_tokenizer, tokenizer_fingerprint
+
+    return tokenizer_fingerprint(load_tokenizer(resolve_model_quietly(cfg.model)))
 
 
 def check_replay(cfg: TrialConfig, run_dir: str, where: str) -> str:
@@ -80,6 +95,8 @@ def check_replay(cfg: TrialConfig, run_dir: str, where: str) -> str:
     except (ValueError, KeyError, OSError, zipfile.BadZipFile) as exc:
         raise UserError(f"{where}: --replay {run_dir}: {BATCHES_DIR}/{batch_file(0)} is unreadable: {exc}") from None
     wrong = mismatches(cfg, header)
+    if not wrong and header["model"].get("tokenizer"):  # the same model name: are its token ids the same?
+        wrong = mismatches(cfg, header, _tokenizer_of(cfg))
     if wrong:
         raise UserError(f"{where}: {wrong[0]} in {run_dir}")
     if have < cfg.steps:
@@ -92,10 +109,10 @@ class ReplaySource:
     """A `RolloutSource` whose training groups are a run's saved batches (`saved`, called by `step.collect` in
     place of the sampling rounds); held-out evaluation is the trial's own source's, on its engines."""
 
-    def __init__(self, cfg: TrialConfig, inner: RolloutSource):
+    def __init__(self, cfg: TrialConfig, inner: RolloutSource, tokenizer: str | None = None):
         self.run, self.inner = cfg.replay, inner
         got = read_batch(self.run, 0)
-        wrong = mismatches(cfg, got[1]) if got is not None else [f"{self.run}: no saved batches"]
+        wrong = mismatches(cfg, got[1], tokenizer) if got is not None else [f"{self.run}: no saved batches"]
         if wrong:  # the CLI refused these already; a config that set `replay:` itself meets them here
             raise ValueError(f"replay: {wrong[0]}")
 
@@ -119,4 +136,8 @@ class ReplaySource:
 
 def replay_source(ctx: TrialContext, inner: RolloutSource) -> RolloutSource:
     """The trial's source: `inner`, or under `replay:` the saved batches with `inner`'s evaluation."""
-    return ReplaySource(ctx.cfg, inner) if ctx.cfg.replay else inner
+    if not ctx.cfg.replay:
+        return inner
+    from workers.models.loading import tokenizer_fingerprint
+
+    return ReplaySource(ctx.cfg, inner, tokenizer_fingerprint(ctx.tokenizer) if ctx.tokenizer is not None else None)

@@ -134,6 +134,15 @@ def load_tokenizer(name_or_path: str):
     return tok
 
 
+def tokenizer_fingerprint(tokenizer) -> str:
+    """What token ids mean under `tokenizer`: a hash of its whole vocabulary (added tokens included), so a batch
+    saved as ids can be checked against the tokenizer about to read it (orchestrator/trial/replay.py)."""
+    import hashlib
+
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
 def load_model(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     """Causal LM by hub name or local path, in `dtype`, on `device`."""
     from transformers import AutoModelForCausalLM

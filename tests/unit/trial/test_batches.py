@@ -170,3 +170,28 @@ def test_saved_rewards_keep_their_nan_for_the_filter(tmp_path):
     assert math.isnan(source.saved(0).rewards[2][0])
     with pytest.raises(FileNotFoundError, match="step 1"):
         source.saved(1)
+
+
+def test_replay_refuses_the_same_model_name_holding_another_tokenizer(tmp_path, capsys):
+    """A local path (or a hub name at another revision) keeps its name while its files change: the saved token
+    ids are checked against the replaying trial's tokenizer by its vocabulary, before launch and in the trial."""
+    from workers.models.loading import TINY_VOCAB, build_tiny_model, load_tokenizer, tokenizer_fingerprint
+
+    model = tmp_path / "model"
+    build_tiny_model(model, seed=0)
+    cfg = TrialConfig(**{**BASE, "model": {"name": str(model)}})
+    saved = tokenizer_fingerprint(load_tokenizer(str(model)))
+    for s in range(2):
+        TrialBatches(cfg, str(tmp_path / "run"), saved).record(s, {"_rollouts": _roll(s)})
+    run = str(tmp_path / "run")
+    assert check_replay(cfg, run, "t.yaml") == run  # the same files: replays
+    assert ReplaySource(cfg.model_copy(update={"replay": run}), inner=None, tokenizer=saved).run == run
+
+    build_tiny_model(model, seed=0, vocab=(*TINY_VOCAB, "extra"))  # rebuilt in place, one token more
+    other = tokenizer_fingerprint(load_tokenizer(str(model)))
+    assert other != saved
+    capsys.readouterr()  # the builds' progress bars
+    line = _refusal(tmp_path, capsys, _yaml(model=f"{{name: {model}}}"), run)
+    assert f"model.name: '{model}' now has another tokenizer (vocabulary {other})" in line and saved in line
+    with pytest.raises(ValueError, match="another tokenizer"):
+        ReplaySource(cfg.model_copy(update={"replay": run}), inner=None, tokenizer=other)
