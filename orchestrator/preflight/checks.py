@@ -14,23 +14,7 @@ from orchestrator.config.trial import TrialConfig
 from orchestrator.preflight.cluster import check_campaign
 from orchestrator.preflight.model_limits import check_model_limits
 from orchestrator.preflight.working_dir import refuse_storage_inside
-
-
-def _local_tokenizer(cfg: TrialConfig):
-    """The trial model's tokenizer when it is on this machine (local models are built), else None."""
-    from orchestrator.trial.models import resolve_model_quietly
-    from workers.models.local import is_local_model
-
-    if is_local_model(cfg.model.name) or Path(cfg.model.name).expanduser().is_dir():
-        from workers.models.loading import load_tokenizer
-
-        return load_tokenizer(resolve_model_quietly(cfg.model))
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(cfg.model.name, local_files_only=True)
-    except (OSError, ValueError):
-        return None  # not downloaded here: the trial checks its first prompt itself
+from orchestrator.trial.models import local_tokenizer
 
 
 def check_episodes(source: str, trials: list[tuple[str, TrialConfig]]) -> None:
@@ -47,7 +31,7 @@ def check_episodes(source: str, trials: list[tuple[str, TrialConfig]]) -> None:
                           cfg.rollout.max_tokens, cfg.rollout.max_actions_per_turn,
                           cfg.rollout.max_actions_per_episode])
         if key not in seen:
-            tok = _local_tokenizer(cfg)
+            tok = local_tokenizer(cfg.model)
             seen[key] = None if tok is None else check_episode_fits(cfg, tok)
         if seen[key]:
             raise UserError(f"{source}: trial {name}: {seen[key]}")

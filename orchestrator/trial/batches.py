@@ -20,8 +20,7 @@ order (group i's G sequences, then group i+1's); B = the number of sequences, N 
     train                  bool [N]   the refill's choice of the groups to train on (absent without rollout.fill)
 Split a ragged array with `np.split(a, np.cumsum(a_lens)[:-1])`. The header (JSON) holds `format` (FORMAT),
 `step`, `trial`, `model` ({name, tiny_seed, tokenizer: the fingerprint of the tokenizer the ids are in}), `task`,
-`rollout` (the run's whole rollout section: what shaped
-the data), `num_tokens`, `versions` (the policy versions that sampled it), `metrics` (the rollout side's step
+`rollout` (the run's whole rollout section: what shaped the data), `num_tokens`, `versions` (the policy versions that sampled it), `metrics` (the rollout side's step
 metrics), `groups_info` (each group's problem id, prompt text, truncation) and `extra` (the extras' names).
 Floats are float64, so vLLM's log-probs and the rewards come back bit for bit.
 """
@@ -59,11 +58,11 @@ def _dtype(values: list) -> type:
 def header_of(cfg: TrialConfig, step: int, roll: Rollouts, tokenizer: str | None = None) -> dict:
     """What a replay checks the replaying trial against, and what the arrays do not say. `tokenizer`: the
     fingerprint of the tokenizer the ids are in (workers/models/loading.py: tokenizer_fingerprint)."""
+    model = {"name": cfg.model.name, "tiny_seed": cfg.model.tiny_seed}
+    if tokenizer:
+        model["tokenizer"] = tokenizer
     return {
-        "format": FORMAT, "step": step, "trial": cfg.name,
-        "model": {"name": cfg.model.name, "tiny_seed": cfg.model.tiny_seed, **({"tokenizer": tokenizer}
-                                                                               if tokenizer else {})},
-        "task": cfg.task.name,
+        "format": FORMAT, "step": step, "trial": cfg.name, "model": model, "task": cfg.task.name,
         "rollout": cfg.rollout.model_dump(mode="json"), "num_tokens": roll.num_tokens,
         "versions": sorted(roll.versions, key=lambda v: -1 if v is None else v), "metrics": roll.metrics,
         "groups_info": roll.groups_info, "extra": sorted(roll.extra),

@@ -20,3 +20,22 @@ def resolve_model_quietly(cfg: ModelConfig) -> str:
 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         return resolve_model(cfg)
+
+
+def local_tokenizer(cfg: ModelConfig):
+    """The model's tokenizer when it is on this machine (a local model is built), else None (a hub name not
+    downloaded here: what needs it is checked again where the trial runs). For the checks made before launch."""
+    from pathlib import Path
+
+    from workers.models.local import is_local_model
+
+    if is_local_model(cfg.name) or Path(cfg.name).expanduser().is_dir():
+        from workers.models.loading import load_tokenizer
+
+        return load_tokenizer(resolve_model_quietly(cfg))
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(cfg.name, local_files_only=True)
+    except (OSError, ValueError):
+        return None

@@ -73,11 +73,14 @@ def mismatches(cfg: TrialConfig, header: dict, tokenizer: str | None = None) -> 
     return wrong
 
 
-def _tokenizer_of(cfg: TrialConfig) -> str:
-    from orchestrator.trial.models import resolve_model_quietly
-    from workers.models.loading import load_tokenizer, tokenizer_fingerprint
+def _tokenizer_of(cfg: TrialConfig) -> str | None:
+    """The replaying trial's tokenizer fingerprint, None where its tokenizer is not on this machine (a hub model
+    not downloaded here: the trial checks it itself, `ReplaySource`)."""
+    from orchestrator.trial.models import local_tokenizer
+    from workers.models.loading import tokenizer_fingerprint
 
-    return tokenizer_fingerprint(load_tokenizer(resolve_model_quietly(cfg.model)))
+    tok = local_tokenizer(cfg.model)
+    return None if tok is None else tokenizer_fingerprint(tok)
 
 
 def check_replay(cfg: TrialConfig, run_dir: str, where: str) -> str:
