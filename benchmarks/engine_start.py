@@ -4,7 +4,7 @@ default) vs vLLM's own engine-core and model-worker processes, same model and se
 Each rep starts one actor of each kind (order alternating, so both see the same background load) and times it
 from `.remote()` to a finished first `generate` (16 prompts x n=8 x 32 tokens): actor process start, vLLM import,
 engine build and the first batch, which is what every trial pays before its first step. The two engines must
-sample the same tokens (checked). Prints each time, then the ratio separate / in-process of the medians last.
+sample the same tokens with the same log-probs (checked; the suite's smoke run fails otherwise). Prints each time, then the ratio separate / in-process of the medians last.
 
     python benchmarks/engine_start.py [--reps 3] [--prompts 16] [--n 8] [--max-tokens 32]
 """
@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._stack import init_ray  # noqa: E402
 
 REPS, PROMPTS, N, MAX_TOKENS, SEED = 3, 16, 8, 32, 7
+LOGPROB_TOL = 1e-5  # fp32 on one CPU: the two engines compute the same log-probs (tests/integration/test_benchmarks.py)
 
 
 def _start(model_dir: str, in_process: bool, prompts: list[list[int]], n: int, max_tokens: int
@@ -39,7 +40,7 @@ def _start(model_dir: str, in_process: bool, prompts: list[list[int]], n: int, m
     elapsed = time.perf_counter() - t0
     shutdown_actors([actor])
     time.sleep(2)  # let the killed actor's processes go before the next start
-    return elapsed, [[c["token_ids"] for c in g] for g in out["completions"]]
+    return elapsed, [[(c["token_ids"], c["logprobs"]) for c in g] for g in out["completions"]]
 
 
 def main() -> None:
@@ -70,7 +71,11 @@ def main() -> None:
                       flush=True)
     finally:
         ray.shutdown()
-    print(f"same tokens from both engines: {samples[True] == samples[False]}")
+    pairs = [(a, b) for ga, gb in zip(samples[True], samples[False], strict=True)
+             for a, b in zip(ga, gb, strict=True)]
+    same_tokens = all(a[0] == b[0] for a, b in pairs)
+    close = same_tokens and all(abs(x - y) <= LOGPROB_TOL for a, b in pairs for x, y in zip(a[1], b[1], strict=True))
+    print(f"same tokens from both engines: {same_tokens}, their log-probs within {LOGPROB_TOL:g}: {close}")
     sep, inp = statistics.median(times[False]), statistics.median(times[True])
     print(f"median start to first batch: separate processes {sep:.1f} s, in-process {inp:.1f} s")
     print(f"ratio separate/in-process: {sep / inp:.2f}")

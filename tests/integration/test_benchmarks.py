@@ -40,6 +40,13 @@ SCRIPTS = {  # name: (script, smallest flags that still reach every part of it)
 }
 
 
+CLAIMS = {  # lines a script prints that the suite holds it to
+    # vLLM in the actor's process and vLLM in its own processes sample the same tokens with the same log-probs (a
+    # one_step_off trial's CPU default is the second: orchestrator/trial/actors.py:rollout_engine)
+    "engine_start": ["same tokens from both engines: True, their log-probs within 1e-05: True"],
+}
+
+
 def _session_processes(sid: int) -> list[str]:
     """Processes (pid and command) still in session `sid`."""
     out = subprocess.run(["ps", "-eo", "pid=,sid=,args="], capture_output=True, text=True, check=True).stdout
@@ -69,4 +76,6 @@ def test_benchmark_runs_at_its_smallest_size(name, ray_local, tmp_path):
     lines = [line for line in out.splitlines() if line.strip()]
     assert proc.returncode == 0, "\n".join(lines[-40:])
     assert lines and RATIO_LINE.match(lines[-1]), "\n".join(lines[-10:])
+    for claim in CLAIMS.get(name, ()):  # what a script checks beside its timing
+        assert claim in out, "\n".join(lines[-10:])
     assert not left, f"{script} left processes behind: {left}"

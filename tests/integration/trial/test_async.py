@@ -2,8 +2,9 @@
 
 - With a policy that does not move (lr 1e-20) and C large, one_step_off trains on exactly the sync trial's data
   and logs the same rows (only the sampling adapter's version lags by one).
-- The engine of a one_step_off trial runs in processes of its own (the sync trial's inside its actor): the rows
-  match, so both engine kinds sample the same tokens with the same log-probs.
+- Both trials run vLLM inside the rollout actor (one_step_off's CPU default, vLLM's own processes, costs ~18 CPU-s
+  more a start; that both kinds sample the same tokens with the same log-probs is held by the suite's smoke run of
+  benchmarks/engine_start.py, tests/integration/test_benchmarks.py).
 - (A restored one_step_off trial trains on the batch prefetched before the interruption: test_agentic.py's
   Sokoban PPO resume test, which runs one step off.)
 - Structure of the overlap: with a learner that sleeps a known time per step, the next step's generation runs
@@ -53,9 +54,8 @@ def _stable(row: dict) -> dict:
 def test_one_step_off_equals_sync_when_the_policy_does_not_move(ray_local, tmp_path):
     still = {"optim": {"lr": 1e-20}}
     sync = _cfg("sync", tmp_path, "sync", steps=4, learner=still)
-    off = _cfg("off", tmp_path, "one_step_off", steps=4, learner=still, rollout={**BASE["rollout"],
-                                                                                 "mode": "one_step_off",
-                                                                                 "tis_cap": 1e9})
+    off = _cfg("off", tmp_path, "one_step_off", steps=4, learner=still,
+               rollout={**BASE["rollout"], "mode": "one_step_off", "tis_cap": 1e9, "engine": {"in_process": True}})
     assert run_single_trial(sync, tmp_path) is not None and run_single_trial(off, tmp_path) is not None
     a, b = _rows(sync), _rows(off)
     assert [r["step"] for r in b] == list(range(4))
