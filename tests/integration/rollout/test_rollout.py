@@ -176,8 +176,8 @@ def test_seeding(worker, prompt_ids):
 
 def test_the_cpu_default_runs_the_engine_inside_the_actor(worker):
     """No engine-core or model-worker processes on CPU (a start-up saving only: both engine kinds match a
-    transformers forward here and in test_weight_sync.py, and test_async.py's one_step_off trial, whose engine
-    has processes of its own, logs the sync trial's rows)."""
+    transformers forward here and in test_weight_sync.py, and the suite's smoke run of benchmarks/engine_start.py
+    checks that they sample the same tokens with the same log-probs)."""
     import ray
 
     assert ray.get(worker.settings.remote())["distributed_executor_backend"] == "uni"
