@@ -4,7 +4,8 @@ default) vs vLLM's own engine-core and model-worker processes, same model and se
 Each rep starts one actor of each kind (order alternating, so both see the same background load) and times it
 from `.remote()` to a finished first `generate` (16 prompts x n=8 x 32 tokens): actor process start, vLLM import,
 engine build and the first batch, which is what every trial pays before its first step. The two engines must
-sample the same tokens with the same log-probs (checked; the suite's smoke run fails otherwise). Prints each time, then the ratio separate / in-process of the medians last.
+sample the same tokens with the same log-probs (checked; the suite's smoke run fails otherwise). Prints each
+time, then the ratio separate / in-process of the medians last.
 
     python benchmarks/engine_start.py [--reps 3] [--prompts 16] [--n 8] [--max-tokens 32]
 """

@@ -163,7 +163,7 @@ def test_sokoban_ppo_gae_one_step_off_trial_resumes_equivalently(ray_local, agen
     base = dict(steps=6, seed=5, task={"name": "sokoban", "fixed_level": None},
                 # short episodes: what must come back is the critic and the prefetched batch, not a long game; the
                 # engine in the actor's process (one_step_off's CPU default starts vLLM's own processes, ~18 CPU-s
-                # more a start: test_async.py shows both kinds sample the same tokens)
+                # more a start; the suite's engine_start smoke run holds both kinds to the same tokens)
                 rollout={"prompts_per_step": 4, "n": 4, "mode": "one_step_off", "max_turns": 2,
                          "engine": {"in_process": True}},
                 eval={"every": 5, "problems": 4, "n": 2, "k": 2},
