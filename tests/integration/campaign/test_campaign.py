@@ -17,13 +17,13 @@ import yaml
 from orchestrator.campaign.expand import load_campaign
 from orchestrator.tracking.offline import read_run
 from orchestrator.tune.launch import run_campaign
+from tests.integration.trial.test_trial import stable
 
 ROOT = Path(__file__).resolve().parents[3]
 STEPS = 3  # the packing campaigns: a learner killed after step 0's checkpoint still has steps to resume
 SMALL = {"model": {"name": "tiny"}, "task": {"name": "arithmetic"},  # every group trains: the phases and the offload
          "rollout": {"prompts_per_step": 4, "n": 4, "max_tokens": 4, "skip_uninformative": False},  # run each step
          "checkpoint": {"every": 1, "keep": 2}}
-VOLATILE = ("time/", "rollout/tokens_per_s")
 PHASES = ["generated", "asleep", "trained", "weights_awake", "synced", "awake"]  # a colocated step, in order
 OFFLOADED = "memory/offloaded_bytes"  # only a learner that offloads between steps reports it
 
@@ -169,7 +169,7 @@ def test_trials_pack_onto_logical_gpus_and_colocated_trials_match_separate_ones(
 
 
 def _stable_rows(tdir: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in _jsonl(tdir / "metrics.jsonl")]
+    return [stable(r) for r in _jsonl(tdir / "metrics.jsonl")]
 
 
 def _phases(tdir: Path) -> list[list[dict]]:
