@@ -159,8 +159,8 @@ def learner_args(cfg: TrialConfig) -> dict:
 
 def shutdown_actors(workers: list, learner: LearnerGroup | None = None) -> None:
     """End a trial's actors: every rollout worker and every learner rank; the one way benchmarks and tests
-    tear them down (a `LearnerGroup` is not an actor: `ray.kill` on it fails). A trial run by Tune ends or parks
-    its own (orchestrator/trial/warm.py:kept). Killing an actor that is already dead is a no-op."""
+    tear them down (a `LearnerGroup` is not an actor: `ray.kill` on it fails). A trial run by Tune needs none:
+    its actors end with the trial. Killing an actor that is already dead is a no-op."""
     for w in workers:
         ray.kill(w)
     if learner is not None:
