@@ -310,10 +310,9 @@ def test_sigkilled_campaign_resumes_with_the_same_command(ray_local, tmp_path):
 
 def _fill_campaign(tmp_path: Path, name: str, fill: dict | None) -> Path:
     """Two conditions that sample at different temperatures (so their informative groups differ), tiny reasoner
-    on the chain task, 2 steps at the smallest sizes, one trial at a time (the second on the first's warm actors:
-    one set of processes a campaign); `fill`: every condition's rollout.fill."""
+    on the chain task, 2 steps at the smallest sizes; `fill`: every condition's rollout.fill."""
     rollout = {"prompts_per_step": 4, "n": 4, "max_tokens": 48, **({"fill": fill} if fill else {})}
-    return _write(tmp_path, name=name, wandb={"mode": "disabled"}, max_concurrent_trials=1,
+    return _write(tmp_path, name=name, wandb={"mode": "disabled"}, max_concurrent_trials=2,
                   base={"steps": 2, "model": {"name": "tiny-reasoner"}, "task": {"name": "chain"}, "rollout": rollout,
                         "eval": {"every": 0}, "checkpoint": {"every": 2, "keep": 2}},
                   conditions={"hot": {"rollout": {"temperature": 1.0}}, "cool": {"rollout": {"temperature": 0.5}}},
