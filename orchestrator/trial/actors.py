@@ -66,19 +66,6 @@ class LearnerRankActor(Learner):
     def rendezvous(self) -> str:
         return rendezvous_address()
 
-    def reset(self, model_cfg: dict, **kw) -> None:
-        """Drop this rank's learner (model, optimizer, every attribute a step left) and take the next trial's
-        arguments; `start` then builds a new Learner in this warm process (orchestrator/trial/warm.py). One rank
-        only: a group's process group belongs to the trial that formed it."""
-        if self._rank != 0 or self._args[1].world != 1:
-            raise ValueError("only a one-rank learner is reused across trials")
-        import gc
-
-        for name in [n for n in vars(self) if not n.startswith("__")]:
-            delattr(self, name)
-        gc.collect()  # the old model's tensors go before the new one loads
-        self._args, self._rank = (model_cfg, Ranks(0, 1), kw), 0
-
     def start(self, init_method: str | None) -> None:
         check_gpu_runtime()
         model_cfg, ranks, kw = self._args
@@ -150,13 +137,6 @@ def rollout_settings(cfg: TrialConfig) -> RolloutWorkerSettings:
         sleep_mode=colocated(cfg))
 
 
-def learner_args(cfg: TrialConfig) -> dict:
-    """What a learner rank is built from besides its model and place in the group."""
-    return dict(learner=cfg.learner, credit=cfg.credit, interventions=cfg.interventions,
-                run=RunSettings(seed=cfg.seed, total_steps=cfg.steps, dtype=cfg.model.dtype,
-                                collective_timeout_s=cfg.timeouts.collective))
-
-
 def shutdown_actors(workers: list, learner: LearnerGroup | None = None) -> None:
     """End a trial's actors: every rollout worker and every learner rank; the one way benchmarks and tests
     tear them down (a `LearnerGroup` is not an actor: `ray.kill` on it fails). A trial run by Tune needs none:
@@ -184,7 +164,10 @@ def start_actors(cfg: TrialConfig, pg, calls: Calls | None = None) -> tuple[list
         (calls or Calls()).get([w.ready.remote() for w in workers], "setup", rollout_names(workers))
     ranks = [
         LearnerRankActor.options(num_cpus=s.cpus, num_gpus=s.gpus, **_placement(pg, s.bundle)).remote(
-            model_cfg, rank=i, world=r.learner_ranks, **learner_args(cfg))
+            model_cfg, rank=i, world=r.learner_ranks, learner=cfg.learner, credit=cfg.credit,
+            run=RunSettings(seed=cfg.seed, total_steps=cfg.steps, dtype=cfg.model.dtype,
+                            collective_timeout_s=cfg.timeouts.collective),
+            interventions=cfg.interventions)
         for i, s in enumerate(learner_slots(cfg))
     ]
     return workers, LearnerGroup(ranks, full=not settings.enable_lora, calls=calls)

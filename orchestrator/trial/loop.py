@@ -24,8 +24,7 @@ from orchestrator import storage as store
 from orchestrator.config.trial import TrialConfig, sepa_settings
 from orchestrator.storage import EVENTS_FILE, METRICS_FILE, PLACEMENT_FILE, STATE_FILE, UNCERTAINTY_DIR
 from orchestrator.tracking.run import TrialTracker
-from orchestrator.trial import warm
-from orchestrator.trial.actors import placement_record, rollout_names, shutdown_actors
+from orchestrator.trial.actors import placement_record, rollout_names, shutdown_actors, start_actors
 from orchestrator.trial.batches import TrialBatches
 from orchestrator.trial.calls import Calls, Deadlines, Hang, check_health
 from orchestrator.trial.context import TrialContext
@@ -151,7 +150,7 @@ def run_trial(config: dict) -> None:
     out_dir = cfg.output_dir or tempfile.mkdtemp(prefix=f"trial-{cfg.name}-")
     metrics_loc = store.join(out_dir, METRICS_FILE)
     resume = _resume(cfg, out_dir)
-    rows = resume.rows
+    version, rows = resume.version, resume.rows
     store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "start", "from_step": resume.start,
                                                          "time": time.time()})
     store.write_text(metrics_loc, "".join(json.dumps(r) + "\n" for r in rows))
@@ -160,19 +159,7 @@ def run_trial(config: dict) -> None:
 
     pg = get_current_placement_group()
     calls = Calls(Deadlines(cfg.timeouts))
-    workers, learner, warm_from = warm.take(cfg, pg, calls)  # the previous trial's, reset, or new ones
-    if warm_from is not None:
-        store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "warm_actors", "from_trial": warm_from,
-                                                             "time": time.time()})
-    with warm.kept(cfg, pg, workers, learner):  # parked for the next trial in this process, or killed
-        _run(cfg, out_dir, resume, pg, calls, workers, learner)
-
-
-def _run(cfg: TrialConfig, out_dir: str, resume: Resume, pg, calls: Calls, workers: list,
-         learner: LearnerGroup) -> None:
-    """The trial on its actors, from `resume` to its last step."""
-    version, rows = resume.version, resume.rows
-    metrics_loc = store.join(out_dir, METRICS_FILE)
+    workers, learner = start_actors(cfg, pg, calls)
     trackers: list[TrialTracker] = []  # the W&B run, once it exists, hears of a hang too
     calls.on_hang = _hang_handler(cfg, out_dir, workers, learner, trackers)
     tokenizer = load_tokenizer(resolve_model(cfg.model))

@@ -123,9 +123,6 @@ def _tuner(name: str, storage: str, trials: dict[str, dict], plan: TuneSchedulin
         param_space=param_space,
         tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent, scheduler=scheduler,
                                     search_alg=search_alg, num_samples=len(trials) if search_alg else 1,
-                                    # a trial starting in a slot another just left (or paused in) runs in the
-                                    # same driver process, on its warm actors (orchestrator/trial/warm.py)
-                                    reuse_actors=True,
                                     trial_name_creator=lambda t: t.config["trial"],
                                     trial_dirname_creator=lambda t: t.config["trial"]),
         run_config=tune.RunConfig(

@@ -269,18 +269,6 @@ class RolloutWorker:
         """`apply_policy` of full weights (`full_weights.pack_weights` output) with the learner's checksum."""
         return self.apply_policy(PolicyUpdate("weights", int(version), files, checksum))
 
-    def reset(self) -> None:
-        """Back to a just-built engine for the next trial run in this process (orchestrator/trial/warm.py): no
-        adapter, an empty prefix cache (its blocks were computed under earlier adapters and batch shapes), no
-        version, not broken. Adapter workers only: a full-weights engine's base weights were overwritten."""
-        if not self.enable_lora:
-            raise ValueError("reset needs a worker built with enable_lora=True (full weights overwrite the base)")
-        self._sleep.check_awake("a reset")
-        self._sync.reset(self._llm)
-        if not self._llm.reset_prefix_cache():
-            raise RuntimeError("vLLM did not reset its prefix cache (requests still running?)")
-        self._version, self._broken = None, None
-
     def weights_checksum(self) -> str:
         """`full_weights.weights_checksum` of the weights the engine holds now (model worker of rank 0)."""
         if self.enable_lora:

@@ -59,12 +59,6 @@ class AdapterSync:
     def lora_request(self):
         return self._lora
 
-    def reset(self, llm) -> None:
-        """Back to the base model: every adapter evicted from vLLM and deleted. Ids go on counting (never reused,
-        see above), so nothing the engine cached for an earlier adapter can serve a later one."""
-        self._lora = None
-        self._evict(llm, keep=None)
-
     def lora_ids(self, llm) -> list[int]:
         return sorted(llm.llm_engine.list_loras())
 

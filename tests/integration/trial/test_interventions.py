@@ -1,5 +1,4 @@
-"""Learner interventions in short local trials on the real stack (one campaign, five conditions, one trial at a
-time: each after the first runs on its predecessor's warm actors, orchestrator/trial/warm.py)."""
+"""Learner interventions in short local trials on the real stack (one campaign, four conditions)."""
 
 from __future__ import annotations
 
@@ -29,7 +28,6 @@ def runs(ray_local, tmp_path_factory) -> dict[str, list[dict]]:
             "kl": {"interventions": {"kl": {"coef": 1.0, "estimator": "low_var_kl", "measure": True}}},
             "entropy": {"interventions": {"entropy_bonus": {"coeff": 0.2}}},
             "floor": {"task": {"name": "arithmetic_mc"}, "interventions": {"probability_floor": {"min_prob": 0.24}}},
-            "warm_entropy": {"interventions": {"entropy_bonus": {"coeff": 0.2}}},  # entropy, on warm actors
         },
         "resources": {"rollout_workers": 1, "worker_cpus": 1, "learner_cpus": 1, "driver_cpus": 0.5},
     }))
@@ -37,11 +35,9 @@ def runs(ray_local, tmp_path_factory) -> dict[str, list[dict]]:
     assert run_campaign(campaign) == 0
     out = {}
     for t in campaign.trials:
-        trial_dir = Path(campaign.directory) / "trials" / t.name
-        out[t.condition] = [json.loads(ln) for ln in (trial_dir / "metrics.jsonl").read_text().splitlines()]
+        text = (Path(campaign.directory) / "trials" / t.name / "metrics.jsonl").read_text()
+        out[t.condition] = [json.loads(ln) for ln in text.splitlines()]
         assert [r["step"] for r in out[t.condition]] == list(range(STEPS))
-        events = [json.loads(ln) for ln in (trial_dir / "events.jsonl").read_text().splitlines()]
-        out[f"{t.condition}/warm"] = [e["from_trial"] for e in events if e["event"] == "warm_actors"]
     return out
 
 
@@ -69,19 +65,6 @@ def test_probability_floor_holds_in_sampler_and_learner(runs):
         if r["train/groups_kept"]:
             assert r["floor/learner_min_valid_prob"] >= floor - 1e-5, r
             assert r["train/logprob_gap_max"] < 1e-4, r  # sampler and learner agree on the floored distribution
-
-
-def test_a_trial_on_warm_actors_reports_what_a_fresh_start_reports(runs):
-    """Tune starts the trials in name order, each after the first in the processes of the one before.
-    warm_entropy runs last, on actors four trials used (their engine held those trials' adapters and prefix
-    cache, their learner rank plain's model and optimizer), reset: every metric but timings equals entropy's,
-    which started on new actors."""
-    from tests.integration.trial.test_trial import stable
-
-    warm = {c: runs[f"{c}/warm"] for c in ("entropy", "floor", "kl", "plain", "warm_entropy")}
-    assert warm == {"entropy": [], "floor": ["entropy_s0"], "kl": ["floor_s0"], "plain": ["kl_s0"],
-                    "warm_entropy": ["plain_s0"]}, warm
-    assert [stable(r) for r in runs["warm_entropy"]] == [stable(r) for r in runs["entropy"]]
 
 
 def test_kl_coefficient_zero_runs_no_reference_pass(runs):
