@@ -34,6 +34,11 @@ class PhaseTimeout(RuntimeError):
         self.hang = hang
         super().__init__(hang.message())
 
+    def __reduce__(self):
+        # Tune copies a trial's exception (copy.copy) and Ray pickles it: both rebuild it from these arguments,
+        # which must be the Hang, not the message the default reduce would pass
+        return (PhaseTimeout, (self.hang,))
+
 
 @dataclass
 class Hang:

@@ -138,3 +138,14 @@ def test_an_unhealthy_engine_fails_before_the_phase(fake_ray):
     with pytest.raises(PhaseTimeout, match="rollout\\[1\\]: process 9 \\(X\\) is stopped"):
         check_health(calls, [("rollout[0]", ok), ("rollout[1]", Sick())])
     assert seen[0].phase == "health" and seen[0].late == ["rollout[1]"]
+
+
+def test_a_phase_timeout_survives_copy_and_pickle():
+    """Tune copies a failed trial's exception and Ray pickles it: both must give back the same hang and message
+    (a copy once raised AttributeError instead, which became the trial's recorded error)."""
+    import copy
+    import pickle
+
+    err = PhaseTimeout(Hang("generate", ["rollout[0]"], [], 45.0, step=3, reason="process 9 (X) is stopped"))
+    for again in (copy.copy(err), pickle.loads(pickle.dumps(err))):
+        assert type(again) is PhaseTimeout and str(again) == str(err) and again.hang == err.hang
