@@ -60,7 +60,8 @@ class Hang:
 
     def message(self) -> str:
         at = "" if self.step is None else f" at step {self.step}"
-        return f"hang in phase '{self.phase}'{at}: {', '.join(self.late)}: {self.reason}"
+        named = all(f"{n}: " in self.reason for n in self.late)  # the health answers name their actors already
+        return f"hang in phase '{self.phase}'{at}: {'' if named else ', '.join(self.late) + ': '}{self.reason}"
 
     def event(self) -> dict:
         return {"event": "hang", "phase": self.phase, "late": self.late, "frozen": self.frozen,

@@ -112,6 +112,7 @@ def test_a_late_worker_whose_engine_is_stopped_says_so(fake_ray):
         calls.get([Ref(None, ready=False)], "generate", [("rollout[0]", Alive())])
     hang = err.value.hang
     assert hang.frozen == [] and hang.reason == "rollout[0]: process 9 (X) is stopped"
+    assert str(err.value) == "hang in phase 'generate': rollout[0]: process 9 (X) is stopped"  # the name once
 
 
 def test_wait_each_yields_as_ready_and_fails_on_the_late_one(fake_ray):
