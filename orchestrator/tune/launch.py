@@ -134,14 +134,6 @@ def _tuner(name: str, storage: str, trials: dict[str, dict], plan: TuneSchedulin
     )
 
 
-
-
-
-
-
-
-
-
 def _stable(config: dict) -> dict:
     """What a trial runs: its config less where it writes and where its plugins were found (a job's uploaded
     working dir lands in a new place on each cluster start; the plugin's code is the code, like the package's)."""
