@@ -22,9 +22,11 @@ TRAIN_METRIC = "train/correct_rate"
 
 def extra_sections(groups: Sequence[Group], base: Group | None, metric: str, out_dir: Path,
                    figures: bool = True, *, step: int | None = None,
-                   interpolate: bool = False) -> tuple[dict[str, pd.DataFrame], list[str], list[Path]]:
+                   interpolate: bool = False,
+                   primary_trend: sweeps.PrimaryTrend | None = None) -> tuple[dict[str, pd.DataFrame], list[str],
+                                                                              list[Path]]:
     """(tables by CSV stem, markdown lines, PNGs written). `step`: the report's step k (the sweeps' "final");
-    `interpolate`: AUCs bridge a missing interior step."""
+    `interpolate`: AUCs bridge a missing interior step; `primary_trend`: the sweep's primary test, if any."""
     metrics = [metric] + ([TRAIN_METRIC] if metric != TRAIN_METRIC else [])
     distance = trajectories.distance_table(groups, base, metrics)
     steps, summary = decomposition.decomposition_tables(groups)
@@ -33,7 +35,8 @@ def extra_sections(groups: Sequence[Group], base: Group | None, metric: str, out
               "decomposition": summary, "per_task": per_task.table(groups)}
     if sweeps.applies(groups):
         tables["sweeps"] = sweeps.sweep_table(groups, metric, step, interpolate)
-        tables["sweep_trend"], tables["sweep_deltas"] = sweeps.trend_tables(groups, metric, step, interpolate)
+        tables["sweep_trend"], tables["sweep_deltas"] = sweeps.trend_tables(groups, metric, step, interpolate,
+                                                                                   primary_trend)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, df in tables.items():
         df.to_csv(out_dir / f"{name}.csv", index=False)

@@ -12,14 +12,21 @@ the AUC runs from the metric's first logged step to k, so every run is measured 
 Panels for the figure: with several conditions the x axis is the condition and each sweep point a line; with one
 condition every sweep key is its own panel (numeric axis where its values are numbers) and the other keys are
 the lines. Trend and per-value tests run for every condition, swept key (with two or more values) and
-combination of the other keys. The `*` is Holm within a family: the trend tests of one measure, or the
-per-value deltas of one series and measure.
+combination of the other keys.
+
+One primary test per report: in a campaign with a sweep it is one trend (`PrimaryTrend`): the trend of the
+report's primary measure (`report.primary`) over the swept values of one condition, key and series
+(`report.primary_sweep`, default the first in campaign order), tested at 5% and the only row with a `*`.
+Every other trend and every per-value delta is exploratory: p and p (Holm) shown (Holm over the trend tests of
+one measure, or over the per-value deltas of one series and measure), never a `*`. (A `*` per family put one in
+16% of no-effect sweep reports.)
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +40,10 @@ from orchestrator.stats import paired as stats
 
 COLUMNS = ["panel", "x", "x_value", "series", "n_seeds", "step", "final_mean", "final_ci_low", "final_ci_high",
            "auc_mean", "auc_ci_low", "auc_ci_high"]
-TREND_COLUMNS = ["condition", "key", "series", "measure", "x_kind", "values", "n_seeds", "seeds", "slope_mean",
-                 "ci_low", "ci_high", "p_value", "p_holm", "mark", "note"]
-DELTA_COLUMNS = ["condition", "key", "series", "measure", "x", "against", "n_pairs", "delta", "ci_low", "ci_high",
-                 "p_value", "p_holm", "mark", "note"]
+TREND_COLUMNS = ["condition", "key", "series", "measure", "role", "x_kind", "values", "n_seeds", "seeds",
+                 "slope_mean", "ci_low", "ci_high", "p_value", "p_holm", "mark", "note"]
+DELTA_COLUMNS = ["condition", "key", "series", "measure", "role", "x", "against", "n_pairs", "delta", "ci_low",
+                 "ci_high", "p_value", "p_holm", "mark", "note"]
 AGENTIC = ("frozen_lake", "sokoban")
 ALPHA = 0.05
 
@@ -119,6 +126,58 @@ def _series(groups: Sequence[Group]) -> list[tuple[str, str, str, list[tuple[Any
     return out
 
 
+@dataclass(frozen=True)
+class PrimaryTrend:
+    """A sweep campaign's one primary test: the trend of `measure` (the report's name of the primary measure) over
+    `key`'s values in `condition`'s series `series`. values: {group label: {seed: value}} of that measure (None:
+    it is the step-k value, the sweep's own "final"); why: where the choice came from."""
+
+    condition: str
+    key: str
+    series: str
+    measure: str
+    values: dict[str, dict[int, float]] | None
+    why: str
+
+    def text(self) -> str:
+        series = "" if self.series == "all" else f", series {self.series}"
+        return f"the trend of **{self.measure}** over `{self.key}` in condition {self.condition}{series}"
+
+
+def choose_primary_trend(groups: Sequence[Group], declared: Any, measure: str | None, step: int | None,
+                         values: dict[str, dict[str, dict[int, float]]]) -> PrimaryTrend | None:
+    """The primary trend of a campaign with a sweep (None: no sweep with two values, or no primary measure).
+    `declared`: `report.primary_sweep` (condition / key / series, each optional: unset takes the first match in
+    campaign order); `values`: {measure name: {group label: {seed: value}}} of the report's measures. Raises
+    ValueError when the declaration matches no sweep series (listing them)."""
+    series = _series(groups)
+    fields = {f: getattr(declared, f, None) if not isinstance(declared, dict) else declared.get(f)
+              for f in ("condition", "key", "series")} if declared is not None else {}
+    if not series or measure is None:
+        if any(fields.values()):
+            raise ValueError(f"report.primary_sweep: {_said(fields)}, but the campaign has no sweep of two or more "
+                             "values (or no data yet)")
+        return None
+    pick = [t for t in series if all(v in (None, t[i]) for i, v in enumerate(fields.get(f) for f in
+                                                                            ("condition", "key", "series")))]
+    if not pick:
+        raise ValueError(f"report.primary_sweep: {_said(fields)} matches no sweep; the campaign's: "
+                         + "; ".join(f"condition {c}, key {k}, series {o}" for c, k, o, _ in series))
+    cond, key, others, _ = pick[0]
+    given = [f for f, v in fields.items() if v is not None]
+    why = ("report.primary_sweep" if len(given) == 3 else
+           ("report.primary_sweep (" + ", ".join(given) + "), the rest " if given else "the default: ")
+           + "the first in campaign order (set report.primary_sweep to choose)") if len(series) > 1 or given else (
+        "the campaign's one sweep")
+    final = measure == f"step {step}"
+    return PrimaryTrend(cond, key, others, f"final (step {step})" if final else measure,
+                        None if final else values.get(measure, {}), why)
+
+
+def _said(fields: dict) -> str:
+    return ", ".join(f"{f} {v}" for f, v in fields.items() if v is not None) or "(none)"
+
+
 def _trend(xs: np.ndarray, per_value: list[dict[int, float]]) -> dict:
     """Per-seed least-squares slope over the swept values (seeds present at every value), t-tested."""
     seeds = sorted(set.intersection(*(set(v) for v in per_value)))
@@ -142,22 +201,28 @@ def _trend(xs: np.ndarray, per_value: list[dict[int, float]]) -> dict:
 
 
 def _holm_in(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """p (Holm) within each family of exploratory rows (never a `*`); the primary row: its own p, and `*` when
+    p < ALPHA (one test, the report's one claim)."""
     df = df.copy()
     df["p_holm"], df["mark"] = math.nan, ""
     zero = df["note"].str.startswith("zero variance").to_numpy(bool)
     df["_zero"] = zero
-    for _, part in df.groupby(by, sort=False):
+    explore = df[df["role"] != "primary"]
+    for _, part in explore.groupby(by, sort=False):
         idx = part.index
-        adj, marked = family_marks(df.loc[idx, "p_value"].to_numpy(float), df.loc[idx, "_zero"].to_numpy(bool),
-                                   ALPHA)
+        adj, _ = family_marks(df.loc[idx, "p_value"].to_numpy(float), df.loc[idx, "_zero"].to_numpy(bool), ALPHA)
         df.loc[idx, "p_holm"] = adj
-        df.loc[idx, "mark"] = np.where(marked, "*", "")
+    main = (df["role"] == "primary").to_numpy(bool)
+    df.loc[main, "p_holm"] = df.loc[main, "p_value"]
+    df.loc[main & (np.nan_to_num(df["p_value"].to_numpy(float), nan=1.0) < ALPHA) & ~zero, "mark"] = "*"
     return df.drop(columns="_zero")
 
 
-def trend_tables(groups: Sequence[Group], metric: str, step: int | None,
-                 interpolate: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(trend tests, per-value paired deltas against the first value) for every sweep series and measure."""
+def trend_tables(groups: Sequence[Group], metric: str, step: int | None, interpolate: bool = False,
+                 primary: PrimaryTrend | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(trend tests, per-value paired deltas against the first value) for every sweep series and measure: the
+    final value and the AUC to step k, and the primary measure where it is neither. `primary`'s row is the
+    one with role "primary"; every other row is exploratory."""
     trend_rows, delta_rows = [], []
     bounds = stats.delta_bounds(metric)
     for cond, key, others, pts in _series(groups):
@@ -165,9 +230,14 @@ def trend_tables(groups: Sequence[Group], metric: str, step: int | None,
         numeric = all(_is_number(v) for v in values)
         xs = np.array([float(v) for v in values] if numeric else range(len(values)), dtype=float)
         measures = [run_measures(g, metric, step, interpolate) for _, g in pts]
-        for what, label in (("final", f"final (step {step})"), ("auc", f"AUC to step {step}")):
-            per_value = [m[what] for m in measures]
-            trend_rows.append({"condition": cond, "key": key, "series": others, "measure": label,
+        kinds = [(f"final (step {step})", [m["final"] for m in measures]),
+                 (f"AUC to step {step}", [m["auc"] for m in measures])]
+        if primary is not None and primary.values is not None:
+            kinds.append((primary.measure, [primary.values.get(g.label, {}) for _, g in pts]))
+        for label, per_value in kinds:
+            role = "primary" if primary is not None and (cond, key, others, label) == (
+                primary.condition, primary.key, primary.series, primary.measure) else "exploratory"
+            trend_rows.append({"condition": cond, "key": key, "series": others, "measure": label, "role": role,
                                "x_kind": "value" if numeric else "position in the sweep list",
                                "values": ", ".join(fmt_value(v) for v in values), **_trend(xs, per_value)})
             first = per_value[0]
@@ -176,8 +246,8 @@ def trend_tables(groups: Sequence[Group], metric: str, step: int | None,
                 c = stats.paired_comparison([first[s] for s in seeds], [other[s] for s in seeds], bounds=bounds,
                                             bootstrap=False)
                 delta_rows.append({"condition": cond, "key": key, "series": others, "measure": label,
-                                   "x": fmt_value(v), "against": fmt_value(values[0]), "n_pairs": c.n,
-                                   "delta": c.delta, "ci_low": c.ci_low, "ci_high": c.ci_high,
+                                   "role": "exploratory", "x": fmt_value(v), "against": fmt_value(values[0]),
+                                   "n_pairs": c.n, "delta": c.delta, "ci_low": c.ci_low, "ci_high": c.ci_high,
                                    "p_value": c.p_value, "note": c.note})
     trend = pd.DataFrame(trend_rows, columns=[c for c in TREND_COLUMNS if c not in ("p_holm", "mark")])
     deltas = pd.DataFrame(delta_rows, columns=[c for c in DELTA_COLUMNS if c not in ("p_holm", "mark")])
@@ -212,25 +282,26 @@ def markdown(table: pd.DataFrame, trend: pd.DataFrame, deltas: pd.DataFrame, met
     if len(trend):
         lines += ["**Trend over the swept values** (paired by seed: per seed the least-squares slope of the measure "
                   "over the values, or over their positions where they are not numbers; one-sample t-test of the "
-                  f"slopes; `*`: Holm-adjusted p < {ALPHA} over the trend tests of the same measure).", "",
-                  "| condition | key | series | measure | x | seeds | mean slope | 95% CI | p | p (Holm) | * |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  f"slopes). Role primary: the report's one primary test, `*` where p < {ALPHA}; every other row is "
+                  "exploratory: p, and p (Holm) over the exploratory trend tests of the same measure, never a `*`.",
+                  "", "| condition | key | series | measure | role | x | seeds | mean slope | 95% CI | p | p (Holm) | * |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for _, r in trend.iterrows():
             slope = "n/a" if not math.isfinite(r.slope_mean) else f"{r.slope_mean:+.4g}"
-            lines.append(f"| {r.condition} | {r.key} | {r.series} | {r.measure} | {r.x_kind} | {r.n_seeds} | {slope} | "
-                         f"{_ci(r.ci_low, r.ci_high, '{:+.4g}') if not r.note else r.note} | {_p(r.p_value)} | "
-                         f"{_p(r.p_holm)} | {r.mark} |")
+            lines.append(f"| {r.condition} | {r.key} | {r.series} | {r.measure} | {r.role} | {r.x_kind} | "
+                         f"{r.n_seeds} | {slope} | {_ci(r.ci_low, r.ci_high, '{:+.4g}') if not r.note else r.note} | "
+                         f"{_p(r.p_value)} | {_p(r.p_holm)} | {r.mark} |")
         lines.append("")
     if len(deltas):
-        lines += ["**Per value against the first value** (paired by seed; `*`: Holm-adjusted p < "
-                  f"{ALPHA} within the series and measure).", "",
-                  "| condition | key | series | measure | value - first | pairs | delta | 95% CI | p (Holm) | * |",
+        lines += ["**Per value against the first value** (paired by seed; exploratory: p, and p (Holm) within the "
+                  "series and measure, never a `*`).", "",
+                  "| condition | key | series | measure | value - first | pairs | delta | 95% CI | p | p (Holm) |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for _, r in deltas.iterrows():
             ci = r.note or _ci(r.ci_low, r.ci_high, "{:+.4g}")
             delta = "n/a" if not math.isfinite(r.delta) else f"{r.delta:+.4g}"
             lines.append(f"| {r.condition} | {r.key} | {r.series} | {r.measure} | {r.x} - {r.against} | {r.n_pairs} | "
-                         f"{delta} | {ci} | {_p(r.p_holm)} | {r.mark} |")
+                         f"{delta} | {ci} | {_p(r.p_value)} | {_p(r.p_holm)} |")
         lines.append("")
     return lines
 

@@ -110,7 +110,13 @@ def test_sweep_trend_is_a_paired_slope_test_and_final_is_at_the_common_step(tmp_
     slopes = [sps.linregress(lrs, y[:, i]).slope for i in range(4)]
     ref = sps.ttest_1samp(slopes, 0.0)
     assert row.x_kind == "value" and row.n_seeds == 4 and row.slope_mean == pytest.approx(np.mean(slopes))
-    assert row.p_value == pytest.approx(ref.pvalue) and row.mark == ("*" if row.p_holm < 0.05 else "")
+    assert row.p_value == pytest.approx(ref.pvalue) and row.role == "exploratory" and row.mark == ""
+    # the one primary test: the trend of the primary measure (here the widest AUC window, 0-5) over lr in C1
+    main = trend[trend.role == "primary"]
+    assert len(main) == 1 and main.iloc[0].measure == "AUC 0-5" and main.iloc[0].key == "learner.optim.lr"
+    assert list(trend.mark == "*") == list((trend.role == "primary") & (trend.p_value < 0.05))
+    assert "Primary test: the trend of **AUC 0-5** over `learner.optim.lr` in condition C1" in report.markdown
+    assert (report.tables["deltas"].mark == "").all() and (report.tables["sweep_deltas"].mark == "").all()
     assert (row.ci_low, row.ci_high) == pytest.approx(tuple(ref.confidence_interval(0.95)))
     deltas = report.tables["sweep_deltas"]
     d = deltas[(deltas.measure == "final (step 5)") & (deltas.x == "0.4")].iloc[0]
