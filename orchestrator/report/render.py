@@ -155,6 +155,8 @@ def _deltas_section(deltas: pd.DataFrame, baseline: Group | None, rows: list[lis
     star = ("**`*`: the adaptive stop's claim** on the primary row, whose pairs, delta, CI and p are the stop's last "
             "look's: the repeated CI (the t interval at confidence 1 - the look's level) and the p the stop compared "
             "with that level (shown in the p (Holm) column)" if scope.sequential is not None else
+            "**no `*` in this table**: the report's one primary test is the sweep's trend (section Sweeps), so every "
+            "row here is exploratory" if scope.trend is not None else
             f"**`*`: Holm-adjusted p < {ALPHA} within the primary measure's family** (every comparison of that "
             "measure), so a CI can exclude zero without a `*`")
     md = ["", f"## Paired deltas (baseline `{baseline.label if baseline else 'n/a'}`, contrasts, main effects)", "",
