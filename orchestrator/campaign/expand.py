@@ -258,8 +258,8 @@ def load_ran_campaign(path: str) -> Campaign:
 
 
 def check_schedule(cfg: CampaignConfig, trials: list[ExpandedTrial], source: str) -> None:
-    """schedule / budget / seeds.adaptive / report.primary / report.primary_sweep against the trials they govern (one line each, before
-    launch)."""
+    """schedule / budget / seeds.adaptive / report.primary / report.primary_sweep against the trials they govern
+    (one line each, before launch)."""
     sched, budget, adaptive = cfg.schedule, cfg.budget, cfg.adaptive
     if adaptive is not None and cfg.report.primary not in (None, adaptive.measure):
         raise UserError(f"{source}: report.primary: with seeds.adaptive the primary result is the stop's own "
