@@ -1,8 +1,9 @@
 """Campaign report: read a campaign directory, compute the paper's tables, write markdown, CSVs and PNGs.
 
 This module holds the entry point `build_report`, its options `ReportOptions` and its result `Report`. The
-parts: `load` (reading the campaign directory), `tables` (the tables and their CSV columns), `render`
-(markdown and terminal text), `stats` (the statistics) and `figures` (the PNGs).
+parts: `load` (reading the campaign directory), `tables` (the tables and their CSV columns), `claims/` (the
+comparisons' families and which test is primary), `sections/` (the sections after the main tables), `render/`
+(markdown, terminal text and PNGs) and `orchestrator.stats` (the statistics).
 
 Units of comparison are groups (condition + sweep values); the runs of a group differ only in seed and are
 the replicates. Paired comparisons pair runs by seed. The campaign may still be running or partly failed:
@@ -21,19 +22,20 @@ import pandas as pd
 
 from orchestrator import storage as store
 from orchestrator.campaign.sections import CONTRAST, AdaptiveSeeds, parse_contrast
-from orchestrator.report import examples, offline_eval, sweeps
-from orchestrator.report import figures as figs
-from orchestrator.report.comparisons import all_specs
-from orchestrator.report.load import CampaignFiles, Group, TrialIssue, load
-from orchestrator.report.primary import (
+from orchestrator.report.claims.comparisons import all_specs
+from orchestrator.report.claims.primary import (
     SequentialPrimary,
     choose_primary,
+    choose_primary_trend,
     measure_label,
     sequential_primary,
     window_of,
 )
-from orchestrator.report.render import AucWindows, Scope, render, slug
-from orchestrator.report.sections import extra_sections
+from orchestrator.report.load import CampaignFiles, Group, TrialIssue, load
+from orchestrator.report.render import figures as figs
+from orchestrator.report.render.markdown import AucWindows, Scope, render, slug
+from orchestrator.report.sections import examples, offline_eval, sweeps
+from orchestrator.report.sections.extra import extra_sections
 from orchestrator.report.tables import (
     COLUMNS,
     CSV_FILES,
@@ -103,7 +105,7 @@ class ReportOptions:
     (`report.primary`: auc_LO_HI or final; None: auc_0_15, else the widest AUC window, else final), the one family
     with a `*` (its window is computed even when `windows` leaves it out). primary_sweep: in a campaign with a
     sweep the one primary test is the trend of the primary measure over a sweep (`report.primary_sweep`:
-    condition / key / series, default the first; `sweeps.choose_primary_trend`), and every delta is exploratory.
+    condition / key / series, default the first; `primary.choose_primary_trend`), and every delta is exploratory.
     adaptive: the campaign's adaptive seeds; their stop's decision on its contrast, recomputed, is then the
     primary result (`primary.sequential_primary`).
     """
@@ -247,7 +249,7 @@ def build_report(campaign_dir: Path | str, options: ReportOptions | None = None)
         events = _events(CampaignFiles(campaign_dir))
         sequential = sequential_primary(groups, opts.adaptive, opts.adaptive.metric or default_metric(groups), events,
                                         interpolate=opts.interpolate)
-    trend = None if sequential is not None or not sweeps.applies(groups) else sweeps.choose_primary_trend(
+    trend = None if sequential is not None or not sweeps.applies(groups) else choose_primary_trend(
         groups, opts.primary_sweep, primary, k, {name: values for name, _, values in measures})
     deltas, power = comparisons(groups, all_specs(groups, base, pairs), measures, metric=metric, effect=opts.effect,
                                 primary=None if sequential or trend else primary) if base is not None \

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from orchestrator.report.comparisons import Spec, mark_families
+from orchestrator.report.claims.comparisons import Spec, mark_families
 from orchestrator.report.load import Group, Run, load_tokens
 from orchestrator.stats import paired as stats
 from orchestrator.stats import power

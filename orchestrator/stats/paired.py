@@ -15,7 +15,7 @@ Conventions used throughout:
   exactly when the paired t-test rejects, at the nominal rate (4.5-5.3% in the same campaigns; see
   tests/unit/report/test_report_calibration.py). The BCa bootstrap CI is still written to the CSVs for reference.
   The report's `*` is not a single interval: it is the Holm-adjusted p within the primary measure's family
-  (`orchestrator.report.comparisons`, `orchestrator.report.primary`).
+  (`orchestrator.report.claims.comparisons`, `orchestrator.report.claims.primary`).
 - Bounded metrics (rates, pass@k, success; `metric_bounds`) get intervals clipped to their range.
 - Paired differences that are all equal (zero variance) have no t statistic: no interval, no p-value, never a
   `*`; `PairedComparison.zero_variance` says so and the tables write it as a note.

@@ -27,9 +27,9 @@ from scipy.integrate import trapezoid
 
 from orchestrator.campaign.sections import AdaptiveSeeds
 from orchestrator.report import ReportOptions, build_report
-from orchestrator.report.comparisons import all_specs
+from orchestrator.report.claims.comparisons import all_specs
+from orchestrator.report.claims.primary import choose_primary
 from orchestrator.report.load import Group, Run
-from orchestrator.report.primary import choose_primary
 from orchestrator.report.tables import comparisons
 from orchestrator.stats.power import minimum_detectable_effect
 from orchestrator.stats.sequential import CALIBRATION_PATHS, nominal_alphas, z_levels

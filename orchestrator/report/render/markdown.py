@@ -12,9 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from orchestrator.report.claims.primary import PrimaryTrend, SequentialPrimary
 from orchestrator.report.load import Group, TrialIssue
-from orchestrator.report.primary import SequentialPrimary
-from orchestrator.report.sweeps import PrimaryTrend
 from orchestrator.report.tables import ALPHA, CSV_FILES, MIN_PAIRS, MIN_SEEDS, POWER_TARGET, window_label
 from orchestrator.stats import paired as stats
 

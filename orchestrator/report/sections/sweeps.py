@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from orchestrator.report.comparisons import family_marks
+from orchestrator.report.claims.comparisons import family_marks
+from orchestrator.report.claims.primary import PrimaryTrend, sweep_series
 from orchestrator.report.load import Group, fmt_value
 from orchestrator.stats import paired as stats
 
@@ -111,73 +111,6 @@ def sweep_table(groups: Sequence[Group], metric: str, step: int | None, interpol
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _series(groups: Sequence[Group]) -> list[tuple[str, str, str, list[tuple[Any, Group]]]]:
-    """(condition, key, other keys' values, [(value, group)] in sweep order) for every condition, swept key
-    with at least two values, and combination of the other keys."""
-    out = []
-    for cond in dict.fromkeys(g.condition for g in groups):
-        mine = [g for g in groups if g.condition == cond and g.sweep]
-        for key in dict.fromkeys(k for g in mine for k in g.sweep):
-            lines: dict[str, list[tuple[Any, Group]]] = {}
-            for g in mine:
-                others = ", ".join(f"{k}={fmt_value(v)}" for k, v in g.sweep.items() if k != key) or "all"
-                lines.setdefault(others, []).append((g.sweep.get(key), g))
-            out += [(cond, key, others, pts) for others, pts in lines.items() if len(pts) >= 2]
-    return out
-
-
-@dataclass(frozen=True)
-class PrimaryTrend:
-    """A sweep campaign's one primary test: the trend of `measure` (the report's name of the primary measure) over
-    `key`'s values in `condition`'s series `series`. values: {group label: {seed: value}} of that measure (None:
-    it is the step-k value, the sweep's own "final"); why: where the choice came from."""
-
-    condition: str
-    key: str
-    series: str
-    measure: str
-    values: dict[str, dict[int, float]] | None
-    why: str
-
-    def text(self) -> str:
-        series = "" if self.series == "all" else f", series {self.series}"
-        return f"the trend of **{self.measure}** over `{self.key}` in condition {self.condition}{series}"
-
-
-def choose_primary_trend(groups: Sequence[Group], declared: Any, measure: str | None, step: int | None,
-                         values: dict[str, dict[str, dict[int, float]]]) -> PrimaryTrend | None:
-    """The primary trend of a campaign with a sweep (None: no sweep with two values, or no primary measure).
-    `declared`: `report.primary_sweep` (condition / key / series, each optional: unset takes the first match in
-    campaign order); `values`: {measure name: {group label: {seed: value}}} of the report's measures. Raises
-    ValueError when the declaration matches no sweep series (listing them)."""
-    series = _series(groups)
-    fields = {f: getattr(declared, f, None) if not isinstance(declared, dict) else declared.get(f)
-              for f in ("condition", "key", "series")} if declared is not None else {}
-    if not series or measure is None:
-        if any(fields.values()):
-            raise ValueError(f"report.primary_sweep: {_said(fields)}, but the campaign has no sweep of two or more "
-                             "values (or no data yet)")
-        return None
-    pick = [t for t in series if all(v in (None, t[i]) for i, v in enumerate(fields.get(f) for f in
-                                                                            ("condition", "key", "series")))]
-    if not pick:
-        raise ValueError(f"report.primary_sweep: {_said(fields)} matches no sweep; the campaign's: "
-                         + "; ".join(f"condition {c}, key {k}, series {o}" for c, k, o, _ in series))
-    cond, key, others, _ = pick[0]
-    given = [f for f, v in fields.items() if v is not None]
-    why = ("report.primary_sweep" if len(given) == 3 else
-           ("report.primary_sweep (" + ", ".join(given) + "), the rest " if given else "the default: ")
-           + "the first in campaign order (set report.primary_sweep to choose)") if len(series) > 1 or given else (
-        "the campaign's one sweep")
-    final = measure == f"step {step}"
-    return PrimaryTrend(cond, key, others, f"final (step {step})" if final else measure,
-                        None if final else values.get(measure, {}), why)
-
-
-def _said(fields: dict) -> str:
-    return ", ".join(f"{f} {v}" for f, v in fields.items() if v is not None) or "(none)"
-
-
 def _trend(xs: np.ndarray, per_value: list[dict[int, float]]) -> dict:
     """Per-seed least-squares slope over the swept values (seeds present at every value), t-tested."""
     seeds = sorted(set.intersection(*(set(v) for v in per_value)))
@@ -225,7 +158,7 @@ def trend_tables(groups: Sequence[Group], metric: str, step: int | None, interpo
     one with role "primary"; every other row is exploratory."""
     trend_rows, delta_rows = [], []
     bounds = stats.delta_bounds(metric)
-    for cond, key, others, pts in _series(groups):
+    for cond, key, others, pts in sweep_series(groups):
         values = [v for v, _ in pts]
         numeric = all(_is_number(v) for v in values)
         xs = np.array([float(v) for v in values] if numeric else range(len(values)), dtype=float)
@@ -313,7 +246,7 @@ def _p(p: float) -> str:
 def figure(table: pd.DataFrame, path: Path | str, metric: str) -> Path | None:
     """One row per panel, two columns (final, AUC); x numeric where the panel's values are numbers, else
     categorical in campaign order; one line per series."""
-    from orchestrator.report.figures import new_figure, save
+    from orchestrator.report.render.figures import new_figure, save
 
     if table.empty:
         return None
