@@ -90,18 +90,25 @@ def minimum_detectable_effect(n: int, sd_diff: float, alpha: float = 0.05, power
     if sd_diff == 0.0 or power <= alpha:
         return 0.0
 
+    return _effect_for(lambda d: paired_t_power(n, d, alpha), power,
+                       f"minimum detectable effect (n={n}, alpha={alpha}, power={power})") * sd_diff
+
+
+def _effect_for(power_at, power: float, what: str, xtol: float = 1e-10) -> float:
+    """The standardized effect d with `power_at(d) = power` (power_at increasing from alpha): brentq on a bracket
+    doubled until it holds the root, checked against `power` before it is returned; inf past d = 1e6."""
     def gap(d: float) -> float:
-        return paired_t_power(n, d, alpha) - power
+        return power_at(d) - power
 
     hi = 1.0
     while gap(hi) < 0.0:
         hi *= 2.0
         if hi > 1e6:
             return math.inf
-    d = float(optimize.brentq(gap, 0.0, hi, xtol=1e-10, rtol=1e-12))
+    d = float(optimize.brentq(gap, hi / 2.0 if hi > 1.0 else 0.0, hi, xtol=xtol, rtol=1e-12))
     if abs(gap(d)) > 1e-6:  # the power it promises must be the power it has
-        raise ArithmeticError(f"minimum detectable effect: no root found (n={n}, alpha={alpha}, power={power})")
-    return d * sd_diff
+        raise ArithmeticError(f"{what}: no root found")
+    return d
 
 
 def generations_per_arm(seeds: float, steps: float, problems_per_step: float, rollouts_per_problem: float) -> float:
@@ -141,18 +148,8 @@ def expected_power(n: int, effect_size: float, alpha: float = 0.05) -> float:
 @functools.lru_cache(maxsize=256)
 def _stated_factor(n: int, alpha: float, power: float) -> float:
     """The d with `expected_power(n, d, alpha) = power` (cached: a report asks for a few (n, alpha) only)."""
-    def gap(d: float) -> float:
-        return expected_power(n, d, alpha) - power
-
-    hi = 1.0
-    while gap(hi) < 0.0:
-        hi *= 2.0
-        if hi > 1e6:
-            return math.inf
-    d = float(optimize.brentq(gap, hi / 2.0 if hi > 1.0 else 0.0, hi, xtol=1e-8, rtol=1e-9))
-    if abs(gap(d)) > 1e-6:  # the power it promises must be the power it has
-        raise ArithmeticError(f"stated MDE: no root found (n={n}, alpha={alpha}, power={power})")
-    return d
+    return _effect_for(lambda d: expected_power(n, d, alpha), power,
+                       f"stated MDE (n={n}, alpha={alpha}, power={power})", xtol=1e-9)
 
 
 def stated_mde(n: int, sd_observed: float, alpha: float = 0.05, power: float = 0.8) -> float:
