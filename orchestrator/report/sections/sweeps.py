@@ -154,18 +154,25 @@ def _holm_in(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 def trend_tables(groups: Sequence[Group], metric: str, step: int | None, interpolate: bool = False,
                  primary: PrimaryTrend | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(trend tests, per-value paired deltas against the first value) for every sweep series and measure: the
-    final value and the AUC to step k, and the primary measure where it is neither. `primary`'s row is the
+    final value and the AUC to step k (named as the primary measure where it is that), and the primary measure
+    where it is neither. `primary`'s row is the
     one with role "primary"; every other row is exploratory."""
     trend_rows, delta_rows = [], []
     bounds = stats.delta_bounds(metric)
-    for cond, key, others, pts in sweep_series(groups):
+    series = sweep_series(groups)
+    measured = {g.label: run_measures(g, metric, step, interpolate) for *_, pts in series for _, g in pts}
+    auc_label = f"AUC to step {step}"
+    extra = primary is not None and primary.values is not None
+    if extra and all(_same(m["auc"], primary.values.get(label, {})) for label, m in measured.items()):
+        auc_label, extra = primary.measure, False  # the AUC to step k is the primary measure: one row, its name
+    for cond, key, others, pts in series:
         values = [v for v, _ in pts]
         numeric = all(_is_number(v) for v in values)
         xs = np.array([float(v) for v in values] if numeric else range(len(values)), dtype=float)
-        measures = [run_measures(g, metric, step, interpolate) for _, g in pts]
+        measures = [measured[g.label] for _, g in pts]
         kinds = [(f"final (step {step})", [m["final"] for m in measures]),
-                 (f"AUC to step {step}", [m["auc"] for m in measures])]
-        if primary is not None and primary.values is not None:
+                 (auc_label, [m["auc"] for m in measures])]
+        if extra:
             kinds.append((primary.measure, [primary.values.get(g.label, {}) for _, g in pts]))
         for label, per_value in kinds:
             role = "primary" if primary is not None and (cond, key, others, label) == (
@@ -188,6 +195,11 @@ def trend_tables(groups: Sequence[Group], metric: str, step: int | None, interpo
     deltas = (_holm_in(deltas, ["condition", "key", "series", "measure"]) if len(deltas)
               else pd.DataFrame(columns=DELTA_COLUMNS))
     return trend[TREND_COLUMNS], deltas[DELTA_COLUMNS]
+
+
+def _same(a: dict[int, float], b: dict[int, float]) -> bool:
+    """The same seeds with the same values (to rounding)."""
+    return a.keys() == b.keys() and all(math.isclose(a[k], b[k], rel_tol=1e-12, abs_tol=1e-15) for k in a)
 
 
 def _ci(lo: float, hi: float, fmt: str = "{:.3f}") -> str:
