@@ -168,7 +168,7 @@ def _report(args: argparse.Namespace) -> int:
             effect=args.effect if args.effect is not None else settings.effect_of_interest,
             contrasts=settings.contrast_pairs(list(campaign.config.conditions), args.file),
             interpolate=args.interpolate or settings.auc_interpolate, primary=settings.primary,
-            adaptive=campaign.config.adaptive)
+            primary_sweep=settings.primary_sweep, adaptive=campaign.config.adaptive)
         report = build_report(campaign.directory if uri else Path(campaign.directory), options)
     except ValueError as exc:  # e.g. an unknown baseline
         raise UserError(f"{args.file}: {exc}") from None

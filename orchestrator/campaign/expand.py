@@ -258,13 +258,22 @@ def load_ran_campaign(path: str) -> Campaign:
 
 
 def check_schedule(cfg: CampaignConfig, trials: list[ExpandedTrial], source: str) -> None:
-    """schedule / budget / seeds.adaptive / report.primary against the trials they govern (one line each, before
-    launch)."""
+    """schedule / budget / seeds.adaptive / report.primary / report.primary_sweep against the trials they govern
+    (one line each, before launch)."""
     sched, budget, adaptive = cfg.schedule, cfg.budget, cfg.adaptive
     if adaptive is not None and cfg.report.primary not in (None, adaptive.measure):
         raise UserError(f"{source}: report.primary: with seeds.adaptive the primary result is the stop's own "
                         f"({adaptive.contrast} on {adaptive.measure}); leave report.primary out or set it to "
                         f"{adaptive.measure}")
+    ps = cfg.report.primary_sweep
+    if ps is not None:
+        where = f"{source}: report.primary_sweep"
+        if not cfg.sweep:
+            raise UserError(f"{where}: the campaign has no sweep; leave it out")
+        if ps.condition is not None and ps.condition not in cfg.conditions:
+            raise UserError(f"{where}.condition: {ps.condition!r} is not a condition ({', '.join(cfg.conditions)})")
+        if ps.key is not None and ps.key not in cfg.sweep:
+            raise UserError(f"{where}.key: {ps.key!r} is not swept ({', '.join(cfg.sweep)})")
     m = MEASURE.match(cfg.report.primary or "final")
     if m.group(2) is not None:
         short = next((t for t in trials if int(m.group(3)) > t.trial.steps - 1), None)

@@ -19,6 +19,17 @@ CONTRAST = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.]*)-([A-Za-z0-9][A-Za-z0-9_.]*)
 DEFAULT_PRIMARY = "auc_0_15"
 
 
+class PrimarySweep(BaseModel):
+    """`report.primary_sweep`: which trend over swept values is a sweep campaign's one primary test (the trend of
+    `report.primary`'s measure); an unset field takes the first in campaign order (the report says which)."""
+
+    model_config = ConfigDict(extra="forbid")
+    condition: str | None = Field(None, description="the condition whose sweep is tested")
+    key: str | None = Field(None, description="the swept key, e.g. interventions.entropy_bonus.coeff")
+    series: str | None = Field(None, description='the other swept keys\' values, as the report writes them '
+                                                 '("interventions.kl.coef=0.1"; "all" with one swept key)')
+
+
 class ReportSettings(BaseModel):
     """`report:` what `python -m orchestrator report` computes for this campaign (flags override it)."""
 
@@ -37,6 +48,10 @@ class ReportSettings(BaseModel):
         None, description="the primary measure, the one family whose Holm-adjusted `*` the report claims: auc_LO_HI "
                           "or final (the step-k table); default auc_0_15, or when no run reaches step 15 the widest "
                           "AUC window, else final; every other measure is exploratory (no `*`)")
+
+    primary_sweep: PrimarySweep | None = Field(
+        None, description="a campaign with a sweep: the trend test that is the report's one primary test (every "
+                          "other comparison is exploratory); default the first condition, key and series")
 
     @field_validator("primary")
     @classmethod

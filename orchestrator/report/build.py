@@ -1,8 +1,9 @@
 """Campaign report: read a campaign directory, compute the paper's tables, write markdown, CSVs and PNGs.
 
 This module holds the entry point `build_report`, its options `ReportOptions` and its result `Report`. The
-parts: `load` (reading the campaign directory), `tables` (the tables and their CSV columns), `render`
-(markdown and terminal text), `stats` (the statistics) and `figures` (the PNGs).
+parts: `load` (reading the campaign directory), `tables` (the tables and their CSV columns), `claims/` (the
+comparisons' families and which test is primary), `sections/` (the sections after the main tables), `render/`
+(markdown, terminal text and PNGs) and `orchestrator.stats` (the statistics).
 
 Units of comparison are groups (condition + sweep values); the runs of a group differ only in seed and are
 the replicates. Paired comparisons pair runs by seed. The campaign may still be running or partly failed:
@@ -11,27 +12,30 @@ missing and short trials are listed and everything is computed from the data tha
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from orchestrator import storage as store
 from orchestrator.campaign.sections import CONTRAST, AdaptiveSeeds, parse_contrast
-from orchestrator.report import examples, offline_eval
-from orchestrator.report import figures as figs
-from orchestrator.report.comparisons import all_specs
-from orchestrator.report.load import CampaignFiles, Group, TrialIssue, load
-from orchestrator.report.primary import (
+from orchestrator.report.claims.comparisons import all_specs
+from orchestrator.report.claims.primary import (
     SequentialPrimary,
     choose_primary,
+    choose_primary_trend,
     measure_label,
     sequential_primary,
     window_of,
 )
-from orchestrator.report.render import AucWindows, Scope, render, slug
-from orchestrator.report.sections import extra_sections
+from orchestrator.report.load import CampaignFiles, Group, TrialIssue, load
+from orchestrator.report.render import figures as figs
+from orchestrator.report.render.markdown import AucWindows, Scope, render, slug
+from orchestrator.report.sections import examples, offline_eval, sweeps
+from orchestrator.report.sections.extra import extra_sections
 from orchestrator.report.tables import (
     COLUMNS,
     CSV_FILES,
@@ -99,8 +103,11 @@ class ReportOptions:
     pairs compared beside the baseline. out_dir: where the report is written (default
     `<campaign_dir>/report/`; required for a URI). figures: False skips the PNGs. primary: the primary measure
     (`report.primary`: auc_LO_HI or final; None: auc_0_15, else the widest AUC window, else final), the one family
-    with a `*` (its window is computed even when `windows` leaves it out). adaptive: the campaign's adaptive seeds;
-    their stop's decision on its contrast, recomputed, is then the primary result (`primary.sequential_primary`).
+    with a `*` (its window is computed even when `windows` leaves it out). primary_sweep: in a campaign with a
+    sweep the one primary test is the trend of the primary measure over a sweep (`report.primary_sweep`:
+    condition / key / series, default the first; `primary.choose_primary_trend`), and every delta is exploratory.
+    adaptive: the campaign's adaptive seeds; their stop's decision on its contrast, recomputed, is then the
+    primary result (`primary.sequential_primary`).
     """
 
     metric: str | None = None
@@ -113,6 +120,7 @@ class ReportOptions:
     contrasts: Sequence[str | tuple[str, str]] = ()
     interpolate: bool = False
     primary: str | None = None
+    primary_sweep: Any = None
     adaptive: AdaptiveSeeds | None = None
 
 
@@ -172,13 +180,24 @@ def _events(files: CampaignFiles) -> list[dict]:
 
 def _mark_sequential(deltas: pd.DataFrame, seq: SequentialPrimary, label: str | None) -> pd.DataFrame:
     """The stop's contrast on the stop's measure (`label`; None: not in the table) is the primary row: its `*` is
-    the stop's claim (recomputed); every other row is exploratory."""
+    the stop's claim (recomputed), and its pairs, delta, interval and p are the last look's (the repeated CI at
+    confidence 1 - level, p against that level; no fixed-sample p or Holm p beside a sequential `*`); every other
+    row is exploratory."""
     other, base = CONTRAST.match(seq.cfg.contrast).groups()
     deltas = deltas.copy()
     row = (deltas["measure"] == label) & (deltas["baseline"] == base) & (
         (deltas["group"] == other) | (deltas["group"] == f"{other}-{base}"))
     deltas.loc[row, "role"] = "primary (sequential)"
     deltas.loc[row, "mark"] = "*" if seq.decision == "claim" else ""
+    if seq.result is not None and row.any():
+        r = seq.result
+        deltas.loc[row, ["n_pairs", "delta", "ci_low", "ci_high", "p_value"]] = [r["pairs"], r["delta"], r["lo"],
+                                                                                r["hi"], r["p"]]
+        deltas.loc[row, "seeds"] = " ".join(map(str, range(r["seeds"])))
+        deltas.loc[row, "ci_excludes_zero"] = bool(r["claimed"])
+        deltas.loc[row, "p_holm"] = math.nan
+        deltas.loc[row, "note"] = (f"sequential: look {seq.look} of {len(seq.looks)}, repeated CI at confidence "
+                                   f"1 - {r['level']:.3g}, p against the look's level {r['level']:.3g}")
     return deltas
 
 
@@ -230,8 +249,10 @@ def build_report(campaign_dir: Path | str, options: ReportOptions | None = None)
         events = _events(CampaignFiles(campaign_dir))
         sequential = sequential_primary(groups, opts.adaptive, opts.adaptive.metric or default_metric(groups), events,
                                         interpolate=opts.interpolate)
-    deltas, power = comparisons(groups, all_specs(groups, base, pairs), measures, metric=metric,
-                                effect=opts.effect, primary=None if sequential else primary) if base is not None \
+    trend = None if sequential is not None or not sweeps.applies(groups) else choose_primary_trend(
+        groups, opts.primary_sweep, primary, k, {name: values for name, _, values in measures})
+    deltas, power = comparisons(groups, all_specs(groups, base, pairs), measures, metric=metric, effect=opts.effect,
+                                primary=None if sequential or trend else primary) if base is not None \
         else (pd.DataFrame(columns=COLUMNS["deltas"]), pd.DataFrame(columns=COLUMNS["power"]))
     if sequential is not None:
         last = max((r.config.get("steps") or 0 for r in runs), default=0) - 1
@@ -252,7 +273,7 @@ def build_report(campaign_dir: Path | str, options: ReportOptions | None = None)
         tables[name].to_csv(out_dir / f"{name}.csv", index=False)
 
     extra_tables, extra_md, extra_figs = extra_sections(groups, base, metric, out_dir, opts.figures, step=k,
-                                                        interpolate=opts.interpolate)
+                                                        interpolate=opts.interpolate, primary_trend=trend)
     tables.update(extra_tables)
     files = CampaignFiles(campaign_dir)
     extra_md += examples.markdown(files, examples.campaign_trials(files))
@@ -263,7 +284,7 @@ def build_report(campaign_dir: Path | str, options: ReportOptions | None = None)
     written = _figures(groups, metric, tables, reached, lambda_curves, token_samples, out_dir) \
         if opts.figures else []
     scope = Scope(meta, metric, k, base, opts.effect, issues, len(runs), sum(r.started for r in runs),
-                  primary=(primary, why), sequential=sequential)
+                  primary=(primary, why), sequential=sequential, trend=trend)
     markdown, headline = render(scope, tables, AucWindows(reached, skipped, opts.interpolate), written, out_dir,
                                 notes, extra=extra_md)
     written += extra_figs

@@ -7,7 +7,7 @@ import argparse
 
 from orchestrator.campaign.expand import load_ran_campaign
 from orchestrator.config.errors import UserError
-from orchestrator.report import examples
+from orchestrator.report.sections import examples
 
 
 def samples_command(args: argparse.Namespace) -> int:

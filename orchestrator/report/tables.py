@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from orchestrator.report.comparisons import Spec, mark_families
+from orchestrator.report.claims.comparisons import Spec, mark_families
 from orchestrator.report.load import Group, Run, load_tokens
 from orchestrator.stats import paired as stats
 from orchestrator.stats import power
@@ -190,7 +190,9 @@ def _power_row(spec: Spec, cmp: stats.PairedComparison, name: str, steps_used: i
                effect: float | None, alpha: float) -> dict:
     """Power for the effect of interest (never the observed effect) at the family's Bonferroni level `alpha`
     (Holm's first step), from the observed sd of paired differences; nothing below `MIN_PAIRS` pairs or at zero
-    variance."""
+    variance. The MDE is `power.stated_mde`: detected with `POWER_TARGET` over the campaigns that state it, the
+    observed sd's own sampling error included (the plug-in MDE at the observed sd was detected in 62-64% at 3-4
+    seeds)."""
     ok = cmp.n >= MIN_PAIRS and math.isfinite(cmp.sd_diff) and not cmp.zero_variance
     eff = float(effect) if effect is not None else math.nan
     dz = eff / cmp.sd_diff if ok and cmp.sd_diff > 0 else math.nan
@@ -205,8 +207,8 @@ def _power_row(spec: Spec, cmp: stats.PairedComparison, name: str, steps_used: i
             "seeds_per_arm": n_arm, "steps": steps_used, "generations_per_step": gps,
             "generations_per_arm": power.generations_per_arm(n_arm, steps_used, gps, 1.0),
             "current_generations_per_arm": power.generations_per_arm(cmp.n, steps_used, gps, 1.0),
-            "mde_at_current_seeds": power.minimum_detectable_effect(cmp.n, cmp.sd_diff, alpha, POWER_TARGET)
-            if ok else math.nan, "note": note}
+            "mde_at_current_seeds": power.stated_mde(cmp.n, cmp.sd_diff, alpha, POWER_TARGET) if ok else math.nan,
+            "note": note}
 
 
 def comparisons(groups: Sequence[Group], specs: Sequence[Spec], measures: list[tuple[str, int, dict]],

@@ -14,8 +14,9 @@ Conventions used throughout:
   excluded zero in 19-22% of them at 4 seeds and 10-12% at 8), while the paired t interval excludes zero
   exactly when the paired t-test rejects, at the nominal rate (4.5-5.3% in the same campaigns; see
   tests/unit/report/test_report_calibration.py). The BCa bootstrap CI is still written to the CSVs for reference.
-  The report's `*` is not a single interval: it is the Holm-adjusted p within the primary measure's family
-  (`orchestrator.report.comparisons`, `orchestrator.report.primary`).
+  The report's `*` is not a single interval: it marks the report's one primary test, the Holm-adjusted p within
+  the primary measure's family, or a sweep's primary trend, or the adaptive stop's decision
+  (`orchestrator.report.claims`).
 - Bounded metrics (rates, pass@k, success; `metric_bounds`) get intervals clipped to their range.
 - Paired differences that are all equal (zero variance) have no t statistic: no interval, no p-value, never a
   `*`; `PairedComparison.zero_variance` says so and the tables write it as a note.

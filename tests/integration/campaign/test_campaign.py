@@ -313,7 +313,7 @@ def _fill_campaign(tmp_path: Path, name: str, fill: dict | None) -> Path:
 
 def test_refill_trains_every_condition_on_the_same_number_of_groups(ray_local, reasoner_dir, tmp_path):
     from orchestrator.report import ReportOptions, build_report
-    from orchestrator.report.effective_batch import MARGIN
+    from orchestrator.report.sections.effective_batch import MARGIN
 
     rows = {}
     for name, fill in (("unfilled", None), ("filled", {"groups": 3, "max_rounds": 8})):

@@ -27,9 +27,9 @@ from scipy.integrate import trapezoid
 
 from orchestrator.campaign.sections import AdaptiveSeeds
 from orchestrator.report import ReportOptions, build_report
-from orchestrator.report.comparisons import all_specs
+from orchestrator.report.claims.comparisons import all_specs
+from orchestrator.report.claims.primary import choose_primary
 from orchestrator.report.load import Group, Run
-from orchestrator.report.primary import choose_primary
 from orchestrator.report.tables import comparisons
 from orchestrator.stats.power import minimum_detectable_effect
 from orchestrator.stats.sequential import CALIBRATION_PATHS, nominal_alphas, z_levels
@@ -229,6 +229,13 @@ def test_the_report_primary_result_is_the_adaptive_stop_decision(tmp_path, recor
         assert len(primary) == 1 and primary.iloc[0].measure == "AUC 0-15", d[["group", "measure", "role"]]
         assert (primary.iloc[0].mark == "*") == (last["decision"] == "claim")
         assert (d[d.role != "primary (sequential)"].mark == "").all()  # every other row is exploratory
+        # the primary row is the stop's own test: its pairs, delta, repeated CI and p, against the look's level
+        row = primary.iloc[0]
+        assert (row.n_pairs, row.p_value) == (last["pairs"], pytest.approx(last["p"], rel=1e-9))
+        assert (row.ci_low, row.ci_high) == pytest.approx((last["lo"], last["hi"]), rel=1e-9)
+        assert math.isnan(row.p_holm) and (row.mark == "*") == (last["p"] < last["level"])
+        line = next(ln for ln in rep.markdown.split("## Paired deltas")[1].splitlines() if "primary (sequential)" in ln)
+        assert f"| level {last['level']:.3g} |" in line and "(repeated)" in line
         assert {i.name for i in rep.missing} == {n for n in order if int(n.split("_s")[1]) >= last["seeds"]}
         assert all(i.reason.startswith("not run: the adaptive stop") for i in rep.missing)
         table = rep.markdown.split("## Primary result (sequential design)")[1].split("##")[0]

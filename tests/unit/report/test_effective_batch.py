@@ -1,4 +1,4 @@
-"""The report's effective-batch section (orchestrator/report/effective_batch.py) on hand-written campaigns: the
+"""The report's effective-batch section (orchestrator/report/sections/effective_batch.py) on hand-written campaigns: the
 table's means against hand arithmetic, the warning on an unfilled campaign whose conditions drift apart, none on a
 filled one, and the informative-groups figure."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.report import ReportOptions, build_report
-from orchestrator.report.effective_batch import MARGIN, spread
+from orchestrator.report.sections.effective_batch import MARGIN, spread
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from orchestrator.cli import main
-from orchestrator.report import examples
+from orchestrator.report.sections import examples
 from orchestrator.trial.samples import SamplesWriter
 
 TRIALS = [("C1_s0", "C1", 0), ("C1_s1", "C1", 1), ("C4_s0", "C4", 0), ("C4_s1", "C4", 1)]

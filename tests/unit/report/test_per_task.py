@@ -1,4 +1,4 @@
-"""The report's per-task section (orchestrator/report/per_task.py) on a hand-written mixed campaign: each member's
+"""The report's per-task section (orchestrator/report/sections/per_task.py) on a hand-written mixed campaign: each member's
 measures, mean over steps and last value, against hand arithmetic; the dashboard's matching section."""
 
 from __future__ import annotations

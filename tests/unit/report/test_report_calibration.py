@@ -18,7 +18,7 @@ from scipy import stats as sps
 from scipy.integrate import trapezoid
 from statsmodels.stats.power import TTestPower
 
-from orchestrator.report.comparisons import all_specs, baseline_specs, family_marks
+from orchestrator.report.claims.comparisons import all_specs, baseline_specs, family_marks
 from orchestrator.report.load import Group, Run
 from orchestrator.report.tables import comparisons
 from orchestrator.stats import paired as stats
@@ -194,7 +194,7 @@ def test_no_effect_campaigns_rarely_show_any_mark_in_a_measure_family(n_seeds, r
 
 
 def test_rate_bands_stay_in_0_1_and_few_seeds_are_drawn_faintly(tmp_path, monkeypatch):
-    from orchestrator.report import figures
+    from orchestrator.report.render import figures
 
     steps = np.arange(6)
     near_zero = [(steps, np.array([0.0, 0.0, 0.05, 0.0, 0.1, 0.0]) * k) for k in (0, 1, 2)]

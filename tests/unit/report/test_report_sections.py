@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from orchestrator.report import ReportOptions, build_report
-from orchestrator.report.decomposition import pooled
+from orchestrator.report.sections.decomposition import pooled
 from workers.credit import shannon_entropy
 from workers.credit.decomposition import decomposition_metrics
 

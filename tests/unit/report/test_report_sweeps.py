@@ -110,9 +110,44 @@ def test_sweep_trend_is_a_paired_slope_test_and_final_is_at_the_common_step(tmp_
     slopes = [sps.linregress(lrs, y[:, i]).slope for i in range(4)]
     ref = sps.ttest_1samp(slopes, 0.0)
     assert row.x_kind == "value" and row.n_seeds == 4 and row.slope_mean == pytest.approx(np.mean(slopes))
-    assert row.p_value == pytest.approx(ref.pvalue) and row.mark == ("*" if row.p_holm < 0.05 else "")
+    assert row.p_value == pytest.approx(ref.pvalue) and row.role == "exploratory" and row.mark == ""
+    # the one primary test: the trend of the primary measure (here the widest AUC window, 0-5) over lr in C1
+    main = trend[trend.role == "primary"]
+    assert len(main) == 1 and main.iloc[0].measure == "AUC 0-5" and main.iloc[0].key == "learner.optim.lr"
+    assert list(trend.mark == "*") == list((trend.role == "primary") & (trend.p_value < 0.05))
+    assert "Primary test: the trend of **AUC 0-5** over `learner.optim.lr` in condition C1" in report.markdown
+    assert (report.tables["deltas"].mark == "").all() and (report.tables["sweep_deltas"].mark == "").all()
     assert (row.ci_low, row.ci_high) == pytest.approx(tuple(ref.confidence_interval(0.95)))
     deltas = report.tables["sweep_deltas"]
     d = deltas[(deltas.measure == "final (step 5)") & (deltas.x == "0.4")].iloc[0]
     assert d.against == "0.1" and d.p_value == pytest.approx(sps.ttest_rel(y[2], y[0]).pvalue)
     assert "Trend over the swept values" in report.markdown and (tmp_path / "report" / "sweep_trend.csv").exists()
+
+
+def test_the_primary_sweep_test_is_declared_or_the_first_and_everything_else_is_exploratory(tmp_path):
+    """Two conditions swept over the same key: by default the primary test is the first condition's trend of the
+    primary measure; `report.primary_sweep` names another; a name the campaign lacks is a one-line error naming
+    the key and listing the sweeps. No other row of report.md carries a `*`."""
+    from orchestrator.campaign.sections import ReportSettings
+
+    write_env_campaign(tmp_path, {"a": 0.2, "b": 0.4}, "task.success_rate", [0.5, 0.8, 0.98], seeds=[0, 1, 2, 3])
+    report = build_report(tmp_path, ReportOptions(figures=False))
+    trend = report.tables["sweep_trend"]
+    main = trend[trend.role == "primary"]
+    assert len(main) == 1 and (main.iloc[0].condition, main.iloc[0].key) == ("a", "task.success_rate")
+    assert "the first in campaign order (set report.primary_sweep to choose)" in report.markdown
+    declared = ReportSettings.model_validate({"primary_sweep": {"condition": "b"}}).primary_sweep
+    report = build_report(tmp_path, ReportOptions(figures=False, primary_sweep=declared))
+    trend = report.tables["sweep_trend"]
+    main = trend[trend.role == "primary"]
+    assert len(main) == 1 and main.iloc[0].condition == "b" and main.iloc[0].measure == "AUC 0-20"
+    assert list(trend.mark == "*") == list((trend.role == "primary") & (trend.p_value < 0.05))
+    assert (report.tables["deltas"].mark == "").all() and set(report.tables["deltas"].role) == {"exploratory"}
+    stars = [ln for ln in report.markdown.splitlines() if ln.rstrip().endswith("| * |") and "| role |" not in ln
+             and "| Role |" not in ln]
+    assert len(stars) == int(main.iloc[0].mark == "*")
+    with pytest.raises(ValueError, match=r"report.primary_sweep: condition c matches no sweep; .*condition a, key "
+                                         r"task.success_rate, series all"):
+        build_report(tmp_path, ReportOptions(figures=False, primary_sweep={"condition": "c"}))
+    with pytest.raises(Exception, match="extra"):
+        ReportSettings.model_validate({"primary_sweep": {"conditon": "b"}})

@@ -12,8 +12,14 @@ the AUC runs from the metric's first logged step to k, so every run is measured 
 Panels for the figure: with several conditions the x axis is the condition and each sweep point a line; with one
 condition every sweep key is its own panel (numeric axis where its values are numbers) and the other keys are
 the lines. Trend and per-value tests run for every condition, swept key (with two or more values) and
-combination of the other keys. The `*` is Holm within a family: the trend tests of one measure, or the
-per-value deltas of one series and measure.
+combination of the other keys.
+
+One primary test per report: in a campaign with a sweep it is one trend (`PrimaryTrend`): the trend of the
+report's primary measure (`report.primary`) over the swept values of one condition, key and series
+(`report.primary_sweep`, default the first in campaign order), tested at 5% and the only row with a `*`.
+Every other trend and every per-value delta is exploratory: p and p (Holm) shown (Holm over the trend tests of
+one measure, or over the per-value deltas of one series and measure), never a `*`. (A `*` per family put one in
+16% of no-effect sweep reports.)
 """
 
 from __future__ import annotations
@@ -27,16 +33,17 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from orchestrator.report.comparisons import family_marks
+from orchestrator.report.claims.comparisons import family_marks
+from orchestrator.report.claims.primary import PrimaryTrend, sweep_series
 from orchestrator.report.load import Group, fmt_value
 from orchestrator.stats import paired as stats
 
 COLUMNS = ["panel", "x", "x_value", "series", "n_seeds", "step", "final_mean", "final_ci_low", "final_ci_high",
            "auc_mean", "auc_ci_low", "auc_ci_high"]
-TREND_COLUMNS = ["condition", "key", "series", "measure", "x_kind", "values", "n_seeds", "seeds", "slope_mean",
-                 "ci_low", "ci_high", "p_value", "p_holm", "mark", "note"]
-DELTA_COLUMNS = ["condition", "key", "series", "measure", "x", "against", "n_pairs", "delta", "ci_low", "ci_high",
-                 "p_value", "p_holm", "mark", "note"]
+TREND_COLUMNS = ["condition", "key", "series", "measure", "role", "x_kind", "values", "n_seeds", "seeds",
+                 "slope_mean", "ci_low", "ci_high", "p_value", "p_holm", "mark", "note"]
+DELTA_COLUMNS = ["condition", "key", "series", "measure", "role", "x", "against", "n_pairs", "delta", "ci_low",
+                 "ci_high", "p_value", "p_holm", "mark", "note"]
 AGENTIC = ("frozen_lake", "sokoban")
 ALPHA = 0.05
 
@@ -104,21 +111,6 @@ def sweep_table(groups: Sequence[Group], metric: str, step: int | None, interpol
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _series(groups: Sequence[Group]) -> list[tuple[str, str, str, list[tuple[Any, Group]]]]:
-    """(condition, key, other keys' values, [(value, group)] in sweep order) for every condition, swept key
-    with at least two values, and combination of the other keys."""
-    out = []
-    for cond in dict.fromkeys(g.condition for g in groups):
-        mine = [g for g in groups if g.condition == cond and g.sweep]
-        for key in dict.fromkeys(k for g in mine for k in g.sweep):
-            lines: dict[str, list[tuple[Any, Group]]] = {}
-            for g in mine:
-                others = ", ".join(f"{k}={fmt_value(v)}" for k, v in g.sweep.items() if k != key) or "all"
-                lines.setdefault(others, []).append((g.sweep.get(key), g))
-            out += [(cond, key, others, pts) for others, pts in lines.items() if len(pts) >= 2]
-    return out
-
-
 def _trend(xs: np.ndarray, per_value: list[dict[int, float]]) -> dict:
     """Per-seed least-squares slope over the swept values (seeds present at every value), t-tested."""
     seeds = sorted(set.intersection(*(set(v) for v in per_value)))
@@ -142,32 +134,50 @@ def _trend(xs: np.ndarray, per_value: list[dict[int, float]]) -> dict:
 
 
 def _holm_in(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """p (Holm) within each family of exploratory rows (never a `*`); the primary row: its own p, and `*` when
+    p < ALPHA (one test, the report's one claim)."""
     df = df.copy()
     df["p_holm"], df["mark"] = math.nan, ""
     zero = df["note"].str.startswith("zero variance").to_numpy(bool)
     df["_zero"] = zero
-    for _, part in df.groupby(by, sort=False):
+    explore = df[df["role"] != "primary"]
+    for _, part in explore.groupby(by, sort=False):
         idx = part.index
-        adj, marked = family_marks(df.loc[idx, "p_value"].to_numpy(float), df.loc[idx, "_zero"].to_numpy(bool),
-                                   ALPHA)
+        adj, _ = family_marks(df.loc[idx, "p_value"].to_numpy(float), df.loc[idx, "_zero"].to_numpy(bool), ALPHA)
         df.loc[idx, "p_holm"] = adj
-        df.loc[idx, "mark"] = np.where(marked, "*", "")
+    main = (df["role"] == "primary").to_numpy(bool)
+    df.loc[main, "p_holm"] = df.loc[main, "p_value"]
+    df.loc[main & (np.nan_to_num(df["p_value"].to_numpy(float), nan=1.0) < ALPHA) & ~zero, "mark"] = "*"
     return df.drop(columns="_zero")
 
 
-def trend_tables(groups: Sequence[Group], metric: str, step: int | None,
-                 interpolate: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(trend tests, per-value paired deltas against the first value) for every sweep series and measure."""
+def trend_tables(groups: Sequence[Group], metric: str, step: int | None, interpolate: bool = False,
+                 primary: PrimaryTrend | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(trend tests, per-value paired deltas against the first value) for every sweep series and measure: the
+    final value and the AUC to step k (named as the primary measure where it is that), and the primary measure
+    where it is neither. `primary`'s row is the
+    one with role "primary"; every other row is exploratory."""
     trend_rows, delta_rows = [], []
     bounds = stats.delta_bounds(metric)
-    for cond, key, others, pts in _series(groups):
+    series = sweep_series(groups)
+    measured = {g.label: run_measures(g, metric, step, interpolate) for *_, pts in series for _, g in pts}
+    auc_label = f"AUC to step {step}"
+    extra = primary is not None and primary.values is not None
+    if extra and all(_same(m["auc"], primary.values.get(label, {})) for label, m in measured.items()):
+        auc_label, extra = primary.measure, False  # the AUC to step k is the primary measure: one row, its name
+    for cond, key, others, pts in series:
         values = [v for v, _ in pts]
         numeric = all(_is_number(v) for v in values)
         xs = np.array([float(v) for v in values] if numeric else range(len(values)), dtype=float)
-        measures = [run_measures(g, metric, step, interpolate) for _, g in pts]
-        for what, label in (("final", f"final (step {step})"), ("auc", f"AUC to step {step}")):
-            per_value = [m[what] for m in measures]
-            trend_rows.append({"condition": cond, "key": key, "series": others, "measure": label,
+        measures = [measured[g.label] for _, g in pts]
+        kinds = [(f"final (step {step})", [m["final"] for m in measures]),
+                 (auc_label, [m["auc"] for m in measures])]
+        if extra:
+            kinds.append((primary.measure, [primary.values.get(g.label, {}) for _, g in pts]))
+        for label, per_value in kinds:
+            role = "primary" if primary is not None and (cond, key, others, label) == (
+                primary.condition, primary.key, primary.series, primary.measure) else "exploratory"
+            trend_rows.append({"condition": cond, "key": key, "series": others, "measure": label, "role": role,
                                "x_kind": "value" if numeric else "position in the sweep list",
                                "values": ", ".join(fmt_value(v) for v in values), **_trend(xs, per_value)})
             first = per_value[0]
@@ -176,8 +186,8 @@ def trend_tables(groups: Sequence[Group], metric: str, step: int | None,
                 c = stats.paired_comparison([first[s] for s in seeds], [other[s] for s in seeds], bounds=bounds,
                                             bootstrap=False)
                 delta_rows.append({"condition": cond, "key": key, "series": others, "measure": label,
-                                   "x": fmt_value(v), "against": fmt_value(values[0]), "n_pairs": c.n,
-                                   "delta": c.delta, "ci_low": c.ci_low, "ci_high": c.ci_high,
+                                   "role": "exploratory", "x": fmt_value(v), "against": fmt_value(values[0]),
+                                   "n_pairs": c.n, "delta": c.delta, "ci_low": c.ci_low, "ci_high": c.ci_high,
                                    "p_value": c.p_value, "note": c.note})
     trend = pd.DataFrame(trend_rows, columns=[c for c in TREND_COLUMNS if c not in ("p_holm", "mark")])
     deltas = pd.DataFrame(delta_rows, columns=[c for c in DELTA_COLUMNS if c not in ("p_holm", "mark")])
@@ -185,6 +195,11 @@ def trend_tables(groups: Sequence[Group], metric: str, step: int | None,
     deltas = (_holm_in(deltas, ["condition", "key", "series", "measure"]) if len(deltas)
               else pd.DataFrame(columns=DELTA_COLUMNS))
     return trend[TREND_COLUMNS], deltas[DELTA_COLUMNS]
+
+
+def _same(a: dict[int, float], b: dict[int, float]) -> bool:
+    """The same seeds with the same values (to rounding)."""
+    return a.keys() == b.keys() and all(math.isclose(a[k], b[k], rel_tol=1e-12, abs_tol=1e-15) for k in a)
 
 
 def _ci(lo: float, hi: float, fmt: str = "{:.3f}") -> str:
@@ -212,25 +227,26 @@ def markdown(table: pd.DataFrame, trend: pd.DataFrame, deltas: pd.DataFrame, met
     if len(trend):
         lines += ["**Trend over the swept values** (paired by seed: per seed the least-squares slope of the measure "
                   "over the values, or over their positions where they are not numbers; one-sample t-test of the "
-                  f"slopes; `*`: Holm-adjusted p < {ALPHA} over the trend tests of the same measure).", "",
-                  "| condition | key | series | measure | x | seeds | mean slope | 95% CI | p | p (Holm) | * |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  f"slopes). Role primary: the report's one primary test, `*` where p < {ALPHA}; every other row is "
+                  "exploratory: p, and p (Holm) over the exploratory trend tests of the same measure, never a `*`.",
+                  "", "| condition | key | series | measure | role | x | seeds | mean slope | 95% CI | p | p (Holm) | * |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for _, r in trend.iterrows():
             slope = "n/a" if not math.isfinite(r.slope_mean) else f"{r.slope_mean:+.4g}"
-            lines.append(f"| {r.condition} | {r.key} | {r.series} | {r.measure} | {r.x_kind} | {r.n_seeds} | {slope} | "
-                         f"{_ci(r.ci_low, r.ci_high, '{:+.4g}') if not r.note else r.note} | {_p(r.p_value)} | "
-                         f"{_p(r.p_holm)} | {r.mark} |")
+            lines.append(f"| {r.condition} | {r.key} | {r.series} | {r.measure} | {r.role} | {r.x_kind} | "
+                         f"{r.n_seeds} | {slope} | {_ci(r.ci_low, r.ci_high, '{:+.4g}') if not r.note else r.note} | "
+                         f"{_p(r.p_value)} | {_p(r.p_holm)} | {r.mark} |")
         lines.append("")
     if len(deltas):
-        lines += ["**Per value against the first value** (paired by seed; `*`: Holm-adjusted p < "
-                  f"{ALPHA} within the series and measure).", "",
-                  "| condition | key | series | measure | value - first | pairs | delta | 95% CI | p (Holm) | * |",
+        lines += ["**Per value against the first value** (paired by seed; exploratory: p, and p (Holm) within the "
+                  "series and measure, never a `*`).", "",
+                  "| condition | key | series | measure | value - first | pairs | delta | 95% CI | p | p (Holm) |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for _, r in deltas.iterrows():
             ci = r.note or _ci(r.ci_low, r.ci_high, "{:+.4g}")
             delta = "n/a" if not math.isfinite(r.delta) else f"{r.delta:+.4g}"
             lines.append(f"| {r.condition} | {r.key} | {r.series} | {r.measure} | {r.x} - {r.against} | {r.n_pairs} | "
-                         f"{delta} | {ci} | {_p(r.p_holm)} | {r.mark} |")
+                         f"{delta} | {ci} | {_p(r.p_value)} | {_p(r.p_holm)} |")
         lines.append("")
     return lines
 
@@ -242,7 +258,7 @@ def _p(p: float) -> str:
 def figure(table: pd.DataFrame, path: Path | str, metric: str) -> Path | None:
     """One row per panel, two columns (final, AUC); x numeric where the panel's values are numbers, else
     categorical in campaign order; one line per series."""
-    from orchestrator.report.figures import new_figure, save
+    from orchestrator.report.render.figures import new_figure, save
 
     if table.empty:
         return None

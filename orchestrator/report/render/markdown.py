@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from orchestrator.report.claims.primary import PrimaryTrend, SequentialPrimary
 from orchestrator.report.load import Group, TrialIssue
-from orchestrator.report.primary import SequentialPrimary
 from orchestrator.report.tables import ALPHA, CSV_FILES, MIN_PAIRS, MIN_SEEDS, POWER_TARGET, window_label
 from orchestrator.stats import paired as stats
 
@@ -93,7 +93,13 @@ def _text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(out)
 
 
-def _summary_rows(tables: dict[str, pd.DataFrame], fmt: _Fmt, windows: list[tuple[int, int]]):
+SEQUENTIAL = "primary (sequential)"  # the role of the adaptive stop's row in the deltas table
+
+
+def _summary_rows(tables: dict[str, pd.DataFrame], fmt: _Fmt, windows: list[tuple[int, int]],
+                  level: float | None = None):
+    """Rows of the step-k, AUC and deltas tables; `level`: the adaptive stop's last look's level, shown in the
+    stop's row in place of a Holm p (its CI and p are the look's own)."""
     step_rows = [[r.group, str(r.n_seeds), fmt.value(r["mean"]), fmt.value(r["std"])]
                  for _, r in tables["step_table"].iterrows()]
     auc = tables["auc"]
@@ -112,7 +118,9 @@ def _summary_rows(tables: dict[str, pd.DataFrame], fmt: _Fmt, windows: list[tupl
         auc_rows.append(cells)
     delta_rows = [[r.group, r.baseline, r.measure, r.role, str(r.n_pairs), fmt.delta(r.delta),
                    "too few seeds" if r.n_pairs < MIN_PAIRS else "zero variance" if r.zero_variance else
-                   fmt.delta_interval(r.ci_low, r.ci_high), _pval(r.p_value), _pval(r.p_holm), r.mark]
+                   fmt.delta_interval(r.ci_low, r.ci_high) + (" (repeated)" if level is not None and
+                                                              r.role == SEQUENTIAL else ""), _pval(r.p_value),
+                   f"level {level:.3g}" if level is not None and r.role == SEQUENTIAL else _pval(r.p_holm), r.mark]
                   for _, r in tables["deltas"].iterrows()]
     return step_rows, (auc_headers, auc_rows), delta_rows
 
@@ -128,6 +136,11 @@ def _family_text(deltas: pd.DataFrame, scope: Scope) -> str:
         return (f"The familywise {ALPHA:.0%} covers one test: the adaptive stop's contrast {s.cfg.contrast} on "
                 f"{s.cfg.measure} over all its looks (see Primary result); every other comparison is exploratory.")
     name, why = scope.primary
+    if scope.trend is not None:
+        t = scope.trend
+        return (f"Primary test: {t.text()} ({t.why}; measure: {why}), tested at {ALPHA:.0%}, the only `*` in this "
+                "report (section Sweeps). Every other comparison, the paired deltas and the other sweep tests, is "
+                "exploratory: p and p (Holm) shown, never a `*`.")
     if name is None:
         return f"No primary measure ({why}): no comparison carries a `*`; every delta is exploratory."
     n = int(deltas.loc[deltas["role"] == "primary", "family_size"].max()) if (deltas["role"] == "primary").any() else 0
@@ -138,8 +151,11 @@ def _family_text(deltas: pd.DataFrame, scope: Scope) -> str:
 
 def _deltas_section(deltas: pd.DataFrame, baseline: Group | None, rows: list[list[str]], scope: Scope) -> list[str]:
     sizes = ", ".join(f"{f}: {int(n)}" for f, n in deltas.groupby("family", sort=False)["family_size"].first().items())
-    star = ("**`*`: the adaptive stop's claim** on the primary row (its sequential test; the row's CI and p are the "
-            "fixed-sample ones, exploratory)" if scope.sequential is not None else
+    star = ("**`*`: the adaptive stop's claim** on the primary row, whose pairs, delta, CI and p are the stop's last "
+            "look's: the repeated CI (the t interval at confidence 1 - the look's level) and the p the stop compared "
+            "with that level (shown in the p (Holm) column)" if scope.sequential is not None else
+            "**no `*` in this table**: the report's one primary test is the sweep's trend (section Sweeps), so every "
+            "row here is exploratory" if scope.trend is not None else
             f"**`*`: Holm-adjusted p < {ALPHA} within the primary measure's family** (every comparison of that "
             "measure), so a CI can exclude zero without a `*`")
     md = ["", f"## Paired deltas (baseline `{baseline.label if baseline else 'n/a'}`, contrasts, main effects)", "",
@@ -196,8 +212,11 @@ def _power_section(power: pd.DataFrame, fmt: _Fmt, effect: float | None) -> list
            f"(Holm's first step; power: the noncentral t, statsmodels TTestPower), from the observed sd of paired differences (none below "
            f"{MIN_PAIRS} pairs). Power now: at the current pairs; seeds/arm: for power {POWER_TARGET:.0%}; "
            "generations per arm = seeds x steps (step + 1 for a step value, hi + 1 for an AUC window) x problems x "
-           "rollouts per step; MDE: the smallest effect the current pairs detect with that power (solved for and "
-           "checked against the power function).", ""]
+           "rollouts per step. MDE now: the effect the current pairs detect with that power over the campaigns that "
+           "state it: the observed sd at a few seeds is below the true sd more often than above, so the MDE is solved "
+           "for the power averaged over the sd's sampling distribution (chi2), not for the power at the observed sd "
+           "(which an effect of that size reaches in only 62-64% of campaigns at 3-4 seeds); power now and seeds/arm "
+           "use the observed sd as it is.", ""]
     return md + ([_md_table(["Comparison", "Measure", "Pairs", "SD diff", "Alpha", "Power now", "Seeds/arm",
                              "Generations/arm", "MDE now"], rows)] if rows else ["No comparison."])
 
@@ -218,6 +237,7 @@ class Scope:
     n_started: int
     primary: tuple[str | None, str] = (None, "")  # (the primary measure's name, why it is the primary)
     sequential: SequentialPrimary | None = None  # adaptive seeds: the stop's result, recomputed
+    trend: PrimaryTrend | None = None  # a campaign with a sweep: its one primary test
 
 
 @dataclass
@@ -237,7 +257,9 @@ def render(scope: Scope, tables: dict[str, pd.DataFrame], auc: AucWindows, figur
     meta, metric, k, baseline = scope.meta, scope.metric, scope.step, scope.baseline
     issues, windows, skipped = scope.issues, auc.reached, auc.skipped
     fmt = _Fmt(metric)
-    step_rows, (auc_headers, auc_rows), delta_rows = _summary_rows(tables, fmt, windows)
+    seq = scope.sequential
+    level = seq.result["level"] if seq is not None and seq.result is not None else None
+    step_rows, (auc_headers, auc_rows), delta_rows = _summary_rows(tables, fmt, windows, level)
     name = meta.get("name", "campaign")
     where = f"step {k}" if k is not None else "no step (no trial has data yet)"
     md = [f"# Campaign report: {name}", ""]

@@ -1,5 +1,7 @@
-"""The report's primary result: which measure's family carries the `*` (`report.primary`), and after adaptive seeds
-the sequential stop's own decision on its contrast, recomputed from the data the way the stop computed it.
+"""The report's primary result: which measure's family carries the `*` (`report.primary`); in a campaign with a
+sweep, which trend over the swept values is the one primary test (`report.primary_sweep`, `PrimaryTrend`; tested
+in orchestrator/report/sections/sweeps.py); and after adaptive seeds the sequential stop's own decision on its
+contrast, recomputed from the data the way the stop computed it.
 
 One familywise 5% covers one family: the comparisons of the primary measure (Holm over them). Every other measure's
 deltas are exploratory: their Holm-adjusted p is within their own measure and they never carry a `*`. After an
@@ -19,11 +21,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from orchestrator.campaign.sections import CONTRAST, DEFAULT_PRIMARY, MEASURE, AdaptiveSeeds, run_measure
-from orchestrator.report.load import Group
+from orchestrator.report.load import Group, fmt_value
 from orchestrator.stats.sequential import look_decision, look_test, nominal_alphas
 
 
@@ -122,3 +125,70 @@ def sequential_primary(groups: Sequence[Group], cfg: AdaptiveSeeds, metric: str,
                for x in ("delta", "lo", "hi", "p", "level"))
     return SequentialPrimary(cfg, metric, looks, levels, k, last, result, made,
                              made == last.get("decision") and same and result["seeds"] == last.get("seeds"))
+
+
+def sweep_series(groups: Sequence[Group]) -> list[tuple[str, str, str, list[tuple[Any, Group]]]]:
+    """(condition, key, other keys' values, [(value, group)] in sweep order) for every condition, swept key
+    with at least two values, and combination of the other keys."""
+    out = []
+    for cond in dict.fromkeys(g.condition for g in groups):
+        mine = [g for g in groups if g.condition == cond and g.sweep]
+        for key in dict.fromkeys(k for g in mine for k in g.sweep):
+            lines: dict[str, list[tuple[Any, Group]]] = {}
+            for g in mine:
+                others = ", ".join(f"{k}={fmt_value(v)}" for k, v in g.sweep.items() if k != key) or "all"
+                lines.setdefault(others, []).append((g.sweep.get(key), g))
+            out += [(cond, key, others, pts) for others, pts in lines.items() if len(pts) >= 2]
+    return out
+
+
+@dataclass(frozen=True)
+class PrimaryTrend:
+    """A sweep campaign's one primary test: the trend of `measure` (the report's name of the primary measure) over
+    `key`'s values in `condition`'s series `series`. values: {group label: {seed: value}} of that measure (None:
+    it is the step-k value, the sweep's own "final"); why: where the choice came from."""
+
+    condition: str
+    key: str
+    series: str
+    measure: str
+    values: dict[str, dict[int, float]] | None
+    why: str
+
+    def text(self) -> str:
+        series = "" if self.series == "all" else f", series {self.series}"
+        return f"the trend of **{self.measure}** over `{self.key}` in condition {self.condition}{series}"
+
+
+def choose_primary_trend(groups: Sequence[Group], declared: Any, measure: str | None, step: int | None,
+                         values: dict[str, dict[str, dict[int, float]]]) -> PrimaryTrend | None:
+    """The primary trend of a campaign with a sweep (None: no sweep with two values, or no primary measure).
+    `declared`: `report.primary_sweep` (condition / key / series, each optional: unset takes the first match in
+    campaign order); `values`: {measure name: {group label: {seed: value}}} of the report's measures. Raises
+    ValueError when the declaration matches no sweep series (listing them)."""
+    series = sweep_series(groups)
+    fields = {f: getattr(declared, f, None) if not isinstance(declared, dict) else declared.get(f)
+              for f in ("condition", "key", "series")} if declared is not None else {}
+    if not series or measure is None:
+        if any(fields.values()):
+            raise ValueError(f"report.primary_sweep: {_said(fields)}, but the campaign has no sweep of two or more "
+                             "values (or no data yet)")
+        return None
+    pick = [t for t in series if all(v in (None, t[i]) for i, v in enumerate(fields.get(f) for f in
+                                                                            ("condition", "key", "series")))]
+    if not pick:
+        raise ValueError(f"report.primary_sweep: {_said(fields)} matches no sweep; the campaign's: "
+                         + "; ".join(f"condition {c}, key {k}, series {o}" for c, k, o, _ in series))
+    cond, key, others, _ = pick[0]
+    given = [f for f, v in fields.items() if v is not None]
+    why = ("report.primary_sweep" if len(given) == 3 else
+           ("report.primary_sweep (" + ", ".join(given) + "), the rest " if given else "the default: ")
+           + "the first in campaign order (set report.primary_sweep to choose)") if len(series) > 1 or given else (
+        "the campaign's one sweep")
+    final = measure == f"step {step}"
+    return PrimaryTrend(cond, key, others, f"final (step {step})" if final else measure,
+                        None if final else values.get(measure, {}), why)
+
+
+def _said(fields: dict) -> str:
+    return ", ".join(f"{f} {v}" for f, v in fields.items() if v is not None) or "(none)"

@@ -109,7 +109,7 @@ def markdown(table: pd.DataFrame, groups: Sequence[Group], base: Group | None, m
 
 def figure(table: pd.DataFrame, path: Path | str, metrics: Sequence[str]) -> Path | None:
     """One panel per metric: mean paired difference to the baseline per step (min-max over seeds shaded)."""
-    from orchestrator.report.figures import new_figure, save
+    from orchestrator.report.render.figures import new_figure, save
 
     metrics = [m for m in metrics if (table.metric == m).any()] if len(table) else []
     if not metrics:

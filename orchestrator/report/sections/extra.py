@@ -4,7 +4,7 @@ numbers) with each condition's distance from the baseline per step (`trajectorie
 (`decomposition`), and for sweeps and agentic campaigns the metric against the swept value (`sweeps`).
 
 `extra_sections` computes their tables, writes their CSVs and figures and returns the markdown lines; `build`
-calls it once and passes the lines to `render`.
+calls it once and passes the lines to `render.markdown.render`.
 """
 
 from __future__ import annotations
@@ -14,17 +14,20 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestrator.report import decomposition, effective_batch, per_task, sweeps, trajectories
+from orchestrator.report.claims.primary import PrimaryTrend
 from orchestrator.report.load import Group
+from orchestrator.report.sections import decomposition, effective_batch, per_task, sweeps, trajectories
 
 TRAIN_METRIC = "train/correct_rate"
 
 
 def extra_sections(groups: Sequence[Group], base: Group | None, metric: str, out_dir: Path,
                    figures: bool = True, *, step: int | None = None,
-                   interpolate: bool = False) -> tuple[dict[str, pd.DataFrame], list[str], list[Path]]:
+                   interpolate: bool = False,
+                   primary_trend: PrimaryTrend | None = None) -> tuple[dict[str, pd.DataFrame], list[str],
+                                                                              list[Path]]:
     """(tables by CSV stem, markdown lines, PNGs written). `step`: the report's step k (the sweeps' "final");
-    `interpolate`: AUCs bridge a missing interior step."""
+    `interpolate`: AUCs bridge a missing interior step; `primary_trend`: the sweep's primary test, if any."""
     metrics = [metric] + ([TRAIN_METRIC] if metric != TRAIN_METRIC else [])
     distance = trajectories.distance_table(groups, base, metrics)
     steps, summary = decomposition.decomposition_tables(groups)
@@ -33,7 +36,8 @@ def extra_sections(groups: Sequence[Group], base: Group | None, metric: str, out
               "decomposition": summary, "per_task": per_task.table(groups)}
     if sweeps.applies(groups):
         tables["sweeps"] = sweeps.sweep_table(groups, metric, step, interpolate)
-        tables["sweep_trend"], tables["sweep_deltas"] = sweeps.trend_tables(groups, metric, step, interpolate)
+        tables["sweep_trend"], tables["sweep_deltas"] = sweeps.trend_tables(groups, metric, step, interpolate,
+                                                                                   primary_trend)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, df in tables.items():
         df.to_csv(out_dir / f"{name}.csv", index=False)

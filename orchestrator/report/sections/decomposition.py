@@ -160,7 +160,7 @@ def figure(steps: pd.DataFrame, path: Path | str) -> Path | None:
     """Three panels across training: (a) execution-token noise share per group (planning dashed), (b) the
     execution surprisal variance split into entropy part and noise part (all groups pooled), (c) for SEPA groups,
     the variance removed per step split into entropy and noise parts."""
-    from orchestrator.report.figures import new_figure, save
+    from orchestrator.report.render.figures import new_figure, save
 
     if not len(steps):
         return None

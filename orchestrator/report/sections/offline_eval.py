@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator import storage as store
-from orchestrator.report.comparisons import all_specs
+from orchestrator.report.claims.comparisons import all_specs
 from orchestrator.report.load import CampaignFiles, Group
 from orchestrator.report.tables import comparisons
 from orchestrator.tracking.names import OFFLINE_EVAL

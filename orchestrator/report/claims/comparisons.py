@@ -8,7 +8,7 @@ other factor's levels of (cell at that level - cell at the reference level): one
 stay paired.
 
 `mark_families` applies Holm within each measure's family (every comparison of that measure) and sets the `*`
-from the adjusted p-value in the primary measure's family only (orchestrator/report/primary.py).
+from the adjusted p-value in the primary measure's family only (orchestrator/report/claims/primary.py).
 """
 
 from __future__ import annotations

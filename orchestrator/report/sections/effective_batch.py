@@ -107,7 +107,7 @@ def figure(groups: Sequence[Group], path: Path | str) -> Path | None:
     shaded); None when no run logged them."""
     from matplotlib.ticker import MaxNLocator
 
-    from orchestrator.report.figures import new_figure, save
+    from orchestrator.report.render.figures import new_figure, save
 
     if not any(_per_step(g, key) for g in groups for key in PANELS):
         return None

@@ -1,0 +1,1 @@
+"""The report as a reader sees it: report.md and the terminal headline (`markdown`), and the PNGs (`figures`)."""
