@@ -167,9 +167,9 @@ def eval_file(trial_dir: str, eval_set: str) -> str:
     return join(trial_dir, EVAL_DIR, f"{eval_set}.csv")
 
 
-def eval_samples_file(trial_dir: str, eval_set: str, checkpoint_step: int) -> str:
-    """The generations of that evaluation (rows as in the samples files)."""
-    return join(trial_dir, EVAL_DIR, f"{eval_set}_checkpoint_{checkpoint_step}.jsonl.gz")
+def eval_samples_name(eval_set: str, checkpoint_step: int) -> str:
+    """The name, in a trial's EVAL_DIR, of the generations of that evaluation (rows as in the samples files)."""
+    return f"{eval_set}_checkpoint_{checkpoint_step}.jsonl.gz"
 
 
 def trial_dir(campaign_dir: str, trial: str) -> str:
