@@ -134,6 +134,15 @@ def read_jsonl(location: str) -> list[dict]:
     return [json.loads(ln) for ln in text.splitlines() if ln.strip()]
 
 
+def read_csv(location: str) -> list[dict]:
+    """The rows of a CSV file with a header, as text; [] when it does not exist."""
+    import csv
+    import io
+
+    text = read_text(location)
+    return list(csv.DictReader(io.StringIO(text))) if text else []
+
+
 def samples_file(step: int, split: str) -> str:
     """The name of a trial's samples file of `step` ("train" or "eval") in its SAMPLES_DIR."""
     return f"{'eval_' if split == 'eval' else ''}step_{step}.jsonl.gz"

@@ -336,8 +336,7 @@ def write_row(trial_dir: str, row: dict) -> None:
 
 
 def read_rows(location: str) -> list[dict]:
-    text = store.read_text(location)
-    return list(csv.DictReader(io.StringIO(text))) if text else []
+    return store.read_csv(location)
 
 
 def summary(rows: dict[str, list[dict]]) -> str:
