@@ -49,7 +49,8 @@ def check_eval_sets(trial: TrialConfig, checked: dict[str, str]) -> tuple[str, s
     key path, why not). Call after `check_task_plugin(trial, checked)`, which read the labels."""
     from workers.tasks.mix import members
 
-    labels = sorted({label for t in members(trial.task) for label in json.loads(checked.get(SOURCES + _key(t), "[]"))})
+    labels = sorted({label for t in members(trial.task)
+                     for label in json.loads(checked.get(SOURCES + _key(t), "[]"))})
     for i, s in enumerate(trial.eval.sets):
         if s.name in labels:
             return f"eval.sets.{i}.name", (f"{s.name!r} is a data_source label of the trial's held-out problems "

@@ -127,7 +127,8 @@ def card_text(e: Exported, out: str) -> str:
     """The README.md of export directory `out`."""
     facts = card_facts(e)
     hub = hub_id(e.cfg.model.name)
-    front = {**({"base_model": hub} if hub else {}), "library_name": "peft" if e.kind == "adapter" else "transformers",
+    front = {**({"base_model": hub} if hub else {}),
+             "library_name": "peft" if e.kind == "adapter" else "transformers",
              "tags": ["credit-orchestrator", "reinforcement-learning", *(["lora"] if e.kind != "full" else [])],
              CARD_KEY: facts}
     who = f"campaign `{e.campaign}`, " if e.campaign else "a lone trial, "

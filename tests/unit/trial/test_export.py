@@ -117,7 +117,8 @@ def test_the_model_card_says_which_run_what_it_scored_and_how_to_load_it(trial, 
     assert "base_model" not in card and card["library_name"] == "peft"  # "tiny" is a local model, no hub id
     assert (facts["campaign"], facts["trial"], facts["seed"], facts["step"], facts["policy_version"], facts["kind"],
             facts["base_model"]) == (None, "lone", 0, 3, 4, "adapter", "tiny")
-    assert facts["heldout"] == {"training (evaluation of step 4)": {"eval/pass@1": 0.4, "eval/pass@k": 0.8, "eval/k": 4},
+    assert facts["heldout"] == {"training (evaluation of step 4)": {"eval/pass@1": 0.4, "eval/pass@k": 0.8,
+                                                                    "eval/k": 4},
                                 "eval command: gsm": {"checkpoint_step": 3, "eval_step": 4, "set": "gsm",
                                                       "pass@1": 0.25, "problems": 64}}
     assert facts["credit"] == cfg.credit.model_dump(mode="json")
