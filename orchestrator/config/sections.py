@@ -67,6 +67,10 @@ class ResourcesConfig(_Strict):
         "placement group"))
     gpu_memory_gb: float | None = Field(None, gt=0.0, description=(
         "memory of one learner GPU for the pre-launch fit check; None: from accelerator_type's known models"))
+    scratch_dir: str | None = Field(None, description=(
+        "node-local folder under which each trial keeps its temporary files (its engines' file store and sockets, "
+        "policy files, checkpoint staging), removed when the trial ends or fails (workers/sync/scratch.py); "
+        "None: each node's temp dir ($TMPDIR or /tmp)"))
 
     @field_validator("learner_gpus")
     @classmethod
