@@ -2,16 +2,22 @@
 
 Batch: 256 completions x 2048 tokens (16 groups x 16 rollouts), maxrl + sepa_gtpo_hicra.
 Also measures the planning mask on the same batch (target >= 2M tokens/s on one core).
-Prints tokens/s of each and the vectorised/reference ratio last (target >= 100).
 
-    python benchmarks/credit.py [--groups 16] [--group 16] [--tokens 2048] [--repeats 5]
+Both sides run on one thread (`--threads`, $BENCH_THREADS) and are timed in CPU seconds of this process
+(`time.process_time`): other processes loading the machine slow the wall clock, not the work, so the figure does
+not follow the load (with torch's own thread count and wall time the ratio read 1.6 .. 170 on a busy 2-core
+machine). `--repeats` interleaved pairs (the order flipped every pair; a vectorised time is the median of 5
+calls); each side's median and spread, and last the median of the pairs' ratios with their spread (about 50 on
+one thread of the 2-core dev machine, loaded or not: docs/credit.md; a regression reads well below 40).
+
+    python benchmarks/credit.py [--groups 16] [--group 16] [--tokens 2048] [--repeats 7] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -20,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._timing import fix_threads, spread  # noqa: E402
 from tests.reference_credit import ref_batch, ref_stats  # noqa: E402
 from workers.credit import CreditConfig, SepaConfig, compute_advantages, planning_masks  # noqa: E402
 
@@ -44,13 +51,10 @@ def make_pieces(rng: random.Random, n_tokens: int) -> list[str]:
     return pieces[:n_tokens]
 
 
-def best_of(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+def cpu_seconds(fn) -> float:
+    t0 = time.process_time()
+    fn()
+    return time.process_time() - t0
 
 
 def main() -> None:
@@ -58,12 +62,13 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=N, help="prompt groups in the batch")
     ap.add_argument("--group", type=int, default=G, help="rollouts per group")
     ap.add_argument("--tokens", type=int, default=T, help="tokens per completion")
-    ap.add_argument("--repeats", type=int, default=5, help="vectorised timings (best of); the mask: best of 3")
+    ap.add_argument("--repeats", type=int, default=7, help="interleaved vectorised/reference pairs (and mask runs)")
+    ap.add_argument("--threads", type=int, help="torch threads (default $BENCH_THREADS, else 1)")
     args = ap.parse_args()
     n, g, t = args.groups, args.group, args.tokens
-    if "BENCH_THREADS" in os.environ:  # default: torch's own choice (all cores); BENCH_THREADS=1 for one core
-        torch.set_num_threads(int(os.environ["BENCH_THREADS"]))
-    print(f"torch threads: {torch.get_num_threads()} (the reference and the planning mask are single-threaded Python)")
+    threads = fix_threads(args.threads)
+    print(f"torch threads: {threads} (the reference and the planning mask are single-threaded Python); "
+          "times: CPU seconds of this process")
     rng = random.Random(0)
     gen = torch.Generator().manual_seed(0)
     n_tok = n * g * t
@@ -72,24 +77,44 @@ def main() -> None:
     mask = torch.ones(n, g, t, dtype=torch.bool)
     pieces = [make_pieces(rng, t) for _ in range(n * g)]
 
-    t_plan = best_of(lambda: planning_masks(pieces, t), min(3, args.repeats))
+    t_plan = [cpu_seconds(lambda: planning_masks(pieces, t)) for _ in range(args.repeats)]
     planning = planning_masks(pieces, t).reshape(n, g, t)
-    print(f"planning mask:  {n_tok / t_plan / 1e6:8.2f} M tokens/s  (planning fraction {planning.float().mean():.3f})")
+    print(f"planning mask:  {n_tok / statistics.median(t_plan) / 1e6:8.2f} M tokens/s  (planning fraction "
+          f"{planning.float().mean():.3f}; s {spread(t_plan)})")
 
     cfg = CreditConfig(advantage_mode="maxrl", transform_mode="sepa_gtpo_hicra", sepa=SepaConfig())
-    t_vec = best_of(lambda: compute_advantages(rewards, signals, mask, cfg, planning=planning, sepa_lambda=0.5), args.repeats)
-
     r_list, s_list, p_list = rewards.tolist(), signals.tolist(), planning.tolist()
-    t0 = time.perf_counter()
-    ref_adv, ref_sig = ref_batch(r_list, s_list, p_list, "maxrl", cfg.stages, cfg.gtpo_beta, cfg.hicra_alpha, 0.5)
-    ref_stats(r_list, s_list, p_list, ref_sig)  # the reference does the same work: advantages + diagnostics
-    t_ref = time.perf_counter() - t0
 
+    def vectorised() -> float:
+        return statistics.median(cpu_seconds(lambda: compute_advantages(
+            rewards, signals, mask, cfg, planning=planning, sepa_lambda=0.5)) for _ in range(5))
+
+    def reference() -> float:
+        def run():
+            ref_sig = ref_batch(r_list, s_list, p_list, "maxrl", cfg.stages, cfg.gtpo_beta, cfg.hicra_alpha, 0.5)[1]
+            ref_stats(r_list, s_list, p_list, ref_sig)  # the reference does the same work: advantages + diagnostics
+        return cpu_seconds(run)
+
+    vectorised()  # warm-up
+    t_vec, t_ref = [], []
+    for rep in range(args.repeats):
+        if rep % 2:
+            t_ref.append(reference())
+            t_vec.append(vectorised())
+        else:
+            t_vec.append(vectorised())
+            t_ref.append(reference())
+
+    ref_adv = ref_batch(r_list, s_list, p_list, "maxrl", cfg.stages, cfg.gtpo_beta, cfg.hicra_alpha, 0.5)[0]
     got = compute_advantages(rewards, signals, mask, cfg, planning=planning, sepa_lambda=0.5).token_advantages
     err = (got - torch.tensor(ref_adv)).abs().max().item()
-    print(f"vectorised:     {n_tok / t_vec / 1e6:8.2f} M tokens/s  ({t_vec * 1e3:.1f} ms)")
-    print(f"reference:      {n_tok / t_ref / 1e6:8.2f} M tokens/s  ({t_ref * 1e3:.1f} ms), max abs diff {err:.2e}")
-    print(f"ratio vectorised/reference: {t_ref / t_vec:.1f}")
+    ratios = [r / v for r, v in zip(t_ref, t_vec, strict=True)]
+    for name, times in (("vectorised", t_vec), ("reference", t_ref)):
+        print(f"{name + ':':15s} {n_tok / statistics.median(times) / 1e6:8.2f} M tokens/s  "
+              f"(ms {spread([1e3 * x for x in times])})")
+    print(f"max abs diff of the advantages: {err:.2e}")
+    print(f"ratio vectorised/reference: {statistics.median(ratios):.1f} (median of {len(ratios)} interleaved pairs; "
+          f"min {min(ratios):.1f} .. max {max(ratios):.1f})")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ sampling temperature), a policy-gradient loss (-A * log p, token mean), backward
 The learner's step adds everything a training step of the trial does (collate, advantages, PPO-clipped loss,
 metrics); with `old_logprobs: rollout` it runs one pass like the bare step, with `recompute` a no-grad scoring
 pass first. Both sides use the same micro-batch size. Timed calls alternate learner / bare (order flipped every
-pair) after one warm-up each; tokens/s = sequence tokens (prompt + response) per second, median over pairs.
+pair) after one warm-up each; tokens/s = sequence tokens (prompt + response) per second, median over pairs, and
+each ratio's median and spread over the pairs. torch's CPU threads are fixed (`--threads`, $BENCH_THREADS, else 1)
+so the figure does not follow the machine's load.
 Peak memory (median over steps): `torch.cuda.max_memory_allocated` per step on a GPU (weights included); on
 CPU the peak resident-set growth during the step (`PeakRSS`, weights excluded).
 
@@ -19,7 +21,7 @@ Prints tokens/s and peak memory of each, the recompute ratio, and the ratio lear
 
 `--ranks N` (N > 1) measures the learner group instead: N processes forming a torch.distributed group (gloo on
 CPU, NCCL on GPU: one GPU per rank), the model FSDP2-sharded, each rank training its token-balanced share of the
-batch, against one unsharded rank on the same batch with the same threads per rank; `--mode full|lora`. Prints
+batch, against one unsharded rank on the same batch with the same threads per rank (`--threads`); `--mode full|lora`. Prints
 tokens/s of the group, tokens/s per rank and, last, the ratio per-rank / single-rank (1.0 = perfect scaling).
 """
 
@@ -37,6 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._timing import fix_threads, spread  # noqa: E402
 from workers.learner.inputs import LearnerBatch  # noqa: E402
 
 # Real architectures by their published configs (transformers class, kwargs): built with random weights.
@@ -207,7 +210,7 @@ def main_ranks(args) -> None:
 
     import torch.multiprocessing as mp
 
-    threads = max(torch.get_num_threads() // args.ranks, 1)
+    threads = torch.get_num_threads()  # per rank, fixed (benchmarks/_timing.py)
     results = {}
     for world in (1, args.ranks):
         with socket.socket() as s, tempfile.NamedTemporaryFile(suffix=".txt") as out:
@@ -242,9 +245,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--ranks", type=int, default=1, help="> 1: the learner group against one rank (see above)")
     ap.add_argument("--mode", default="lora", choices=["lora", "full"], help="learner.mode (with --ranks)")
+    ap.add_argument("--threads", type=int, help="torch threads (per rank; default $BENCH_THREADS, else 1)")
     args = ap.parse_args()
-    if "BENCH_THREADS" in os.environ:
-        torch.set_num_threads(int(os.environ["BENCH_THREADS"]))
+    fix_threads(args.threads)
     if args.ranks > 1:
         main_ranks(args)
         return
@@ -291,9 +294,9 @@ def main() -> None:
     for k in sides:
         print(f"{k:20s} {n_tokens / med[k]:12,.0f} tokens/s  median {med[k]:.3f} s  peak {peaks[k]:,.0f} MiB  "
               f"runs {[round(t, 3) for t, _ in results[k]]}")
-    pairs = lambda k: statistics.median(b[0] / a[0] for a, b in zip(results[k], results["bare"], strict=True))  # noqa: E731
-    print(f"ratio learner(recompute)/bare tokens/s: {pairs('learner (recompute)'):.3f}")
-    print(f"ratio learner(rollout)/bare tokens/s (median of interleaved pairs): {pairs('learner (rollout)'):.3f} "
+    pairs = lambda k: [b[0] / a[0] for a, b in zip(results[k], results["bare"], strict=True)]  # noqa: E731
+    print(f"ratio learner(recompute)/bare tokens/s: {spread(pairs('learner (recompute)'))}")
+    print(f"ratio learner(rollout)/bare tokens/s (interleaved pairs): {spread(pairs('learner (rollout)'))} "
           "(target >= 0.9)")
 
 

@@ -30,12 +30,13 @@ def _trial(args: argparse.Namespace) -> int:
     from orchestrator.config.task_check import check_task_plugin
     from workers.credit import CreditError, resolve_plugins
 
-    why = check_task_plugin(cfg, {})
+    checked: dict[str, str] = {}
+    why = check_task_plugin(cfg, checked)
     if why:
         raise UserError(f"{args.config or '<default trial>'}: task: {why}")
     from orchestrator.config.task_check import check_eval_sets
 
-    at, why = check_eval_sets(cfg, {})
+    at, why = check_eval_sets(cfg, checked)
     if why:
         raise UserError(f"{args.config or '<default trial>'}: {at}: {why}")
 

@@ -134,6 +134,15 @@ def read_jsonl(location: str) -> list[dict]:
     return [json.loads(ln) for ln in text.splitlines() if ln.strip()]
 
 
+def read_csv(location: str) -> list[dict]:
+    """The rows of a CSV file with a header, as text; [] when it does not exist."""
+    import csv
+    import io
+
+    text = read_text(location)
+    return list(csv.DictReader(io.StringIO(text))) if text else []
+
+
 def samples_file(step: int, split: str) -> str:
     """The name of a trial's samples file of `step` ("train" or "eval") in its SAMPLES_DIR."""
     return f"{'eval_' if split == 'eval' else ''}step_{step}.jsonl.gz"
@@ -167,9 +176,9 @@ def eval_file(trial_dir: str, eval_set: str) -> str:
     return join(trial_dir, EVAL_DIR, f"{eval_set}.csv")
 
 
-def eval_samples_file(trial_dir: str, eval_set: str, checkpoint_step: int) -> str:
-    """The generations of that evaluation (rows as in the samples files)."""
-    return join(trial_dir, EVAL_DIR, f"{eval_set}_checkpoint_{checkpoint_step}.jsonl.gz")
+def eval_samples_name(eval_set: str, checkpoint_step: int) -> str:
+    """The name, in a trial's EVAL_DIR, of the generations of that evaluation (rows as in the samples files)."""
+    return f"{eval_set}_checkpoint_{checkpoint_step}.jsonl.gz"
 
 
 def trial_dir(campaign_dir: str, trial: str) -> str:

@@ -48,6 +48,16 @@ def check_unique(sets: list[EvalSetConfig]) -> list[EvalSetConfig]:
     return sets
 
 
+def label_clash(sets: list[EvalSetConfig], task_labels: list[str]) -> str | None:
+    """Why a set cannot have its name: a mix member's label (both would log `eval/<name>/pass@1`), or None. (A
+    dataset's `data_source` labels are read with its file: orchestrator/config/task_check.py.)"""
+    for s in sets:
+        if s.name in task_labels:
+            return (f"set {s.name!r} has the label of a mix member (eval/{s.name}/pass@1 is the member's); a set's "
+                    f"name must not be one of: {', '.join(task_labels)}")
+    return None
+
+
 def agentic_mismatch(sets: list[EvalSetConfig], trial_agentic: bool) -> str | None:
     """Why a multi-turn set cannot run in a single-turn trial (its engines' context is sized for one turn), or
     None."""

@@ -67,6 +67,10 @@ class ResourcesConfig(_Strict):
         "placement group"))
     gpu_memory_gb: float | None = Field(None, gt=0.0, description=(
         "memory of one learner GPU for the pre-launch fit check; None: from accelerator_type's known models"))
+    scratch_dir: str | None = Field(None, description=(
+        "node-local folder under which each trial keeps its temporary files (its engines' file store and sockets, "
+        "policy files, checkpoint staging), removed when the trial ends or fails (workers/sync/scratch.py); "
+        "None: each node's temp dir ($TMPDIR or /tmp)"))
 
     @field_validator("learner_gpus")
     @classmethod
@@ -154,8 +158,9 @@ class SamplesSettings(_Strict):
     per_step: int = Field(2, ge=0, description="training groups written per step (the first ones of the batch)")
     eval: bool = Field(True, description="write every held-out evaluation's generations")
     max_mb: float = Field(100.0, gt=0.0, description=(
-        "cap on one trial's samples/ folder: a file that would take it past the cap is not written (the first "
-        "one skipped is said in the trial's events.jsonl, `samples_capped`); earlier files are kept"))
+        "cap on one trial's samples/ folder (and on its eval/ folder, the `eval` command's generations): a file "
+        "that would take it past the cap is not written (the first one skipped is said in the trial's "
+        "events.jsonl, `samples_capped`); earlier files are kept"))
 
 
 class LoggingConfig(_Strict):

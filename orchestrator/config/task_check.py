@@ -7,6 +7,12 @@ import json
 
 from orchestrator.config.trial import TrialConfig
 
+SOURCES = "data_source labels of "  # `checked` also keeps a dataset's held-out labels, under this prefix
+
+
+def _key(task) -> str:
+    return json.dumps(task.model_dump(mode="json"), sort_keys=True)
+
 
 def check_task_plugin(trial: TrialConfig, checked: dict[str, str]) -> str:
     """'' when the trial's task is built in, its dataset files read, or its plugin passes a dry run
@@ -19,11 +25,14 @@ def check_task_plugin(trial: TrialConfig, checked: dict[str, str]) -> str:
     for i, task in enumerate(members(trial.task)):  # a mix: each member (its message says which)
         if not isinstance(task, PluginTaskConfig | DatasetConfig):
             continue
-        key = json.dumps(task.model_dump(mode="json"), sort_keys=True)
+        key = _key(task)
         if key not in checked:
             try:
                 if isinstance(task, DatasetConfig):  # the file(s) read, every row's fields found
-                    make_task(task, trial.seed).close()
+                    built = make_task(task, trial.seed)
+                    checked[SOURCES + key] = json.dumps(sorted({p.source.replace("/", "_") for p in built.heldout()
+                                                                if p.source}))
+                    built.close()
                 else:
                     dry_check(task, trial.seed)
                 checked[key] = ""
@@ -35,8 +44,18 @@ def check_task_plugin(trial: TrialConfig, checked: dict[str, str]) -> str:
 
 
 def check_eval_sets(trial: TrialConfig, checked: dict[str, str]) -> tuple[str, str]:
-    """('', '') when every `eval.sets` entry with a task of its own passes `check_task_plugin`, else (its key
-    path, why not)."""
+    """('', '') when every `eval.sets` entry with a task of its own passes `check_task_plugin` and no set is named
+    like a `data_source` label of the trial's held-out problems (both would log `eval/<name>/pass@1`), else (its
+    key path, why not). Call after `check_task_plugin(trial, checked)`, which read the labels."""
+    from workers.tasks.mix import members
+
+    labels = sorted({label for t in members(trial.task)
+                     for label in json.loads(checked.get(SOURCES + _key(t), "[]"))})
+    for i, s in enumerate(trial.eval.sets):
+        if s.name in labels:
+            return f"eval.sets.{i}.name", (f"{s.name!r} is a data_source label of the trial's held-out problems "
+                                           f"(eval/{s.name}/pass@1 is theirs); a set's name must not be one of: "
+                                           f"{', '.join(labels)}")
     for i, s in enumerate(trial.eval.sets):
         if s.task is not None:
             why = check_task_plugin(trial.model_copy(update={"task": s.task}), checked)

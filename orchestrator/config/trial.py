@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from orchestrator.config.eval_sets import agentic_mismatch
+from orchestrator.config.eval_sets import agentic_mismatch, label_clash
 from orchestrator.config.sections import (
     CheckpointSettings,
     EvalConfig,
@@ -189,7 +189,8 @@ class TrialConfig(_Strict):
 
     @model_validator(mode="after")
     def _eval_sets(self) -> TrialConfig:
-        why = agentic_mismatch(self.eval.sets, self.task.agentic)
+        labels = self.task.labels if isinstance(self.task, MixConfig) else []
+        why = agentic_mismatch(self.eval.sets, self.task.agentic) or label_clash(self.eval.sets, labels)
         if why:
             raise ValueError(f"eval.sets: {why}")
         return self

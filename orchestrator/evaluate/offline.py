@@ -248,6 +248,7 @@ def evaluate_trial(engine, plan: TrialEval) -> list[dict]:
     rows = []
     text = SampleText(tokenizer, cfg.credit.strategic_grams, resolve_plugins(cfg.credit).get("planning_detector")
                       ) if cfg.logging.samples.eval else None
+    writer = generations_writer(plan)
     try:
         for s in plan.sets:
             sctx = set_context(ctx, s, plan.ev)
@@ -257,9 +258,8 @@ def evaluate_trial(engine, plan: TrialEval) -> list[dict]:
                 close_context(sctx, ctx)
             generations = metrics.pop("_samples", None)
             if text is not None and generations:  # rows as in the samples files, at the evaluation's step
-                store.write_bytes(store.eval_samples_file(plan.trial_dir, set_name(s), plan.step),
-                                  store.gzip_jsonl(sample_rows(text, generations, step=plan.step + 1, split="eval",
-                                                               version=version)))
+                write_generations(writer, plan, set_name(s), sample_rows(text, generations, step=plan.step + 1,
+                                                                         split="eval", version=version))
             rows.append({"checkpoint_step": plan.step, "eval_step": plan.step + 1, "policy_version": version,
                          "set": set_name(s), "n": plan.ev.n, "k": plan.ev.k, "temperature": plan.ev.temperature,
                          "seed": cfg.seed + EVAL_SEED_OFFSET,
@@ -268,6 +268,24 @@ def evaluate_trial(engine, plan: TrialEval) -> list[dict]:
     finally:
         task.close()
     return rows
+
+
+def generations_writer(plan: TrialEval):
+    """Where `eval` writes a trial's generations: its eval/ folder, under the samples' own cap (the trial's
+    `logging.samples.max_mb`, on that folder; the first file kept out is said in its events.jsonl)."""
+    from orchestrator.trial.samples import SamplesWriter
+
+    return SamplesWriter(plan.trial_dir, plan.cfg.logging.samples.max_mb, folder=store.EVAL_DIR)
+
+
+def write_generations(writer, plan: TrialEval, eval_set: str, rows: list[dict]) -> str | None:
+    """One set's generations at `plan`'s checkpoint (rows as in the samples files), or None (said) past the cap."""
+    name = store.eval_samples_name(eval_set, plan.step)
+    location = writer.write(plan.step + 1, "eval", rows, name=name)
+    if location is None:
+        print(f"{plan.trial}: {store.EVAL_DIR}/{name} not written: it would take the folder past the trial's "
+              f"logging.samples.max_mb ({plan.cfg.logging.samples.max_mb:g} MB)", flush=True)
+    return location
 
 
 def run_eval(plans: list[TrialEval], engines: int | None = None) -> dict[str, list[dict]]:
@@ -318,8 +336,7 @@ def write_row(trial_dir: str, row: dict) -> None:
 
 
 def read_rows(location: str) -> list[dict]:
-    text = store.read_text(location)
-    return list(csv.DictReader(io.StringIO(text))) if text else []
+    return store.read_csv(location)
 
 
 def summary(rows: dict[str, list[dict]]) -> str:

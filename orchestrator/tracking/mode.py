@@ -2,7 +2,7 @@
 
 `WANDB_MODE` (or `--wandb-mode` on `run` / `submit`, which sets it) overrides the campaign file's `wandb.mode`: a
 campaign written for a laptop (offline) streams online on a cluster without editing the file. Changing the mode
-does not change the campaign: a resume with another mode is allowed (tune/launch.py `_stable`).
+does not change the campaign: a resume with another mode is allowed (tune/same_config.py).
 """
 
 from __future__ import annotations

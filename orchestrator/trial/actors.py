@@ -20,6 +20,7 @@ from workers.learner.learner import Learner
 from workers.learner.ranks import Ranks, rendezvous_address
 from workers.models.gpu_runtime import check_gpu_runtime
 from workers.rollout.worker import RolloutWorker, RolloutWorkerSettings, process_health
+from workers.sync.scratch import enter_scratch, scratch_root
 
 
 def _where() -> dict:
@@ -41,7 +42,9 @@ class TrialRolloutActor(RolloutWorker):
     may be "auto" (`engine_dtype`). `health` runs on its own thread: it answers while `generate` waits on a
     frozen engine (orchestrator/trial/calls.py asks it after a missed deadline)."""
 
-    def __init__(self, model_cfg: dict, settings: RolloutWorkerSettings):
+    def __init__(self, model_cfg: dict, settings: RolloutWorkerSettings, scratch: str | None = None):
+        if scratch:  # before the engine (and its processes) exist: their temp files go under the trial's
+            enter_scratch(scratch, "rollout")
         check_gpu_runtime()
         super().__init__(resolve_model(ModelConfig(**model_cfg)),
                          dataclasses.replace(settings, dtype=engine_dtype(settings.dtype)))
@@ -59,7 +62,9 @@ class LearnerRankActor(Learner):
     """One learner rank. Built in two calls so the group's address (rank 0's node and a free port there) is known
     before any rank joins: `rendezvous` on rank 0, then `start` on every rank (orchestrator/trial/learner_group.py)."""
 
-    def __init__(self, model_cfg: dict, rank: int = 0, world: int = 1, **kw):
+    def __init__(self, model_cfg: dict, rank: int = 0, world: int = 1, scratch: str | None = None, **kw):
+        if scratch:
+            enter_scratch(scratch, f"learner{rank}")
         self._args = (model_cfg, Ranks(rank, world), kw)
         self._rank = rank
 
@@ -147,6 +152,11 @@ def shutdown_actors(workers: list, learner: LearnerGroup | None = None) -> None:
         learner.shutdown()
 
 
+def trial_scratch_root(cfg: TrialConfig) -> str:
+    """The trial's scratch folder on each node (workers/sync/scratch.py): the same for every attempt."""
+    return scratch_root(cfg.resources.scratch_dir, cfg.name, cfg.output_dir or cfg.name)
+
+
 def start_actors(cfg: TrialConfig, pg, calls: Calls | None = None) -> tuple[list, LearnerGroup]:
     """The trial's rollout workers and learner group, each actor in its bundle of the trial's placement group `pg`
     (None: no group), waited on through `calls` (the trial's deadlines). Returns at once (colocated: once the
@@ -154,17 +164,17 @@ def start_actors(cfg: TrialConfig, pg, calls: Calls | None = None) -> tuple[list
     `ready` on each says when it has built its model."""
     r = cfg.resources
     model_cfg = cfg.model.model_dump()
-    settings = rollout_settings(cfg)
+    settings, scratch = rollout_settings(cfg), trial_scratch_root(cfg)
     workers = [
         TrialRolloutActor.options(num_cpus=s.cpus, num_gpus=s.gpus, **_placement(pg, s.bundle)).remote(
-            model_cfg, settings)
+            model_cfg, settings, scratch)
         for s in worker_slots(cfg)
     ]
     if colocated(cfg):  # vLLM sizes its KV cache from the free memory it sees: the learner allocates after it
         (calls or Calls()).get([w.ready.remote() for w in workers], "setup", rollout_names(workers))
     ranks = [
         LearnerRankActor.options(num_cpus=s.cpus, num_gpus=s.gpus, **_placement(pg, s.bundle)).remote(
-            model_cfg, rank=i, world=r.learner_ranks, learner=cfg.learner, credit=cfg.credit,
+            model_cfg, rank=i, world=r.learner_ranks, scratch=scratch, learner=cfg.learner, credit=cfg.credit,
             run=RunSettings(seed=cfg.seed, total_steps=cfg.steps, dtype=cfg.model.dtype,
                             collective_timeout_s=cfg.timeouts.collective),
             interventions=cfg.interventions)

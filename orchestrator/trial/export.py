@@ -3,8 +3,9 @@
 The checkpoint (the newest, or the one of `--step`) is verified first with the restore code (its sealed sha256
 manifest, orchestrator/trial/restore.py); a damaged one is refused, never replaced by another. The policy is
 written by workers/learner/export.py (a PEFT adapter, a merged model, or the full model gathered from the shards);
-the base model's tokenizer files (chat template included) and generation config are copied beside it, and
-`EXPORT_MANIFEST` records the trial, step, base model and the sha256 of every file written.
+the base model's tokenizer files (chat template included) and generation config are copied beside it, the trial's
+config and a model card (README.md: which run, its held-out metrics, how to load it; model_card.py) are written,
+and `EXPORT_MANIFEST` records the trial, step, base model and the sha256 of every file written.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from orchestrator import storage as store
 from orchestrator.config.trial import TrialConfig
+from orchestrator.trial.model_card import CARD_FILE, CONFIG_FILE, Exported, card_text
 from orchestrator.trial.models import resolve_model
 from orchestrator.trial.restore import verified_checkpoint
 
@@ -52,9 +54,11 @@ def copy_base_files(model_path: str, out: Path) -> list[str]:
     return sorted(p.name for p in out.iterdir() if p.name in BASE_FILES)
 
 
-def export_trial(tune_dir: str, trial: str, out: Path, *, step: int | None = None, merge: bool = False) -> dict:
-    """Export trial `trial` (its Tune directory `tune_dir`) into the new directory `out`; returns the manifest.
-    Raises CheckpointError (damaged), LookupError (no such step) or ValueError (a request that cannot be met)."""
+def export_trial(tune_dir: str, trial: str, out: Path, *, step: int | None = None, merge: bool = False,
+                 campaign: str | None = None) -> dict:
+    """Export trial `trial` (its Tune directory `tune_dir`; of `campaign`, None for a lone trial) into the new
+    directory `out`, with its model card (model_card.py); returns the manifest. Raises CheckpointError (damaged),
+    LookupError (no such step) or ValueError (a request that cannot be met)."""
     from workers.learner.export import export_policy_dir
 
     if out.exists() and any(out.iterdir()):
@@ -73,6 +77,10 @@ def export_trial(tune_dir: str, trial: str, out: Path, *, step: int | None = Non
     learner_files = {k: v for k, v in files.items() if k == "learner.pt" or k.startswith(store.SHARDS_DIR + "/")}
     kind = export_policy_dir(learner_files, model_path, cfg.learner, out, merge=merge, source=where)
     copied = copy_base_files(model_path, out)
+    exported = Exported(trial, campaign, state["step"], state.get("adapter_version"), kind, where, cfg,
+                        model_path)
+    (out / CONFIG_FILE).write_text(json.dumps(state["config"], indent=1))
+    (out / CARD_FILE).write_text(card_text(exported, str(out)))  # in place of PEFT's blank card
     manifest = {
         "trial": trial, "step": state["step"], "policy_version": state.get("adapter_version"), "kind": kind,
         "base_model": cfg.model.name, "base_path": model_path, "checkpoint": where,

@@ -22,7 +22,7 @@ def export_command(args: argparse.Namespace) -> int:
         if args.trial not in names:
             raise UserError(f"{args.source}: --trial {args.trial}: " + ("needed with a campaign" if args.trial is None
                             else "no such trial") + "; trials: " + ", ".join(names))
-        tune_dir, trial = store.join(campaign.directory, args.trial), args.trial
+        tune_dir, trial, name = store.join(campaign.directory, args.trial), args.trial, campaign.config.name
     else:
         if args.trial is not None:
             raise UserError(f"{args.source}: --trial goes with a campaign YAML, not a trial directory")
@@ -30,9 +30,10 @@ def export_command(args: argparse.Namespace) -> int:
             tune_dir = lone_trial_tune_dir(args.source)
         except ValueError as exc:
             raise UserError(str(exc)) from None
-        trial = tune_dir.rsplit("/", 1)[-1]
+        trial, name = tune_dir.rsplit("/", 1)[-1], None
     try:
-        manifest = export_trial(tune_dir, trial, Path(args.out), step=args.step, merge=args.merge)
+        manifest = export_trial(tune_dir, trial, Path(args.out), step=args.step, merge=args.merge,
+                                campaign=name)
     except (CheckpointError, LookupError, ValueError) as exc:
         raise UserError(f"{args.source}: {exc}") from None
     print(f"exported {trial} step {manifest['step']} ({manifest['kind']}) of {manifest['base_model']} to {args.out}")

@@ -24,7 +24,13 @@ from orchestrator import storage as store
 from orchestrator.config.trial import TrialConfig, sepa_settings
 from orchestrator.storage import EVENTS_FILE, METRICS_FILE, PLACEMENT_FILE, STATE_FILE, UNCERTAINTY_DIR
 from orchestrator.tracking.run import TrialTracker
-from orchestrator.trial.actors import placement_record, rollout_names, shutdown_actors, start_actors
+from orchestrator.trial.actors import (
+    placement_record,
+    rollout_names,
+    shutdown_actors,
+    start_actors,
+    trial_scratch_root,
+)
 from orchestrator.trial.batches import TrialBatches
 from orchestrator.trial.calls import Calls, Deadlines, Hang, check_health
 from orchestrator.trial.context import TrialContext
@@ -45,6 +51,7 @@ from workers.learner.state import BLOB as LEARNER_FILE
 from workers.learner.state import SHARDS
 from workers.models.loading import load_tokenizer, tokenizer_fingerprint
 from workers.startup import imports_done
+from workers.sync.scratch import trial_scratch
 from workers.tasks import make_task
 
 
@@ -144,9 +151,15 @@ def run_trial(config: dict) -> None:
     """Tune function trainable: runs `config` (a TrialConfig as a dict) to its last step.
 
     Writes `metrics.jsonl` (whole, after every step: a restore rewinds it to the checkpoint, so the file never
-    has gaps or repeats), `events.jsonl` and `placement.json` to `output_dir` (a path or URI).
+    has gaps or repeats), `events.jsonl` and `placement.json` to `output_dir` (a path or URI). Its temporary
+    files, and its actors', live in its scratch folder, removed when it ends or fails (workers/sync/scratch.py).
     """
     cfg = TrialConfig.model_validate(config)
+    with trial_scratch(trial_scratch_root(cfg)):
+        _run(cfg)
+
+
+def _run(cfg: TrialConfig) -> None:
     out_dir = cfg.output_dir or tempfile.mkdtemp(prefix=f"trial-{cfg.name}-")
     metrics_loc = store.join(out_dir, METRICS_FILE)
     resume = _resume(cfg, out_dir)

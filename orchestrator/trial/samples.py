@@ -132,23 +132,26 @@ def sample_rows(text: SampleText, groups: list[SampleGroup], *, step: int, split
 
 
 class SamplesWriter:
-    """Writes one trial's samples files under `out_dir/samples/`, within the trial's cap."""
+    """Writes one trial's samples files under `out_dir/<folder>/` (samples/; the `eval` command's generations:
+    eval/), within the trial's cap on that folder."""
 
-    def __init__(self, out_dir: str, max_mb: float):
-        self.dir, self.cap = store.join(out_dir, SAMPLES_DIR), int(max_mb * 2**20)
+    def __init__(self, out_dir: str, max_mb: float, folder: str = SAMPLES_DIR):
+        self.dir, self.cap = store.join(out_dir, folder), int(max_mb * 2**20)
         self.events = store.join(out_dir, EVENTS_FILE)
         self.capped = False
 
-    def write(self, step: int, split: str, rows: list[dict]) -> str | None:
-        """The file's location, or None when the cap kept it out (or there is nothing to write)."""
+    def write(self, step: int, split: str, rows: list[dict], name: str | None = None) -> str | None:
+        """The file's location (`name`, default the samples file of `step` and `split`), or None when the cap
+        kept it out (or there is nothing to write)."""
         if not rows:
             return None
-        name, data = samples_file(step, split), gzip_jsonl(rows)
+        name, data = name or samples_file(step, split), gzip_jsonl(rows)
         used = sum(size for other, size in store.file_sizes(self.dir).items() if other != name)
         if used + len(data) > self.cap:
             if not self.capped:
                 store.append_line(self.events, {"event": "samples_capped", "step": step, "split": split,
-                                                "used_bytes": used, "file_bytes": len(data), "cap_bytes": self.cap})
+                                                "file": name, "used_bytes": used, "file_bytes": len(data),
+                                                "cap_bytes": self.cap})
             self.capped = True
             return None
         location = store.join(self.dir, name)

@@ -28,6 +28,7 @@ from orchestrator.preflight.checks import check_campaign_models, check_cluster, 
 from orchestrator.tracking.mode import wandb_mode, with_wandb_mode
 from orchestrator.trial.loop import run_trial
 from orchestrator.tune.pending import PendingOnAutoscaling
+from orchestrator.tune.same_config import config_change
 from orchestrator.tune.scheduling import TuneScheduling, scheduling
 
 
@@ -134,41 +135,22 @@ def _tuner(name: str, storage: str, trials: dict[str, dict], plan: TuneSchedulin
     )
 
 
-def _stable(config: dict) -> dict:
-    """What a trial runs: its config less where it writes and where its plugins were found (a job's uploaded
-    working dir lands in a new place on each cluster start; the plugin's code is the code, like the package's)."""
-    return {k: v for k, v in config.items() if k not in ("wandb", "output_dir", "plugins")}
-
-
-def _without_new_defaults(now: dict, before: dict, default: dict) -> dict:
-    """`now` minus the keys `before` lacks whose value is the schema default: a field added to the code since
-    the campaign started (at its default) does not change what the trial runs, so it must not block a resume."""
-    out = {}
-    for key, value in now.items():
-        if key not in before:
-            if key in default and value == default[key]:
-                continue
-        elif isinstance(value, dict) and isinstance(before[key], dict) and isinstance(default.get(key), dict):
-            value = _without_new_defaults(value, before[key], default[key])
-        out[key] = value
-    return out
-
-
 def check_same_campaign(campaign: Campaign) -> None:
     """A resumed experiment must be the campaign that started it: same trials, same configs (fields the code
-    gained since, at their defaults, excepted)."""
+    gained since, at their defaults, excepted: tune/same_config.py)."""
     text = store.read_text(store.join(campaign.directory, store.CAMPAIGN_FILE))
     if text is None:
         return
-    before = {t["name"]: _stable(t["config"]) for t in json.loads(text)["trials"]}
-    default = TrialConfig().model_dump(mode="json")
-    now = {t.name: _stable(t.config) for t in campaign.trials}
-    now = {n: _without_new_defaults(c, before[n], default) if n in before else c for n, c in now.items()}
-    if before != now:
-        changed = sorted(set(before) ^ set(now)) or sorted(n for n in now if before[n] != now[n])
+    before = {t["name"]: t["config"] for t in json.loads(text)["trials"]}
+    now = {t.name: t.config for t in campaign.trials}
+    changed = sorted(set(before) ^ set(now))
+    why = {} if changed else {n: config_change(before[n], now[n]) for n in sorted(now)}
+    changed = changed or [n for n, w in why.items() if w]
+    if changed:
+        first = f"; {changed[0]}: {why[changed[0]]}" if why.get(changed[0]) else ""
         raise UserError(f"{campaign.source}: campaign '{campaign.config.name}' in {campaign.directory} was started "
                         f"with different trials ({', '.join(changed[:3])}{'...' if len(changed) > 3 else ''} "
-                        "differ); restore the file, or change name/storage to start a new campaign")
+                        f"differ{first}); restore the file, or change name/storage to start a new campaign")
 
 
 def write_campaign_file(campaign: Campaign) -> None:
@@ -262,10 +244,9 @@ def run_single_trial(cfg: TrialConfig, storage: Path, max_failures: int = 0):
         cfg = cfg.model_copy(update={"output_dir": str(storage / cfg.name / "trial")})
     saved = storage / cfg.name / store.TRIAL_CONFIG_FILE
     now = cfg.model_dump(mode="json")
-    before = _stable(json.loads(saved.read_text())) if saved.is_file() else None
-    if before is not None and before != _without_new_defaults(_stable(now), before,
-                                                             TrialConfig().model_dump(mode="json")):
-        raise UserError(f"trial '{cfg.name}' in {storage / cfg.name} was started with a different config; "
+    why = config_change(json.loads(saved.read_text()), now) if saved.is_file() else None
+    if why:
+        raise UserError(f"trial '{cfg.name}' in {storage / cfg.name} was started with a different config ({why}); "
                         "use another name or --storage for a new trial, or restore the config to resume it")
     saved.parent.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps(now, indent=1))

@@ -20,8 +20,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -90,8 +92,24 @@ def reference(ray_local, tmp_path_factory):
     return jsonl(Path(cfg.output_dir) / "metrics.jsonl")
 
 
-def test_sigkilled_actors_and_a_damaged_checkpoint_resume_to_the_same_trajectory(reference, tmp_path):
-    cfg = TrialConfig(name="faulty", output_dir=str(tmp_path / "out"), **BASE)
+def scratch_files(scratch: Path) -> list[str]:
+    return sorted(str(p.relative_to(scratch)) for p in scratch.rglob("*")) if scratch.exists() else []
+
+
+@pytest.fixture
+def scratch():
+    """A fresh temp dir for one trial's `resources.scratch_dir`: short, as a node's /tmp is (the engine's sockets
+    go under it: workers/sync/scratch.py SOCKET_ROOM); the test asks that the trial leaves it empty."""
+    path = Path(tempfile.mkdtemp(prefix="t", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_sigkilled_actors_and_a_damaged_checkpoint_resume_to_the_same_trajectory(reference, tmp_path, scratch):
+    """...and every temporary file of the trial and its actors (the killed ones' included) lived in its scratch
+    folder (`resources.scratch_dir`, a fresh temp dir) and is gone when it ends."""
+    cfg = TrialConfig(name="faulty", output_dir=str(tmp_path / "out"),
+                      **{**BASE, "resources": {**BASE["resources"], "scratch_dir": str(scratch)}})
     out = Path(cfg.output_dir)
     ckpt_root = tmp_path / "faulty" / "faulty"  # run_single_trial: <storage>/<name>/<trial dir = name>
     done: list[str] = []
@@ -109,6 +127,7 @@ def test_sigkilled_actors_and_a_damaged_checkpoint_resume_to_the_same_trajectory
     def injector() -> None:
         try:
             wait_for(1, 3)  # steps 0-2 done, checkpoint after step 1
+            done.append(scratch_files(scratch))
             kill("TrialRolloutActor")
             wait_for(2, 5)  # restarted from step 2; steps 2-4 done, checkpoint after step 3 is the newest
             newest = max(ckpt_root.glob("checkpoint_*"))
@@ -124,7 +143,11 @@ def test_sigkilled_actors_and_a_damaged_checkpoint_resume_to_the_same_trajectory
     result = run_single_trial(cfg, tmp_path, max_failures=3)
     thread.join(timeout=5)
     assert not errors, errors
-    assert result is not None and len(done) == 3, done
+    assert result is not None and len(done) == 4, done
+    running = done.pop(0)  # what the scratch folder held while the trial ran: the workers' temp files
+    assert any("/rollout-" in f and "/rollout_policy_" in f for f in running), running
+    assert any("/learner0-" in f for f in running) and any("/driver-" in f for f in running), running
+    assert not scratch.exists() or list(scratch.iterdir()) == [], scratch_files(scratch)
 
     events = jsonl(out / "events.jsonl")
     starts = [e["from_step"] for e in events if e["event"] == "start"]
@@ -138,20 +161,24 @@ def test_sigkilled_actors_and_a_damaged_checkpoint_resume_to_the_same_trajectory
     assert [_stable(r) for r in rows] == [_stable(r) for r in reference]
 
 
-def test_a_frozen_engine_core_fails_its_deadline_and_resumes_to_the_same_trajectory(reference, tmp_path):
+def test_a_frozen_engine_core_fails_its_deadline_and_resumes_to_the_same_trajectory(reference, tmp_path, scratch):
     """The engine core (its own process, `in_process: false`) is SIGSTOPped while the actor lives and answers
     `health` ("process N ... stopped"): the trial's deadline fires (not Ray's keepalive, ~7 min), the hang names the
     phase, the actor and its answer, and Tune's retry resumes from the newest checkpoint."""
     timeouts = {"multiple": 5.0, "min_s": 45.0, "first_s": 300.0, "health": 45.0}  # minutes here, not Ray's
+    # the scratch folder holds the engine processes' temp files too (vllm_dist_*, sockets), then none are left
     cfg = TrialConfig(name="frozen", output_dir=str(tmp_path / "out"), timeouts=timeouts,
-                      **{**BASE, "rollout": {**BASE["rollout"], "engine": {"in_process": False}}})
+                      **{**BASE, "rollout": {**BASE["rollout"], "engine": {"in_process": False}},
+                         "resources": {**BASE["resources"], "scratch_dir": str(scratch)}})
     out = Path(cfg.output_dir)
     engine: list[int] = []
     errors: list[BaseException] = []
+    running: list[str] = []
 
     def injector() -> None:
         try:
             wait_for_rows(out, 1, 3)  # steps 0-2 done, checkpoint after step 1
+            running.extend(scratch_files(scratch))
             first = json.loads((out / "placement.json").read_text())["workers"][0]  # this attempt's rollout actor
             assert first["engine_pids"], first  # the engine core runs beside the actor, in its own process
             for pid in first["engine_pids"]:
@@ -178,6 +205,8 @@ def test_a_frozen_engine_core_fails_its_deadline_and_resumes_to_the_same_traject
     starts = [e["from_step"] for e in events if e["event"] == "start"]
     assert len(starts) == 2 and starts[0] == 0 and starts[1] in (2, 4), events  # the newest checkpoint
     assert all(proc_state(pid) in (None, "Z") for pid in engine)  # gone with the killed actor
+    assert any("/rollout-" in f and "/rollout_policy_" in f for f in running), running
+    assert not scratch.exists() or list(scratch.iterdir()) == [], scratch_files(scratch)
     rows = jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(STEPS))
     assert [_stable(r) for r in rows] == [_stable(r) for r in reference]

@@ -101,3 +101,22 @@ def test_lora_export_of_the_trial_equals_the_learner_at_its_last_step(demo, tmp_
     base = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), dtype=torch.float32)
     got = heldout_logprobs(PeftModel.from_pretrained(base, str(out)), cfg, learner.tokenizer)
     assert (got - want).abs().max() < 1e-5
+
+
+def test_the_exported_model_card_reads_back_the_trial_and_its_held_out_metrics(demo, tmp_path, capsys):
+    """`export --step 0`: the card's front matter names the trial and step, and its held-out numbers are those the
+    in-training evaluation of step 1 measured (that very policy); the last checkpoint's card has none."""
+    from orchestrator.cli import main
+    from orchestrator.trial.model_card import CARD_KEY, read_card
+
+    for step, out in ((0, tmp_path / "step0"), (1, tmp_path / "step1")):
+        assert main(["export", str(demo["storage"] / "demo"), "--out", str(out), "--step", str(step)]) == 0, \
+            capsys.readouterr().err
+    facts = read_card(tmp_path / "step0" / "README.md")[CARD_KEY]
+    assert (facts["trial"], facts["step"], facts["kind"], facts["base_model"]) == ("demo", 0, "adapter",
+                                                                                   "tiny-reasoner")
+    row = demo["rows"][1]
+    assert facts["heldout"] == {"training (evaluation of step 1)": {
+        k: v for k, v in row.items() if k.startswith("eval/") and isinstance(v, int | float)}}
+    assert facts["heldout"]["training (evaluation of step 1)"]["eval/pass@1"] == row["eval/pass@1"]
+    assert read_card(tmp_path / "step1" / "README.md")[CARD_KEY]["heldout"] == {}

@@ -241,7 +241,7 @@ def test_resumed_campaign_must_match_its_first_expansion(tmp_path):
     first = _small_campaign(tmp_path)
     write_campaign_file(first)
     check_same_campaign(_small_campaign(tmp_path, wandb={"mode": "disabled"}))  # W&B settings may change
-    with pytest.raises(UserError, match=r"was started with different trials \(A_s0 differ\)"):
+    with pytest.raises(UserError, match=r"was started with different trials \(A_s0 differ; A_s0: steps: 40 -> 3\)"):
         check_same_campaign(_small_campaign(tmp_path, base={"steps": 3}))
 
 
@@ -275,6 +275,41 @@ def test_fields_added_to_the_code_at_their_defaults_do_not_block_a_resume(tmp_pa
     check_same_campaign(_small_campaign(tmp_path))
     with pytest.raises(UserError, match="was started with different trials"):
         check_same_campaign(_small_campaign(tmp_path, base={"learner": {"critic": {"lr": 0.5}}}))
+
+
+def test_a_campaign_started_by_the_previous_schema_resumes(tmp_path, monkeypatch):
+    """old_schema/campaign.json was written by an earlier release's code (before eval.sets and three more fields):
+    today's expansion of the same file resumes it; one changed value is refused, named by its key path."""
+    from orchestrator.config.errors import UserError
+    from orchestrator.storage import CAMPAIGN_FILE
+    from orchestrator.tune.launch import check_same_campaign
+
+    old = Path(__file__).parent / "old_schema"
+    monkeypatch.setenv("STORAGE", str(tmp_path))
+    (tmp_path / "old_schema").mkdir()
+    (tmp_path / "old_schema" / CAMPAIGN_FILE).write_text((old / CAMPAIGN_FILE).read_text())
+    assert "sets" not in json.loads((old / CAMPAIGN_FILE).read_text())["trials"][0]["config"]["eval"]
+    check_same_campaign(load_campaign(old / "campaign.yaml"))
+    changed = tmp_path / "campaign.yaml"
+    changed.write_text((old / "campaign.yaml").read_text().replace("{lr: 0.0001}", "{lr: 0.0002}"))
+    with pytest.raises(UserError, match=r"\(sokoban_s0 differ; sokoban_s0: learner.critic.lr: 0.0001 -> 0.0002\)"):
+        check_same_campaign(load_campaign(changed))
+
+
+def test_fields_a_task_kind_or_a_mix_member_gained_do_not_block_a_resume(tmp_path):
+    """A field new to one task kind (not the default task's) or to the members of a list is at its default once
+    the saved config is read by today's schema; a value that differs still refuses."""
+    from orchestrator.tune.same_config import config_change
+
+    mix = {"mix": [{"task": {"name": "chain"}, "groups": 2}, {"task": {"name": "sokoban"}, "groups": 1}]}
+    now = TrialConfig.model_validate({"task": mix, "model": {"name": "tiny-agent"}}).model_dump(mode="json")
+    before = json.loads(json.dumps(now))
+    del before["task"]["mix"][1]["task"]["max_env_steps"], before["task"]["mix"][0]["label"]
+    assert config_change(before, now) is None
+    before["task"]["mix"][1]["label"] = "boxes"
+    assert config_change(before, now) == "task.mix[1].label: 'boxes' -> None"
+    before["task"]["mix"][1] = {**before["task"]["mix"][1], "label": None, "retired": 3}
+    assert config_change(before, now) == "task.mix[1].retired: 3 -> (absent)"  # a field today's schema lacks
 
 
 def test_a_torn_tune_snapshot_is_named_and_set_aside(tmp_path):

@@ -3,6 +3,8 @@ dataset file read, its plugin imported)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -10,10 +12,10 @@ from orchestrator.cli import main
 from orchestrator.config.trial import TrialConfig
 
 
-def _expand(tmp_path, capsys, sets) -> tuple[int, str]:
+def _expand(tmp_path, capsys, sets, task=None) -> tuple[int, str]:
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"name": "c", "storage": str(tmp_path / "s"), "seeds": [0],
-                                    "base": {"model": {"name": "tiny"}, "task": {"name": "arithmetic"},
+                                    "base": {"model": {"name": "tiny"}, "task": task or {"name": "arithmetic"},
                                              "eval": {"sets": sets}}, "conditions": {"A": {}}}))
     code = main(["expand", str(path)])
     return code, capsys.readouterr().err
@@ -42,3 +44,38 @@ def test_sets_round_trip_through_the_trial_config():
                                      {"name": "mul", "task": {"name": "arithmetic", "ops": ["*"]}}]})
     again = TrialConfig.model_validate(cfg.model_dump(mode="json"))
     assert again.eval.sets == cfg.eval.sets and again.eval.sets[1].task.ops == ["*"]
+
+
+def test_a_set_named_like_a_data_source_or_a_mix_member_is_refused(tmp_path, capsys):
+    """`eval/<name>/pass@1` is also a dataset source's (`data_source`, '/' read as '_') or a mix member's metric:
+    a set of that name would write the same key twice."""
+    rows = [{"prompt": f"{i}+1?", "reward_model": {"ground_truth": str(i + 1)},
+             "data_source": "gsm8k" if i % 2 else "math/easy"} for i in range(20)]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = {"name": "dataset", "path": str(data), "grader": "exact", "heldout_fraction": 0.5}
+    for name in ("gsm8k", "math_easy"):
+        code, err = _expand(tmp_path, capsys, [{"name": name}], task)
+        assert code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+        assert (f"c.yaml: eval.sets.0.name: '{name}' is a data_source label of the trial's held-out problems "
+                "(eval/" + name + "/pass@1 is theirs); a set's name must not be one of: gsm8k, math_easy (trial A_s0)"
+                ) in err
+    assert _expand(tmp_path, capsys, [{"name": "gsm"}], task)[0] == 0
+    mix = {"mix": [{"task": {"name": "arithmetic"}, "groups": 1}, {"task": task, "groups": 1, "label": "ds"}]}
+    code, err = _expand(tmp_path, capsys, [{"name": "ds"}], mix)
+    assert code == 2 and "set 'ds' has the label of a mix member (eval/ds/pass@1 is the member's); a set's name " \
+                         "must not be one of: arithmetic, ds" in err, err
+    code, err = _expand(tmp_path, capsys, [{"name": "ok"}, {"name": "math_easy"}], mix)
+    assert code == 2 and "eval.sets.1.name: 'math_easy' is a data_source label" in err, err
+
+
+def test_the_trial_command_refuses_a_set_named_like_a_data_source(tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}?", "reward_model": {"ground_truth": "1"},
+                                        "data_source": "gsm8k"}) + "\n" for i in range(10)))
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump({"model": {"name": "tiny"}, "eval": {"sets": [{"name": "gsm8k"}]},
+                                    "task": {"name": "dataset", "path": str(data), "grader": "exact"}}))
+    assert main(["trial", str(path), "--storage", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}: eval.sets.0.name: 'gsm8k' is a data_source label" in err, err

@@ -4,6 +4,7 @@ settings that do not fit) as one line with exit code 2; the CSV rows it writes a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -145,3 +146,27 @@ def test_rows_of_a_step_and_settings_are_replaced_others_kept(tmp_path):
                                                                                       ("1", "0.75", "1.0")]
     assert list(rows[0])[:11] == ["checkpoint_step", "eval_step", "policy_version", "set", "n", "k", "temperature",
                                   "seed", "problems", "pass@1", "pass@k"]
+
+
+def test_the_generations_are_kept_under_the_samples_own_cap(campaign, capsys):
+    """Each set's generations go to the trial's eval/ folder until the next would take it past the trial's
+    `logging.samples.max_mb`: that file is left out, said on the console and once in events.jsonl."""
+    from orchestrator.evaluate.offline import generations_writer, write_generations
+
+    (plan, _) = plan_eval(campaign["campaign"], campaign["campaign"].directory, EvalRequest())
+    rows = [{"step": 1, "split": "eval", "problem": str(i), "completion": f"{i * 7919 % 1000}" * 50}
+            for i in range(40)]
+    size = len(store.gzip_jsonl(rows))
+    plan = dataclasses.replace(plan, cfg=plan.cfg.model_copy(update={"logging": plan.cfg.logging.model_copy(
+        update={"samples": plan.cfg.logging.samples.model_copy(update={"max_mb": 1.5 * size / 2**20})})}))
+    writer = generations_writer(plan)
+    assert write_generations(writer, plan, "default", rows) == f"{plan.trial_dir}/eval/default_checkpoint_0.jsonl.gz"
+    assert write_generations(writer, plan, "default", rows)  # a re-run replaces its own file
+    assert write_generations(writer, plan, "small", rows) is None and write_generations(writer, plan, "x", rows) is None
+    assert capsys.readouterr().out.splitlines() == [
+        f"A_s0: eval/{s}_checkpoint_0.jsonl.gz not written: it would take the folder past the trial's "
+        f"logging.samples.max_mb ({plan.cfg.logging.samples.max_mb:g} MB)" for s in ("small", "x")]
+    assert sorted(p.name for p in (Path(plan.trial_dir) / "eval").iterdir()) == ["default_checkpoint_0.jsonl.gz"]
+    events = [json.loads(ln) for ln in (Path(plan.trial_dir) / store.EVENTS_FILE).read_text().splitlines()]
+    assert [(e["event"], e["file"], e["cap_bytes"]) for e in events] == [
+        ("samples_capped", "small_checkpoint_0.jsonl.gz", int(1.5 * size))]

@@ -96,3 +96,40 @@ def test_assistant_segments_cover_header_prefill_and_end_of_turn_and_no_observat
         "<|im_start|>user\n")[1].split("<|im_start|>assistant")[0]
     assert [lp for lp, s in zip(t.logprobs, t.sampled_mask, strict=True) if s] == [-0.5] * (len(turns[0]) + len(turns[1]))
     assert all(lp == 0.0 for lp, s in zip(t.logprobs, t.sampled_mask, strict=True) if not s)
+
+
+def _ragen_trained(tok, answers: list[str]) -> list[int]:
+    """The ids RAGEN's loss mask trains on the same episode (a reference written from RAGEN's
+    ragen/llm_agent/ctx_manager.py `get_masks_and_scores`, enable_response_mask): the episode re-rendered as ChatML
+    with each turn's decoded answer (special tokens skipped) after the `<think>` prefill and no trailing state;
+    a token is in an assistant turn from its `<|im_start|>` up to the next one; the mask drops its last position
+    and `responses` are the ids shifted by one, so each masked position trains the id after it."""
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    for i, a in enumerate(answers):
+        messages.append({"role": "assistant", "content": "<think>" + a})
+        if i < len(answers) - 1:
+            messages.append({"role": "user", "content": "r"})
+    ids = tok(tok.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"]
+    start, turn, trained = tok.convert_tokens_to_ids("<|im_start|>"), 0, []
+    for j in range(len(ids) - 1):
+        turn += ids[j] == start
+        if turn > 1 and turn % 2 == 1:
+            trained.append(ids[j + 1])
+    return trained
+
+
+@pytest.mark.parametrize("end", [ENDOFTEXT, IM_END])
+def test_assistant_segments_train_ragens_tokens_but_one_per_non_final_turn_and_eos(tok, monkeypatch, end):
+    """The exact relation docs/agentic.md states: per turn RAGEN trains the same segment shifted by one (not the
+    header's `<|im_start|>`, but the `\\n` after `<|im_end|>` and, after a non-final turn, the next turn's
+    `<|im_start|>`), and not a sampled `<|endoftext|>` (it decodes it away). So RAGEN's count = ours + one per
+    non-final turn - one per turn that stopped on eos."""
+    t, _, _ = _play(tok, monkeypatch, loss_mask="assistant_segments", end=end)
+    ragen = _ragen_trained(tok, ANSWERS)
+    ours = [i for i, m in zip(t.response_ids, t.loss_mask, strict=True) if m]
+    eos_stopped = len(ANSWERS) if end == ENDOFTEXT else 0
+    assert len(ragen) == len(ours) + (len(ANSWERS) - 1) - eos_stopped
+    assert tok.decode(ragen) == "".join(f"assistant\n<think>{a}<|im_end|>\n<|im_start|>" for a in ANSWERS)[
+        :-len("<|im_start|>")]
+    stop = ENDOFTEXT if end == ENDOFTEXT else ""
+    assert tok.decode(ours) == "".join(f"<|im_start|>assistant\n<think>{a}{stop}<|im_end|>" for a in ANSWERS)

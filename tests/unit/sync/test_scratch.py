@@ -1,0 +1,72 @@
+"""A trial's scratch folder (workers/sync/scratch.py): each process's temp files under it, a gone process's folder
+removed by the next one to start, the whole folder removed when the trial ends or fails."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from workers.sync.scratch import FOLDER, SOCKET_ROOM, enter_scratch, scratch_root, trial_scratch
+
+
+def test_the_root_is_the_same_for_every_attempt_and_apart_for_trials_of_one_name(tmp_path):
+    a = scratch_root(str(tmp_path), "C1_s0", "/runs/x/trials/C1_s0")
+    assert a == scratch_root(str(tmp_path), "C1_s0", "/runs/x/trials/C1_s0")
+    assert a != scratch_root(str(tmp_path), "C1_s0", "/runs/y/trials/C1_s0")
+    assert Path(a).parent == tmp_path / FOLDER and Path(a).name.startswith("C1_s0-")
+    assert Path(scratch_root(None, "t", "k")).parent.parent == Path(tempfile.gettempdir())
+    deepest = Path(scratch_root("/tmp", "a_long_trial_name_" * 3, "k")) / f"learner12-{2**22}"
+    assert len(str(deepest)) <= SOCKET_ROOM  # room for vLLM's sockets under the default base
+
+
+def test_a_base_too_deep_for_the_engine_sockets_puts_only_them_in_tmp(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", tempfile.tempdir)
+    monkeypatch.setenv("TMPDIR", os.environ.get("TMPDIR", "/tmp"))
+    monkeypatch.delenv("VLLM_RPC_BASE_PATH", raising=False)
+    short = tempfile.mkdtemp(prefix="s", dir="/tmp")
+    try:
+        enter_scratch(scratch_root(short, "t", "k"), "rollout")
+        assert "VLLM_RPC_BASE_PATH" not in os.environ
+    finally:
+        shutil.rmtree(short)
+    deep = tmp_path / ("d" * 60)
+    mine = enter_scratch(scratch_root(str(deep), "t", "k"), "rollout")
+    assert os.environ["VLLM_RPC_BASE_PATH"] == "/tmp" and tempfile.gettempdir() == str(mine)
+
+
+def test_a_process_temp_files_go_under_the_trial_and_a_gone_process_folder_is_removed(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", tempfile.tempdir)
+    monkeypatch.setenv("TMPDIR", os.environ.get("TMPDIR", "/tmp"))
+    root = tmp_path / "root"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (root / f"rollout-{gone.stdout.strip()}" / "rollout_policy_x").mkdir(parents=True)  # a killed attempt's
+    (root / f"learner0-{os.getppid()}").mkdir()  # a live process's: kept
+    mine = enter_scratch(str(root), "rollout")
+    assert mine == root / f"rollout-{os.getpid()}" and os.environ["TMPDIR"] == str(mine)
+    assert Path(tempfile.mkdtemp(prefix="rollout_policy_")).parent == mine
+    assert sorted(p.name for p in root.iterdir()) == sorted([mine.name, f"learner0-{os.getppid()}"])
+    child = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"],
+                           capture_output=True, text=True)
+    assert child.stdout.strip() == str(mine)  # an engine process it starts writes there too
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_driver_removes_the_trial_folder_when_it_ends_or_fails(tmp_path, fails):
+    before = tempfile.gettempdir(), os.environ.get("TMPDIR")
+    root = scratch_root(str(tmp_path), "t", "k")
+    with pytest.raises(RuntimeError) if fails else contextlib.nullcontext():
+        with trial_scratch(root) as mine:
+            Path(tempfile.mkdtemp(prefix="x")).joinpath("f").write_text("x")
+            (Path(root) / "rollout-1").mkdir()  # an actor's folder on this node
+            assert mine.parent == Path(root)
+            if fails:
+                raise RuntimeError("step failed")
+    assert list(tmp_path.iterdir()) == []  # the root and its parent folder are gone
+    assert (tempfile.gettempdir(), os.environ.get("TMPDIR")) == before
