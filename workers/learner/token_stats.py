@@ -31,11 +31,17 @@ class TokenStats:
     first: Tensor | None = None
 
 
+def _scaled(x: Tensor, head: Callable[[Tensor], Tensor] | None, temperature: float) -> Tensor:
+    """fp32 logits / T of `x`; in place only on a tensor made here (never the caller's logits)."""
+    z = (head(x) if head is not None else x).float()
+    return z.div_(temperature) if z is not x else z / temperature
+
+
 def _chunk_values(x: Tensor, targets: Tensor, head: Callable[[Tensor], Tensor] | None, temperature: float,
                   entropy: bool, signal: str | None) -> Tensor:
     """One chunk: `x` `[..., H]` hidden (with `head`) or `[..., V]` logits -> `[..., k]` stacked values (log-prob,
     then the entropy and the signal when asked)."""
-    z = (head(x) if head is not None else x).float().div_(temperature)  # fp32 logits / T of this chunk only
+    z = _scaled(x, head, temperature)
     out = [z.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(z, dim=-1)]
     if entropy:
         out.append(_entropy_rows(z, 1.0))
@@ -71,7 +77,6 @@ def token_stats(source: Tensor, targets: Tensor, temperature: float, chunk: int 
     k = iter(range(1, values.shape[-1]))
     z0 = None
     if first:  # one position per row: small
-        x0 = source[:, 0]
-        z0 = (head(x0) if head is not None else x0).float().div_(temperature)
+        z0 = _scaled(source[:, 0], head, temperature)
     return TokenStats(values[..., 0], values[..., next(k)] if entropy else None,
                       values[..., next(k)] if signal is not None else None, z0)
