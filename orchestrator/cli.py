@@ -99,6 +99,8 @@ def _plan(args: argparse.Namespace) -> int:
     # per distinct trial shape: learner and engine memory per GPU against the named GPU; refuses (exit 2) one
     # that cannot fit. Planning reads model configs already on this machine only (a path or the hub cache)
     lines = check_campaign_learners(campaign, local_only=True)
+    if not any(t.gpus for t in plan.trials):
+        return 0
     print("\nmemory per GPU (pre-launch estimate, orchestrator/preflight/learner_memory.py):" if lines else
           "\nmemory per GPU: not checked (no model config on this machine: a local path or the hub cache)")
     for line in lines:
