@@ -227,7 +227,7 @@ def check_learner_memory(cfg: TrialConfig, model_path: str, source: str, name: s
     gpu = cfg.resources.accelerator_type or "learner GPU"
     raise UserError(f"{source}: resources.learner_ranks: {line} and a{'n' if gpu[0] in 'AEHILMNORSX' else ''} "
                     f"{gpu} has {have:.0f} GiB ({RESERVE:.0%} kept free): {how}, or set learner.gradient_checkpointing, "
-                    "learner.cpu_offload, or a smaller learner.optim.max_tokens_per_micro_batch")
+                    "learner.cpu_offload, or a smaller learner.optim.max_tokens_per_micro_batch or logits_chunk")
 
 
 def _colocated(cfg: TrialConfig, need: LearnerMemory, have: float, source: str) -> str:

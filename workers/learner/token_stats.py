@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from workers.objectives.losses import _entropy_rows
+from workers.objectives.losses import entropy_from_logits
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def _chunk_values(x: Tensor, targets: Tensor, head: Callable[[Tensor], Tensor] |
     z = _scaled(x, head, temperature)
     out = [z.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(z, dim=-1)]
     if entropy:
-        out.append(_entropy_rows(z, 1.0))
+        out.append(entropy_from_logits(z))
     if signal is not None:
         from workers.credit import token_uncertainty
 

@@ -6,7 +6,7 @@ KL terms read the log-probs, so they follow."""
 from __future__ import annotations
 
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from workers.learner.token_stats import token_stats
@@ -21,6 +21,7 @@ def _reference(z: torch.Tensor, targets: torch.Tensor, temperature: float):
 @settings(max_examples=60, deadline=None)
 @given(b=st.integers(1, 4), t=st.integers(1, 9), v=st.integers(2, 40), h=st.integers(1, 8),
        chunk=st.integers(1, 40), temperature=st.floats(0.3, 2.0), with_head=st.booleans(), seed=st.integers(0, 10**6))
+@example(b=1, t=7, v=20, h=8, chunk=1, temperature=0.3828125, with_head=True, seed=5)  # entropy ~0 at |z|/T ~ 100
 def test_chunked_pass_equals_the_whole_one(b, t, v, h, chunk, temperature, with_head, seed):
     gen = torch.Generator().manual_seed(seed)
     targets = torch.randint(0, v, (b, t), generator=gen)
@@ -45,8 +46,10 @@ def test_chunked_pass_equals_the_whole_one(b, t, v, h, chunk, temperature, with_
     z = head(x) if with_head else x
     want_lp, want_ent = _reference(z, targets, temperature)
     lp, ent, gx, gw = grads["chunked"]
-    torch.testing.assert_close(lp.double(), want_lp, rtol=1e-5, atol=1e-5)  # fp32 inside, as on the GPU
-    torch.testing.assert_close(ent.double(), want_ent, rtol=1e-5, atol=1e-5)
+    # fp32 inside, as on the GPU: float32 rounding of logits as large as |z| / T
+    tol = 4e-7 * (1.0 + float(z.abs().max()) / temperature)
+    torch.testing.assert_close(lp.double(), want_lp, rtol=1e-5, atol=tol)
+    torch.testing.assert_close(ent.double(), want_ent, rtol=1e-5, atol=tol)
     for a, b_ in zip(grads["chunked"], grads["whole"], strict=True):  # and the chunked pass is the whole one
         if a is not None:
             torch.testing.assert_close(a, b_, rtol=1e-5, atol=1e-6)
