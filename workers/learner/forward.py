@@ -45,11 +45,10 @@ class PolicyForward:
         return pad_passes(mine, counts, next(micro_batches(b, rows[:1], optim)))
 
     def logprobs(self, seqs: Tensor, attn: Tensor, comp_start: Tensor, comp_len: int, scoring: Scoring,
-                 want_stats: bool = False, model: nn.Module | None = None,
-                 signal: str | None = None) -> tuple[Tensor, TokenStats | None]:
+                 want_stats: bool = False, model: nn.Module | None = None) -> tuple[Tensor, TokenStats | None]:
         """Response-window log-probs `[b, comp_len]` from one forward pass of `model` (default: the policy), and
-        with `want_stats` their TokenStats (entropy, the uncertainty `signal` when it reads the logits, the
-        first position's logits), all at the sampling temperature.
+        with `want_stats` their TokenStats (entropy, `scoring.signal` when it reads the logits, the first
+        position's logits), all at the sampling temperature.
 
         The decoder runs over the whole sequence and the LM head only at the response positions; the log-probs
         (log_softmax(z)[y] = z[y] - logsumexp(z)) and the entropy come from chunks of `optim.logits_chunk`
@@ -65,7 +64,7 @@ class PolicyForward:
                                        self.layout.sharded)
         targets = ids.gather(1, idx + 1)
         stats = token_stats(source, targets, scoring.temperature, self.optim.logits_chunk, head=head,
-                            entropy=want_stats, signal=signal if want_stats else None, first=floor is not None)
+                            entropy=want_stats, signal=scoring.signal if want_stats else None, first=floor is not None)
         lp = stats.lp
         if floor is not None:  # the action position under the floored distribution; the rest as they are
             positions = torch.ones_like(targets[:, :1], dtype=torch.bool)

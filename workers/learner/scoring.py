@@ -3,6 +3,7 @@ the uncertainty signal, the entropy, the reference's log-probs and the critic's 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
@@ -42,12 +43,13 @@ class Scorer:
     def _score_eval(self, b: Batch, scoring: Scoring) -> Scored:
         iv, fwd, floor = self.iv, self.forward, scoring.floor
         use_ref = iv.kl.is_active or iv.kl.measure
+        kind = self.credit.uncertainty_kind  # surprisal reads the log-probs; the others the logits, chunk by chunk
+        signal_scoring = dataclasses.replace(scoring, signal=None if kind == "surprisal" else kind)
         lps, sigs, ents, refs, action_min, vals, order = [], [], [], [], [], [], []
         with torch.no_grad():
             for (seqs, attn, start, length, _, r), real in fwd.passes(b, torch.arange(b.size)):
                 window = (seqs, attn, start, length)
-                kind = self.credit.uncertainty_kind
-                lp, stats = fwd.logprobs(*window, scoring, True, signal=None if kind == "surprisal" else kind)
+                lp, stats = fwd.logprobs(*window, signal_scoring, True)
                 ref = fwd.reference_logprobs(*window, scoring) if use_ref else None
                 val = None
                 if self.critic is not None:
