@@ -84,7 +84,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from orchestrator.campaign.expand import load_campaign
-    from orchestrator.preflight.learner_memory import check_campaign_learners
+    from orchestrator.preflight.memory_check import check_campaign_learners
     from orchestrator.preflight.plan import PlanRequest, make_plan, render
 
     campaign = load_campaign(args.file)
@@ -97,8 +97,14 @@ def _plan(args: argparse.Namespace) -> int:
 
         other = other_placement(campaign)
         print("\n".join(compare_lines(plan, other and make_plan(other, request, cluster=plan.cluster))))
-    # refuses (exit 2) a learner that cannot fit its GPUs; planning reads configs already on this machine only
-    for line in check_campaign_learners(campaign, local_only=True):
+    # per distinct trial shape: learner and engine memory per GPU against the named GPU; refuses (exit 2) one
+    # that cannot fit. Planning reads model configs already on this machine only (a path or the hub cache)
+    lines = check_campaign_learners(campaign, local_only=True)
+    if not any(t.gpus for t in plan.trials):
+        return 0
+    print("\nmemory per GPU (pre-launch estimate, orchestrator/preflight/learner_memory.py):" if lines else
+          "\nmemory per GPU: not checked (no model config on this machine: a local path or the hub cache)")
+    for line in lines:
         print(line)
     return 0
 

@@ -48,7 +48,7 @@ def check_cluster(campaign: Campaign) -> None:
 def check_campaign_models(campaign: Campaign) -> None:
     """Each distinct model setting of the campaign against the model's own config (orchestrator/model_limits),
     and each learner setup against its GPUs' memory (orchestrator/learner_memory; its estimates are printed)."""
-    from orchestrator.preflight.learner_memory import check_campaign_learners
+    from orchestrator.preflight.memory_check import check_campaign_learners
 
     seen = set()
     for t in campaign.trials:

@@ -10,11 +10,18 @@ the LoRA targets' shapes) counted. Per GPU, with N = resources.learner_ranks, as
   KL reference under full mode when KL is on or measured (bf16), / N;
 - the unsharded parameters FSDP gathers at a time: the largest decoder layer plus the root's (embeddings, head,
   final norm), in bf16, twice (the next unit is prefetched);
-- activations of one micro-batch (max_tokens_per_micro_batch, else micro_batch_size x max_model_len tokens):
-  per token and layer about 10 hidden-sized and 3 intermediate-sized bf16 tensors kept for backward (with gradient
-  checkpointing: the layer's input only, plus one layer's full set), and the LM head's fp32 logits of every
-  token of the micro-batch, twice (the temperature-scaled copy and its gradient). This counts prompt tokens as
-  if they were response tokens, an upper bound;
+- activations of one micro-batch of `tokens` (max_tokens_per_micro_batch, or the model's whole context when one
+  sequence is longer, else micro_batch_size x max_model_len; prompt tokens counted as if they were response
+  tokens, an upper bound), in the compute dtype (bf16; fp32 under model.dtype float32), by `activation_bytes`:
+  per token and decoder layer 10 hidden-sized and 3 intermediate-sized tensors kept for backward (with gradient
+  checkpointing: the layer's input only, and one layer's full set while it is recomputed), the embedding output
+  and the final hidden states, and the LM head's pass: the log-prob / entropy pass runs over chunks of
+  learner.optim.logits_chunk positions (workers/learner/token_stats.py), each recomputed in backward, so one
+  chunk's float32 logits exist at a time, about 6 copies of them (logits, the softmax and its product,
+  their gradients). A sharded learner gets the bf16 logits of the whole micro-batch from its FSDP root (kept, a
+  gathered copy and the gradient: 3 per token). Under checkpointing the head's backward ends before the layers
+  are recomputed: the larger of the two counts, not both. Checked against torch's measured peak on CPU
+  (tests/unit/preflight/test_activation_estimate.py), not yet on a GPU;
 - cpu_offload moves the sharded fp32 state (weights, gradients, moments) off the GPU;
 - offload_between_steps keeps the state in host memory between steps (workers/learner/offload.py): what the rank
   holds while a colocated engine is awake (`resident`) loses the gradients and Adam moments, and under full mode
@@ -48,6 +55,7 @@ class ModelCounts:
     intermediate: int
     layers: int
     vocab: int
+    kv_per_token: int = 0  # bytes of the engine's bf16 KV cache per token (K and V of every layer)
 
 
 def _config_here(model_path: str) -> bool:
@@ -92,7 +100,13 @@ def model_counts(model_path: str, cfg: TrialConfig, local_only: bool = False) ->
                        root=total - in_layers, lora=lora_params(lora_dims, cfg.learner.lora),
                        lora_dims=lora_dims, hidden=text.hidden_size,
                        intermediate=getattr(text, "intermediate_size", 4 * text.hidden_size),
-                       layers=len(layers), vocab=text.vocab_size)
+                       layers=len(layers), vocab=text.vocab_size, kv_per_token=_kv_per_token(text, len(layers)))
+
+
+def _kv_per_token(text, layers: int) -> int:
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return 2 * 2 * layers * (getattr(text, "num_key_value_heads", None) or heads) * head_dim
 
 
 def lora_params(dims: tuple[tuple[str, int], ...], lora) -> int:
@@ -145,15 +159,40 @@ def learner_memory(cfg: TrialConfig, counts: ModelCounts, ranks: int | None = No
     weights = (4 * trained * offload + frozen_bytes) / n
     grads, optimizer = 4 * trained * offload / n, 8 * trained * offload / n
     gathered = 2 * 2 * (counts.largest_layer + counts.root) if sharded else 0.0
-    tokens = lrn.optim.max_tokens_per_micro_batch or lrn.optim.micro_batch_size * cfg.model.max_model_len
-    per_token_layer = 2 * (10 * counts.hidden + 3 * counts.intermediate)
-    kept = (2 * counts.hidden * counts.layers + per_token_layer) if lrn.gradient_checkpointing \
-        else per_token_layer * counts.layers
-    activations = tokens * (kept + 2 * 4 * counts.vocab)
+    activations = activation_bytes(counts, micro_batch_tokens(cfg), lrn.optim.logits_chunk,
+                                   checkpointing=lrn.gradient_checkpointing, logits_from_model=sharded,
+                                   act_bytes=4 if cfg.model.dtype == "float32" else 2)
     offloaded = 0.0
     if lrn.offload_between_steps:  # the policy's fp32 weights come back for the weight sync (full mode)
         offloaded = grads + optimizer + (weights - 4 * counts.params * offload / n if full else 0.0)
     return LearnerMemory(weights, grads, optimizer, gathered, activations, n, offloaded)
+
+
+def micro_batch_tokens(cfg: TrialConfig) -> int:
+    """The most tokens one micro-batch holds: the token budget (a longer sequence goes alone: the context), else
+    micro_batch_size whole contexts."""
+    optim, context = cfg.learner.optim, cfg.model.max_model_len
+    if optim.max_tokens_per_micro_batch:
+        return max(optim.max_tokens_per_micro_batch, context)
+    return optim.micro_batch_size * context
+
+
+LOGIT_COPIES = 6  # float32 [chunk, V] tensors alive in the head's pass (measured: test_activation_estimate.py)
+
+
+def activation_bytes(counts: ModelCounts, tokens: int, chunk: int | None, *, checkpointing: bool,
+                     logits_from_model: bool, act_bytes: int = 2, positions: int | None = None) -> float:
+    """Peak activation bytes of one micro-batch's forward and backward (module docstring). `positions`: the
+    response positions the head scores (default: every token, an upper bound); `chunk`: logits_chunk."""
+    positions = tokens if positions is None else positions
+    layer = act_bytes * (10 * counts.hidden + 3 * counts.intermediate) * tokens  # one layer's kept tensors
+    around = 2 * act_bytes * counts.hidden * tokens  # the embedding output and the final hidden states
+    head = min(positions, chunk or positions) * counts.vocab * (4 * LOGIT_COPIES + (act_bytes if act_bytes < 4 else 0))
+    if logits_from_model:
+        around += 3 * act_bytes * counts.vocab * positions
+    if checkpointing:
+        return around + act_bytes * counts.hidden * counts.layers * tokens + max(head, layer)
+    return around + layer * counts.layers + head
 
 
 def gpu_memory_gib(cfg: TrialConfig) -> float | None:
@@ -188,7 +227,7 @@ def check_learner_memory(cfg: TrialConfig, model_path: str, source: str, name: s
     gpu = cfg.resources.accelerator_type or "learner GPU"
     raise UserError(f"{source}: resources.learner_ranks: {line} and a{'n' if gpu[0] in 'AEHILMNORSX' else ''} "
                     f"{gpu} has {have:.0f} GiB ({RESERVE:.0%} kept free): {how}, or set learner.gradient_checkpointing, "
-                    "learner.cpu_offload, or a smaller learner.optim.max_tokens_per_micro_batch")
+                    "learner.cpu_offload, or a smaller learner.optim.max_tokens_per_micro_batch or logits_chunk")
 
 
 def _colocated(cfg: TrialConfig, need: LearnerMemory, have: float, source: str) -> str:
@@ -202,22 +241,3 @@ def _colocated(cfg: TrialConfig, need: LearnerMemory, have: float, source: str) 
         raise UserError(f"{source}: {why[0]}: resources.placement 'colocated' on a {have:.0f} GiB GPU: {why[1]}")
     return (f"colocated with an engine at {util:g}: generate phase {fit.generate:.1f} GiB, train phase "
             f"{fit.train:.1f} GiB of {fit.usable:.1f} usable")
-
-
-def check_campaign_learners(campaign, local_only: bool = False) -> list[str]:
-    """`check_learner_memory` for each distinct learner setup of the campaign (model, learner, resources, the
-    critic and KL); returns their estimate lines (UserError for the first that cannot fit)."""
-    from orchestrator.trial.models import resolve_model_quietly
-
-    lines, seen = [], set()
-    for t in campaign.trials:
-        c = t.trial
-        key = (c.model.model_dump_json(), c.learner.model_dump_json(), c.resources.model_dump_json(),
-               c.rollout.engine.gpu_memory_utilization, c.credit.uses_critic, c.interventions.kl.is_active or c.interventions.kl.measure)
-        if key in seen or c.resources.learner_gpus <= 0:
-            continue
-        seen.add(key)
-        line = check_learner_memory(c, resolve_model_quietly(c.model), campaign.source, t.name, local_only)
-        if line is not None:
-            lines.append(line)
-    return lines

@@ -41,6 +41,9 @@ class OptimConfig(_Strict):
     max_tokens_per_micro_batch: int | None = Field(None, ge=1, description=(
         "micro-batches by a token budget (sequences packed greedily, padded length x rows <= budget) instead of "
         "micro_batch_size sequences; None = by count"))
+    logits_chunk: int | None = Field(1024, ge=1, description=(
+        "positions whose full-vocabulary float32 logits exist at once in the log-prob / entropy pass (each chunk "
+        "recomputed in backward: workers/learner/token_stats.py); None = the whole micro-batch at once"))
 
 
 class LossConfig(_Strict):

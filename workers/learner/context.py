@@ -30,10 +30,12 @@ class Layout:
 @dataclass(frozen=True)
 class Scoring:
     """How a step's tokens are scored: at the sampling `temperature`; with `floor = (action_token_ids,
-    min_prob)` the first response token (the action position) under the probability-floored distribution."""
+    min_prob)` the first response token (the action position) under the probability-floored distribution;
+    `signal`: the uncertainty kind the scoring pass computes from the logits (None: none, or surprisal)."""
 
     temperature: float
     floor: tuple[list[int], float] | None = None
+    signal: str | None = None
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ import torch
 from torch import Tensor, nn
 
 from workers.learner.batch import Batch, micro_batches
-from workers.learner.modules import response_logits
+from workers.learner.modules import response_source
 from workers.learner.ranks import pad_passes, split_rows
+from workers.learner.token_stats import TokenStats, token_stats
 from workers.objectives.probability_floor import floored_token_logprobs
 
 if TYPE_CHECKING:
@@ -44,13 +45,14 @@ class PolicyForward:
         return pad_passes(mine, counts, next(micro_batches(b, rows[:1], optim)))
 
     def logprobs(self, seqs: Tensor, attn: Tensor, comp_start: Tensor, comp_len: int, scoring: Scoring,
-                 want_logits: bool = False, model: nn.Module | None = None) -> tuple[Tensor, Tensor | None]:
-        """Response-window log-probs `[b, comp_len]` (and the logits divided by the temperature, float32) from
-        one forward pass of `model` (default: the policy).
+                 want_stats: bool = False, model: nn.Module | None = None) -> tuple[Tensor, TokenStats | None]:
+        """Response-window log-probs `[b, comp_len]` from one forward pass of `model` (default: the policy), and
+        with `want_stats` their TokenStats (entropy, `scoring.signal` when it reads the logits, the first
+        position's logits), all at the sampling temperature.
 
-        One `[b, comp_len, V]` tensor only: the decoder runs over the whole sequence and the LM head only at the
-        response positions (no `[b, P + T, V]` logits, no gathered copy of them); the temperature is applied in
-        place and the log-probs are gathered from that tensor (log_softmax(z)[y] = z[y] - logsumexp(z)).
+        The decoder runs over the whole sequence and the LM head only at the response positions; the log-probs
+        (log_softmax(z)[y] = z[y] - logsumexp(z)) and the entropy come from chunks of `optim.logits_chunk`
+        positions (workers/learner/token_stats.py): no `[b, comp_len, V]` float32 logits, in forward or backward.
         Under the probability floor the first response token (the action position) is scored under the floored
         distribution the sampler drew it from.
         """
@@ -58,17 +60,18 @@ class PolicyForward:
         idx = comp_start[:, None] - 1 + torch.arange(comp_len)[None, :]  # logits at p-1 predict token p
         idx = idx.clamp(max=seqs.shape[1] - 2).to(device)
         ids, mask = seqs.to(device), attn.to(device)
-        z = response_logits(model if model is not None else self.model, ids, mask, idx, self.head_only,
-                            self.layout.sharded)
-        z = z.float().div_(scoring.temperature)  # a no-op cast in fp32: z / T in place, nothing else [b, T, V]
+        source, head = response_source(model if model is not None else self.model, ids, mask, idx, self.head_only,
+                                       self.layout.sharded)
         targets = ids.gather(1, idx + 1)
-        if floor is None:
-            lp = z.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(z, dim=-1)
-        else:
-            positions = torch.zeros_like(targets, dtype=torch.bool)
-            positions[:, 0] = True
-            lp = floored_token_logprobs(z, targets, floor[0], floor[1], 1.0, positions=positions)
-        return lp, (z if want_logits else None)
+        stats = token_stats(source, targets, scoring.temperature, self.optim.logits_chunk, head=head,
+                            entropy=want_stats, signal=scoring.signal if want_stats else None, first=floor is not None)
+        lp = stats.lp
+        if floor is not None:  # the action position under the floored distribution; the rest as they are
+            positions = torch.ones_like(targets[:, :1], dtype=torch.bool)
+            first = floored_token_logprobs(stats.first[:, None], targets[:, :1], floor[0], floor[1], 1.0,
+                                           positions=positions)
+            lp = torch.cat([first, lp[:, 1:]], 1)
+        return lp, (stats if want_stats else None)
 
     def reference_logprobs(self, seqs: Tensor, attn: Tensor, comp_start: Tensor, comp_len: int,
                            scoring: Scoring) -> Tensor:

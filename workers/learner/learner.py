@@ -40,6 +40,7 @@ from workers.learner.offload import StateOffload
 from workers.learner.ranks import ONE_RANK, Ranks, join_group, rendezvous_address
 from workers.learner.scoring import Scorer
 from workers.learner.state import LearnerStateIO, PolicyExport, Progress
+from workers.learner.token_stats import TokenStats
 from workers.learner.update import Updater
 from workers.models.loading import head_is_linear, load_tokenizer, token_pieces
 from workers.objectives.interventions import InterventionsConfig, scoring_pass_needs
@@ -176,9 +177,9 @@ class Learner:
         return self.forward.reference_passes
 
     def _logprobs(self, seqs: Tensor, attn: Tensor, comp_start: Tensor, comp_len: int, temperature: float,
-                  want_logits: bool, floor: tuple[list[int], float] | None = None) -> tuple[Tensor, Tensor | None]:
+                  want_stats: bool, floor: tuple[list[int], float] | None = None) -> tuple[Tensor, TokenStats | None]:
         """`PolicyForward.logprobs` of `self.model` (read at call time) at `temperature` and `floor`."""
-        return self.forward.logprobs(seqs, attn, comp_start, comp_len, Scoring(temperature, floor), want_logits,
+        return self.forward.logprobs(seqs, attn, comp_start, comp_len, Scoring(temperature, floor), want_stats,
                                      self.model)
 
     def _score(self, b: Batch, temp: float, floor) -> Scored:

@@ -88,25 +88,27 @@ def hf_model(model: nn.Module) -> nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def response_logits(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, idx: torch.Tensor,
-                    head_only: bool, sharded: bool) -> torch.Tensor:
-    """`[b, T, V]` logits at positions `idx [b, T]` (the position before each response token).
+def response_source(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, idx: torch.Tensor,
+                    head_only: bool, sharded: bool) -> tuple[torch.Tensor, nn.Module | None]:
+    """What the response window's logits at positions `idx [b, T]` (the position before each response token) are
+    computed from: (`[b, T, H]` hidden states, the LM head) or (`[b, T, V]` logits, None).
 
     Sharded: through the root module (FSDP gathers its own parameters in the root's forward hooks, so no
     sub-module may be called on its own), with the LM head on the span of positions any row needs
-    (`logits_to_keep`). Unsharded with a linear head: the decoder over the sequence and the head only at the
-    response positions. Otherwise full logits, then gathered."""
+    (`logits_to_keep`): logits. Unsharded with a linear head: the decoder over the sequence, its hidden states at
+    the response positions and the head, which the caller applies per chunk (workers/learner/token_stats.py).
+    Otherwise full logits, then gathered."""
     if sharded:
         lo, hi = int(idx.min()), int(idx.max()) + 1
         logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=torch.arange(lo, hi, device=ids.device),
                        use_cache=False).logits
-        return logits.gather(1, (idx - lo)[..., None].expand(-1, -1, logits.shape[-1]))
+        return logits.gather(1, (idx - lo)[..., None].expand(-1, -1, logits.shape[-1])), None
     if head_only:
         hf = hf_model(model)
         hidden = getattr(hf, hf.base_model_prefix)(input_ids=ids, attention_mask=mask).last_hidden_state
-        return hf.get_output_embeddings()(hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1])))
+        return hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1])), hf.get_output_embeddings()
     logits = model(input_ids=ids, attention_mask=mask).logits
-    return logits.gather(1, idx[..., None].expand(-1, -1, logits.shape[-1]))
+    return logits.gather(1, idx[..., None].expand(-1, -1, logits.shape[-1])), None
 
 
 def full_state(model: nn.Module, *, trainable_only: bool = False, sharded: bool) -> dict[str, torch.Tensor]:

@@ -3,6 +3,7 @@ the uncertainty signal, the entropy, the reference's log-probs and the critic's 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
@@ -11,7 +12,6 @@ from workers.credit import CreditConfig, token_uncertainty
 from workers.learner.batch import Batch, Scored
 from workers.learner.ranks import gather_rows, min_over_ranks
 from workers.objectives.interventions import InterventionsConfig
-from workers.objectives.losses import entropy_from_logits
 from workers.objectives.probability_floor import floor_probs
 
 if TYPE_CHECKING:
@@ -43,11 +43,13 @@ class Scorer:
     def _score_eval(self, b: Batch, scoring: Scoring) -> Scored:
         iv, fwd, floor = self.iv, self.forward, scoring.floor
         use_ref = iv.kl.is_active or iv.kl.measure
+        kind = self.credit.uncertainty_kind  # surprisal reads the log-probs; the others the logits, chunk by chunk
+        signal_scoring = dataclasses.replace(scoring, signal=None if kind == "surprisal" else kind)
         lps, sigs, ents, refs, action_min, vals, order = [], [], [], [], [], [], []
         with torch.no_grad():
             for (seqs, attn, start, length, _, r), real in fwd.passes(b, torch.arange(b.size)):
                 window = (seqs, attn, start, length)
-                lp, logits = fwd.logprobs(*window, scoring, True)  # logits / temp
+                lp, stats = fwd.logprobs(*window, signal_scoring, True)
                 ref = fwd.reference_logprobs(*window, scoring) if use_ref else None
                 val = None
                 if self.critic is not None:
@@ -57,17 +59,17 @@ class Scorer:
                     continue
                 order.append(r)
                 lps.append(lp.float().cpu())
-                sig = token_uncertainty(self.credit.uncertainty_kind, logprobs=lp, logits=logits, temperature=1.0)
+                sig = token_uncertainty(kind, logprobs=lp) if stats.signal is None else stats.signal
                 sigs.append(sig.float().cpu())
-                ents.append(entropy_from_logits(logits, 1.0, iv.entropy_bonus.chunk_size).float().cpu())
+                ents.append(stats.entropy.float().cpu())
                 if ref is not None:
                     refs.append(ref.float().cpu())
                 if val is not None:
                     vals.append(val.float().cpu())
                 if floor is not None:  # every valid action's probability at the action position
-                    valid = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+                    valid = torch.zeros(stats.first.shape[-1], dtype=torch.bool, device=stats.first.device)
                     valid[floor[0]] = True
-                    action_min.append(float(floor_probs(logits[:, 0], valid, floor[1], 1.0)[:, floor[0]].exp().min()))
+                    action_min.append(float(floor_probs(stats.first, valid, floor[1], 1.0)[:, floor[0]].exp().min()))
 
         def cat(parts, on: bool = True):  # micro-batches packed by tokens may reorder the rows
             return (torch.cat(parts) if parts else torch.zeros(0, b.t)) if on else None

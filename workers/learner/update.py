@@ -16,7 +16,7 @@ from workers.learner.context import MicroRows, PolicyOptim, UpdatePlan
 from workers.learner.modules import clip_grad_norm
 from workers.learner.ranks import gather_rows, sum_over_ranks
 from workers.objectives.interventions import InterventionsConfig
-from workers.objectives.losses import aggregate, entropy_from_logits, kl_penalty, ppo_token_loss
+from workers.objectives.losses import aggregate, kl_penalty, ppo_token_loss
 
 if TYPE_CHECKING:
     from workers.learner.config import LearnerConfig
@@ -77,13 +77,13 @@ class Updater:
         rows' pre-update log-probs and entropy (old_logprobs: rollout)."""
         iv, loss_cfg, b, fwd = self.iv, self.cfg.loss, plan.b, self.forward
         ratio_base = b.old_lp if plan.ratio_base is None else plan.ratio_base
-        need_logits = iv.entropy_bonus.is_active or bool(plan.floor_terms) or probe is not None
+        need_entropy = iv.entropy_bonus.is_active or bool(plan.floor_terms) or probe is not None
         agg = loss_totals(b, rows)  # the whole mini-batch's denominators, on every rank
         self.optim.optimizer.zero_grad(set_to_none=True)
         sums = {"pg": 0.0, "kl": 0.0, "ent": 0.0, "clipped": 0.0}
         probed = []
         for (seqs, attn, start, length, mask, r), real in fwd.passes(b, rows):
-            lp, logits = fwd.logprobs(seqs, attn, start, length, plan.scoring, need_logits)
+            lp, stats = fwd.logprobs(seqs, attn, start, length, plan.scoring, need_entropy)
             m = mask.to(self.device)
             tok_loss, was_clipped = ppo_token_loss(
                 lp, ratio_base[r].to(self.device), plan.adv[r].to(self.device),
@@ -95,10 +95,10 @@ class Updater:
                 probed.append(r)
                 with torch.no_grad():
                     probe["lp"][r] = lp.detach().float().cpu()
-                    probe["entropy"][r] = entropy_from_logits(logits.detach(), 1.0,
-                                                              iv.entropy_bonus.chunk_size).float().cpu()
+                    probe["entropy"][r] = stats.entropy.detach().float().cpu()
             pg = aggregate(tok_loss, m, loss_cfg.aggregation, **agg)
-            loss = pg + self._regularisers(plan, lp, logits if need_logits else None, MicroRows(rows, r, m, agg),
+            loss = pg + self._regularisers(plan, lp, stats.entropy if need_entropy else None,
+                                           MicroRows(rows, r, m, agg),
                                            sums if real else {"kl": 0.0, "ent": 0.0})
             loss = loss * plan.scale
             (loss if real else loss * 0.0).backward()  # a padding pass keeps FSDP's collectives in step
@@ -114,7 +114,7 @@ class Updater:
         self.optim.optimizer.step()
         return sums
 
-    def _regularisers(self, plan: UpdatePlan, lp: Tensor, logits: Tensor | None, at: MicroRows,
+    def _regularisers(self, plan: UpdatePlan, lp: Tensor, ent: Tensor | None, at: MicroRows,
                       sums: dict[str, float]) -> Tensor:
         """The loss terms besides the policy gradient on one micro-batch (`at`): KL to the reference, entropy
         bonus, entropy-floor surrogates. Adds their values to `sums`."""
@@ -126,9 +126,8 @@ class Updater:
                            **at.totals)
             loss = loss + iv.kl.coef * kl
             sums["kl"] += kl.item()
-        if logits is None:
+        if ent is None:  # the token entropy at the sampling temperature, from the chunked pass
             return loss
-        ent = entropy_from_logits(logits, 1.0, iv.entropy_bonus.chunk_size)  # logits / temp
         if iv.entropy_bonus.is_active:
             h = aggregate(ent, m, mode, **at.totals)
             loss = loss - iv.entropy_bonus.coeff * h

@@ -27,7 +27,9 @@ class EntropyBonusConfig(_Strict):
     """loss = pg - coeff * H, H the token-mean full-vocabulary entropy over response tokens."""
 
     coeff: float = Field(0.0, ge=0.0, description="entropy bonus coefficient (seed: entropy_coeff); 0 = off")
-    chunk_size: int = Field(1024, ge=1, description="positions per chunk when computing the entropy")
+    chunk_size: int = Field(1024, ge=1, description=(
+        "positions per chunk of `entropy_from_logits` callers; the learner computes the entropy in its chunked "
+        "log-prob pass (learner.optim.logits_chunk) and reads not this"))
 
     @property
     def is_active(self) -> bool:

@@ -49,6 +49,9 @@ def test_shipped_campaigns_expand(file, conditions, seeds, steps):
             s = cfg.credit.sepa
             assert (s.schedule, s.steps, s.delay_steps, s.correct_rate_gate) == ("linear", 100, 10, 0.1)
             assert cfg.task.name == "math" and cfg.task.dataset
+            optim = cfg.learner.optim  # memory settings (issue 47); one optimizer step per batch, as the seed
+            assert cfg.learner.gradient_checkpointing and optim.max_tokens_per_micro_batch == 16384
+            assert optim.mini_batch_size is None and optim.ppo_epochs == 1
         else:  # the local demo: the tiny reasoner on the chain task, logging the surprisal/entropy split
             assert cfg.model.name == "tiny-reasoner" and cfg.task.name == "chain"
             assert cfg.credit.log_decomposition and cfg.rollout.max_tokens >= 48

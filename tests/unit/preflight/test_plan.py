@@ -149,7 +149,7 @@ def test_run_prints_the_paragraph_before_launching(monkeypatch):
 
     monkeypatch.setattr("ray.cluster_resources", lambda: {"GPU": 8.0, "CPU": 64.0})
     text = plan_mod.run_paragraph(load_campaign(ROOT / "campaigns/sepa_lean.yaml"))
-    assert text.startswith("plan: 20 trials, 800 steps, about 64.0 GPU-hours (step times from cost model); "
+    assert text.startswith("plan: 20 trials, 800 steps, about 71.0 GPU-hours (step times from cost model); "
                            "4 trial(s) at once on 8 GPUs, 64 CPUs, makespan about"), text
     launch = (ROOT / "orchestrator/tune/launch.py").read_text()
     assert launch.index("print(run_paragraph(campaign)") < launch.index("tuner.fit()")
