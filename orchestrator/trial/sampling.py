@@ -10,6 +10,7 @@ import numpy as np
 from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.context import TrialContext
 from workers.envs.tokens import stop_token_ids
+from workers.rollout.output import Generation
 from workers.rollout.worker import SamplingRequest, shard
 
 
@@ -36,8 +37,8 @@ def action_ids(cfg: TrialConfig, task, tokenizer) -> list[int] | None:
 
 
 def sample(ctx: TrialContext, prompt_ids: list[list[int]], *, n: int, temperature: float, seeds: list[int],
-           floor: bool = True, phase: str = "generate") -> list[dict]:
-    """Shard prompts over the workers and sample; one result dict per non-empty shard. `floor`: apply the
+           floor: bool = True, phase: str = "generate") -> list[Generation]:
+    """Shard prompts over the workers and sample; one `Generation` per non-empty shard. `floor`: apply the
     probability floor on the trial's action ids (`ctx.actions`; multi-turn episodes sample without it); `phase`:
     whose deadline the wait is under (generate, or eval for held-out sampling)."""
     cfg, workers, actions = ctx.cfg, ctx.workers, ctx.actions if floor else None

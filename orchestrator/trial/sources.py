@@ -30,6 +30,7 @@ from orchestrator.trial.evaluation import pass_at_k
 from orchestrator.trial.samples import SampleGroup, group_info
 from orchestrator.trial.sampling import sample, step_seed
 from workers.envs.tokens import first_prompt_ids
+from workers.rollout.output import Completion
 
 EVAL_SEED_OFFSET = 104_729  # held-out sampling seeds: trial seed + this, never training's
 
@@ -161,16 +162,16 @@ class SingleTurnSource:
         seeds = [step_seed(seed, step, j, round=round) for j in range(len(ctx.workers))]
         return prompt_ids, sample(ctx, prompt_ids, n=n, temperature=temperature, seeds=seeds, phase=phase)
 
-    def _score(self, prob, group: list[dict]):
-        texts = [self.ctx.tokenizer.decode(c["token_ids"], skip_special_tokens=True) for c in group]
+    def _score(self, prob, group: list[Completion]):
+        texts = [self.ctx.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in group]
         return self.ctx.task.score([prob] * len(group), texts)
 
     def collect(self, step: int, round: int = 0) -> Rollouts:
         cfg, ro = self.ctx.cfg, self.ctx.cfg.rollout
         problems = self.ctx.task.next_batch(ro.prompts_per_step)
         prompt_ids, results = self._completions(problems, step, cfg.seed, ro.n, ro.temperature, round=round)
-        groups = [g for res in results for g in res["completions"]]
-        sampler_floor = [math.exp(lp) for g in groups for c in g for lp in c.get("action_logprobs", {}).values()]
+        groups = [g for res in results for g in res.completions]
+        sampler_floor = [math.exp(lp) for g in groups for c in g for lp in (c.action_logprobs or {}).values()]
         t0 = time.perf_counter()
         rewards, errors, timeouts = [], 0, 0
         for prob, group in zip(problems, groups, strict=True):
@@ -183,14 +184,14 @@ class SingleTurnSource:
                    **({"floor/sampler_min_valid_prob": min(sampler_floor)} if sampler_floor else {})}
         return Rollouts(
             prompt_ids=[[p] * len(g) for p, g in zip(prompt_ids, groups, strict=True)],
-            response_ids=[[c["token_ids"] for c in g] for g in groups],
-            loss_mask=[[[True] * len(c["token_ids"]) for c in g] for g in groups],
-            logprobs=[[c["logprobs"] for c in g] for g in groups],
+            response_ids=[[c.token_ids for c in g] for g in groups],
+            loss_mask=[[[True] * len(c.token_ids) for c in g] for g in groups],
+            logprobs=[[c.logprobs for c in g] for g in groups],
             rewards=rewards, correct=[[r > 0.5 for r in g] for g in rewards],
-            num_tokens=sum(res["num_tokens"] for res in results),
-            versions={res["adapter_version"] for res in results}, metrics=metrics,
-            truncated=[[c.get("finish_reason") == "length" for c in g] for g in groups],
-            lengths=[[len(c["token_ids"]) for c in g] for g in groups],
+            num_tokens=sum(res.num_tokens for res in results),
+            versions={res.adapter_version for res in results}, metrics=metrics,
+            truncated=[[c.truncated for c in g] for g in groups],
+            lengths=[[len(c.token_ids) for c in g] for g in groups],
             groups_info=[group_info(p.id, p.prompt, _truncated(g)) for p, g in zip(problems, groups, strict=True)],
         )
 
@@ -203,14 +204,14 @@ class SingleTurnSource:
         t0 = time.perf_counter()
         _, results = self._completions(problems, step, cfg.seed + EVAL_SEED_OFFSET, ev.n, ev.temperature,
                                        phase="eval")
-        groups = [g for res in results for g in res["completions"]]
+        groups = [g for res in results for g in res.completions]
         p1, pk, kept = [], [], []
         for prob, group in zip(problems, groups, strict=True):
             rewards = self._score(prob, group).rewards
             correct = sum(r > 0.5 for r in rewards)
             p1.append(correct / len(group))
             pk.append(pass_at_k(len(group), correct, ev.k))
-            kept.append(SampleGroup(prob.id, prob.prompt, [c["token_ids"] for c in group], list(rewards),
+            kept.append(SampleGroup(prob.id, prob.prompt, [c.token_ids for c in group], list(rewards),
                                     [r > 0.5 for r in rewards], _truncated(group)))
         return {**per_source("eval", "pass@1", problems, p1),
                 "eval/pass@1": float(np.mean(p1)), "eval/pass@k": float(np.mean(pk)), "eval/k": ev.k,
@@ -272,9 +273,9 @@ class EpisodeSource:
                 "eval/problems": len(levels), "time/eval_s": time.perf_counter() - t0, "_samples": kept}
 
 
-def _truncated(group: list[dict]) -> list[bool]:
+def _truncated(group: list[Completion]) -> list[bool]:
     """Which completions the token budget cut (vLLM's finish reason "length")."""
-    return [c.get("finish_reason") == "length" for c in group]
+    return [c.truncated for c in group]
 
 
 def rollout_source(ctx: TrialContext) -> RolloutSource:

@@ -63,7 +63,7 @@ def test_multi_turn_batch_is_token_exact_and_matches_the_learner(ray_local, agen
 
     def spy(*args, **kw):
         results = real_sample(*args, **kw)
-        raw.append([g[0] for res in results for g in res["completions"]])
+        raw.append([g[0] for res in results for g in res.completions])
         return results
 
     monkeypatch.setattr(episodes, "sample", spy)
@@ -89,11 +89,11 @@ def test_multi_turn_batch_is_token_exact_and_matches_the_learner(ray_local, agen
         assert t.prompt_ids[-1] == think and tok.unk_token_id not in t.prompt_ids
         expected_ids, expected_mask, expected_lp = [], [], []
         for k, s in enumerate(samples):
-            expected_ids += s["token_ids"]
-            expected_mask += [True] * len(s["token_ids"])
-            expected_lp += s["logprobs"]
+            expected_ids += s.token_ids
+            expected_mask += [True] * len(s.token_ids)
+            expected_lp += s.logprobs
             if k < len(t.observations):
-                obs = observation_ids(tok, t.observations[k], s["token_ids"], prefill="<think>")
+                obs = observation_ids(tok, t.observations[k], s.token_ids, prefill="<think>")
                 assert obs[-1] == think
                 expected_ids += obs
                 expected_mask += [False] * len(obs)
@@ -103,8 +103,8 @@ def test_multi_turn_batch_is_token_exact_and_matches_the_learner(ray_local, agen
         assert t.reward_positions == [i for i, m in enumerate(expected_mask)
                                       if m and (i + 1 == len(expected_mask) or not expected_mask[i + 1])]
         # rollout.overlong reads these: a turn stopped at max_tokens, and the longest turn
-        assert t.hit_max_tokens == any(s["finish_reason"] == "length" for s in samples)
-        assert t.longest_turn == max(len(s["token_ids"]) for s in samples) <= cfg.rollout.max_tokens
+        assert t.hit_max_tokens == any(s.finish_reason == "length" for s in samples)
+        assert t.longest_turn == max(len(s.token_ids) for s in samples) <= cfg.rollout.max_tokens
 
     learner = Learner(agent_model_dir, learner=cfg.learner, credit=cfg.credit, run=RunSettings(seed=0, total_steps=1))
     batch = LearnerBatch(prompt_ids=[t.prompt_ids for t in trajs], response_ids=[t.response_ids for t in trajs],

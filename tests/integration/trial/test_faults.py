@@ -211,7 +211,7 @@ def _poisoned(config):
 
     def sample(*args, **kwargs):
         results = real_sample(*args, **kwargs)
-        results[0]["completions"][5][0]["logprobs"][0] = math.nan  # group 5: a worker's broken log-prob
+        results[0].completions[5][0].logprobs[0] = math.nan  # group 5: a worker's broken log-prob
         return results
 
     trial_mod.make_task, step_mod.sample = make_task, sample

@@ -13,6 +13,7 @@ from workers.envs import RagenProtocol, TextEpisode
 from workers.envs.sokoban import SokobanEnv
 from workers.models.families import ENDOFTEXT, IM_END, build_family_model
 from workers.models.loading import load_tokenizer
+from workers.rollout.output import Completion, Generation
 
 LAYOUT = ["######", "#P_X_#", "#___O#", "#____#", "#____#", "######"]
 ANSWERS = ["hm</think><answer>Jump</answer>", "go</think><answer>Right</answer>"]  # invalid, then valid
@@ -33,7 +34,7 @@ def _play(tok, monkeypatch, *, training_context="sampled", loss_mask="sampled", 
     def sample(ctx, prompts, *, n, temperature, seeds, floor, phase="generate"):
         histories.append(prompts[0])
         ids = turns[len(histories) - 1]
-        return [{"adapter_version": 0, "completions": [[{"token_ids": ids, "logprobs": [-0.5] * len(ids)}]]}]
+        return [Generation(0, [[Completion(ids, [-0.5] * len(ids), "stop")]], len(ids))]
 
     monkeypatch.setattr(player, "sample", sample)
     cfg = SimpleNamespace(rollout=SimpleNamespace(max_tokens=64), model=SimpleNamespace(max_model_len=4096),

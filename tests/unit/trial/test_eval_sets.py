@@ -14,6 +14,7 @@ from orchestrator.trial.eval_sets import EvalSets, under_set
 from orchestrator.trial.models import resolve_model
 from orchestrator.trial.sampling import step_seed
 from workers.models.loading import load_tokenizer
+from workers.rollout.output import Completion, Generation
 from workers.tasks import make_task
 
 CFG = TrialConfig(seed=3, model={"name": "tiny"}, task={"name": "arithmetic"}, rollout={"num_workers": 2},
@@ -29,8 +30,7 @@ def calls(monkeypatch) -> list[dict]:
     def fake_sample(ctx, prompt_ids, *, n, temperature, seeds, floor=True, phase="generate"):
         seen.append({"prompts": len(prompt_ids), "n": n, "temperature": temperature, "seeds": seeds,
                      "phase": phase, "task": ctx.task})
-        return [{"completions": [[{"token_ids": [1], "logprobs": [0.0], "finish_reason": "stop"}] * n
-                                 for _ in prompt_ids], "num_tokens": n * len(prompt_ids), "adapter_version": 1}]
+        return [Generation(1, [[Completion([1], [0.0], "stop")] * n for _ in prompt_ids], n * len(prompt_ids))]
 
     monkeypatch.setattr(sources, "sample", fake_sample)
     return seen

@@ -18,6 +18,7 @@ from orchestrator.trial.sources import Rollouts, merge_metrics
 from orchestrator.trial.step import prepare
 from workers.credit import SepaController
 from workers.credit.config import SepaConfig
+from workers.rollout.output import Completion, Generation
 
 P, G = 4, 2  # prompts per round, samples per group
 UNI, INF = [1.0, 1.0], [1.0, 0.0]  # a uniform and an informative group's rewards
@@ -224,17 +225,14 @@ def test_single_turn_source_rounds_seeds_cursor_and_length_flags(tmp_path, monke
     def fake_sample(ctx, prompt_ids, *, n, temperature, seeds, floor=True, phase="generate"):
         seen.append((tuple(map(tuple, prompt_ids)), tuple(seeds)))
         rng = np.random.default_rng(seeds[0])
-        comps = [[{"token_ids": [int(t) for t in rng.integers(5, 9, size=int(rng.integers(1, 5)))],
-                   "logprobs": [-0.5] * 4, "finish_reason": "stop"} for _ in range(n)] for _ in prompt_ids]
-        for g in comps:
-            for c in g:
-                c["logprobs"] = c["logprobs"][: len(c["token_ids"])]
-                c["finish_reason"] = "length" if len(c["token_ids"]) == 4 else "stop"
-        return [{"completions": comps, "num_tokens": sum(len(c["token_ids"]) for g in comps for c in g),
-                 "adapter_version": None}]
+        comps = []
+        for _ in prompt_ids:
+            ids = [[int(t) for t in rng.integers(5, 9, size=int(rng.integers(1, 5)))] for _ in range(n)]
+            comps.append([Completion(c, [-0.5] * len(c), "length" if len(c) == 4 else "stop") for c in ids])
+        return [Generation(None, comps, sum(len(c.token_ids) for g in comps for c in g))]
 
     def fake_score(self, prob, group):  # reward: the first token is even
-        return SimpleNamespace(rewards=[float(c["token_ids"][0] % 2 == 0) for c in group], grader_errors=0,
+        return SimpleNamespace(rewards=[float(c.token_ids[0] % 2 == 0) for c in group], grader_errors=0,
                                grader_timeouts=0)
 
     monkeypatch.setattr(sources, "sample", fake_sample)
