@@ -96,14 +96,13 @@ class Stack:
 
         t0 = time.perf_counter()
         if mode == "one_step_off":
-            row = self.pipe.step(self.step_idx, self.sepa, self.version)
+            outcome = self.pipe.step(self.step_idx, self.sepa, self.version)
         else:
             if self.pipe.pending is not None:  # a sync step after async ones: drop the prefetched batch
                 self.pipe.pending = None
-            row = one_step(self.ctx, self.source, self.step_idx, self.sepa, self.version)
-        self.version = int(row.pop("_version"))
-        row.pop("_uncertainty", None)
-        self.samples.record(self.step_idx, row, self.version)  # pops the step's private keys, as run_trial
+            outcome = one_step(self.ctx, self.source, self.step_idx, self.sepa, self.version)
+        row, self.version = outcome.row, outcome.version
+        self.samples.record(self.step_idx, outcome, self.version)  # as run_trial
         self.rows.append(row)
         store.write_text(str(self.metrics_file), "".join(json.dumps(r) + "\n" for r in self.rows))
         self.step_idx += 1

@@ -252,10 +252,10 @@ def evaluate_trial(engine, plan: TrialEval) -> list[dict]:
         for s in plan.sets:
             sctx = set_context(ctx, s, plan.ev)
             try:
-                metrics = rollout_source(sctx).evaluate(plan.step + 1)  # the seeds of the evaluation of step + 1
+                held = rollout_source(sctx).evaluate(plan.step + 1)  # the seeds of the evaluation of step + 1
             finally:
                 close_context(sctx, ctx)
-            generations = metrics.pop("_samples", None)
+            metrics, generations = held.metrics, held.samples
             if text is not None and generations:  # rows as in the samples files, at the evaluation's step
                 store.write_bytes(store.eval_samples_file(plan.trial_dir, set_name(s), plan.step),
                                   store.gzip_jsonl(sample_rows(text, generations, step=plan.step + 1, split="eval",

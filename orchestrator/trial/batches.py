@@ -138,9 +138,9 @@ class TrialBatches:
     def __init__(self, cfg: TrialConfig, out_dir: str, tokenizer: str | None = None):
         self.cfg, self.out_dir, self.tokenizer = cfg, out_dir, tokenizer  # tokenizer: its fingerprint
 
-    def record(self, step: int, row: dict) -> None:
-        roll = row.get("_rollouts")
-        if not self.cfg.logging.batches or roll is None:
+    def record(self, step: int, roll: Rollouts) -> None:
+        """Step `step`'s groups into its file when `logging.batches` is on."""
+        if not self.cfg.logging.batches:
             return
         data = encode(roll, header_of(self.cfg, step, roll, self.tokenizer))
         store.write_bytes(store.join(self.out_dir, BATCHES_DIR, batch_file(step)), data)

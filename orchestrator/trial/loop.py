@@ -38,6 +38,7 @@ from orchestrator.trial.replay import replay_source
 from orchestrator.trial.restore import restore_checkpoint
 from orchestrator.trial.samples import TrialSamples
 from orchestrator.trial.sampling import action_ids
+from orchestrator.trial.sources import HeldOut
 from orchestrator.trial.step import one_step
 from workers.credit import SepaController
 from workers.envs.tokens import turn_format
@@ -189,21 +190,21 @@ def run_trial(config: dict) -> None:
     batches = TrialBatches(cfg, out_dir, tokenizer_fingerprint(tokenizer) if cfg.logging.batches else None)
     eval_sets = EvalSets(ctx)  # eval.sets: more held-out sets, logged as eval/<set>/... (trial/eval_sets.py)
     for step in range(resume.start, cfg.steps):
-        row, calls.step, eval_version = {}, step, version
+        held, calls.step, eval_version = HeldOut(), step, version
         check_health(calls, rollout_names(workers))  # a frozen engine fails here, before a long phase waits on it
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps - 1):
-            row.update(source.evaluate(step))
-            row.update(eval_sets.evaluate(step))
+            held = source.evaluate(step)
+            held.metrics.update(eval_sets.evaluate(step))
         if pipe is not None:  # generates step + 1 while the learner trains on step
-            row = {**pipe.step(step, sepa, version), **row}
+            outcome = pipe.step(step, sepa, version)
         else:
-            row = {**one_step(ctx, source, step, sepa, version), **row}
-        version = int(row.pop("_version"))
-        uncertainty = row.pop("_uncertainty", None)
-        if uncertainty is not None:
-            write_uncertainty(out_dir, step, uncertainty)
-        batches.record(step, row)  # logging.batches: trials/<trial>/batches/ (orchestrator/trial/batches.py)
-        tables = samples.record(step, row, eval_version)  # trials/<trial>/samples/ (orchestrator/trial/samples.py)
+            outcome = one_step(ctx, source, step, sepa, version)
+        outcome.row, outcome.eval_samples = {**outcome.row, **held.metrics}, held.samples
+        row, version = outcome.row, outcome.version
+        if outcome.uncertainty is not None:
+            write_uncertainty(out_dir, step, outcome.uncertainty)
+        batches.record(step, outcome.rollouts)  # logging.batches: trials/<trial>/batches/ (trial/batches.py)
+        tables = samples.record(step, outcome, eval_version)  # trials/<trial>/samples/ (trial/samples.py)
         rows.append(row)
         store.write_text(metrics_loc, "".join(json.dumps(r) + "\n" for r in rows))
         tracker.log(row, tables)

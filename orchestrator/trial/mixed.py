@@ -26,6 +26,7 @@ from orchestrator.trial.context import TrialContext
 from orchestrator.trial.samples import SampleGroup
 from orchestrator.trial.sources import (
     EpisodeSource,
+    HeldOut,
     Rollouts,
     RolloutSource,
     SingleTurnSource,
@@ -83,16 +84,17 @@ class MixedSource:
             rolls = [as_turns(r) for r in rolls]
         return Rollouts.concat(rolls)
 
-    def evaluate(self, step: int) -> dict:
+    def evaluate(self, step: int) -> HeldOut:
         out: dict = {}
         totals: dict[str, list[tuple[float, int]]] = {k: [] for k in EVAL_TOTALS}
         samples: list[SampleGroup] = []
         k, problems, seconds = None, 0, 0.0
         for label, src in self.parts:
-            m = src.evaluate(step)
+            held = src.evaluate(step)
+            m = dict(held.metrics)
             if not m:
                 continue
-            samples += [dataclasses.replace(g, problem=f"{label}/{g.problem}") for g in m.pop("_samples", [])]
+            samples += [dataclasses.replace(g, problem=f"{label}/{g.problem}") for g in held.samples]
             n = int(m.pop("eval/problems"))
             problems, seconds = problems + n, seconds + float(m.pop("time/eval_s", 0.0))
             k = m.pop("eval/k")
@@ -105,7 +107,7 @@ class MixedSource:
                     out[f"eval/{label}/{name}"] = m.pop(f"eval/{name}")
             out.update(m)  # per-source metrics of a dataset member (eval/<source>/pass@1)
         if not problems:
-            return {}
+            return HeldOut()
         for key, values in totals.items():
             out[key] = sum(v * n for v, n in values) / sum(n for _, n in values)
-        return {**out, "eval/k": k, "eval/problems": problems, "time/eval_s": seconds, "_samples": samples}
+        return HeldOut({**out, "eval/k": k, "eval/problems": problems, "time/eval_s": seconds}, samples)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from orchestrator.trial.context import TrialContext
 from orchestrator.trial.sources import Rollouts, RolloutSource
-from orchestrator.trial.step import absorb, collect, prepare, push_policy
+from orchestrator.trial.step import StepOutcome, absorb, collect, prepare, push_policy
 from workers.credit import SepaController
 
 PREFETCH_FILE = "prefetch.json"
@@ -60,15 +60,16 @@ class OneStepOff:
     def _collect(self, step: int) -> Rollouts:
         return collect(self.ctx, self.source, step)
 
-    def step(self, step: int, sepa: SepaController, version: int) -> dict:
+    def step(self, step: int, sepa: SepaController, version: int) -> StepOutcome:
         """Train on step `step` (prefetched, or generated now on the first step of this process) while
-        generating step + 1; returns the row with `_version` like `one_step`."""
+        generating step + 1; returns the step's outcome like `one_step`."""
         cfg, learner = self.ctx.cfg, self.ctx.learner
         if self.pending is None:
             self.pending = (self._collect(step), version)
         roll, gen_version = self.pending
         self.pending = None
-        row, batch, correct_rate = prepare(self.ctx, step, roll, sepa, gen_version)
+        prep = prepare(self.ctx, step, roll, sepa, gen_version)
+        row, batch = prep.row, prep.batch
         row["rollout/staleness"] = version - gen_version
         t0 = time.perf_counter()
         future = None
@@ -81,7 +82,7 @@ class OneStepOff:
         t_pre = t2 - t1
         out = learner.result(future) if future is not None else None
         t_end = time.perf_counter()
-        absorb(row, out, sepa, correct_rate)
+        outcome = absorb(prep, roll, out, sepa)
         row["time/train_s"] = t_end - t0  # submit -> result, the next step's generation ran inside it
         row["time/prefetch_s"] = t_pre
         row["time/learner_wait_s"] = t_end - t2
@@ -92,9 +93,8 @@ class OneStepOff:
         if batch is not None:
             version = push_policy(self.ctx, version + 1)
         row["time/sync_s"] = time.perf_counter() - t0
-        row["_version"] = version
-        row["_rollouts"] = roll
-        return row
+        outcome.version = version
+        return outcome
 
     def save(self, checkpoint_dir: str | Path) -> None:
         """Write the prefetched batch (if any) into a checkpoint directory."""

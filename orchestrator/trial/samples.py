@@ -162,8 +162,8 @@ def read_samples(trial_dir: str, step: int, split: str = "train") -> list[dict] 
 
 
 class TrialSamples:
-    """The trial loop's one call after each step (`record`): the step's private keys out of its row, its
-    samples files written, and the rows handed back for the W&B table."""
+    """The trial loop's one call after each step (`record`): the step's samples files written, and the rows
+    handed back for the W&B table."""
 
     def __init__(self, cfg, out_dir: str, tokenizer):
         from workers.credit import resolve_plugins
@@ -173,12 +173,12 @@ class TrialSamples:
                                resolve_plugins(cfg.credit).get("planning_detector"))
         self.writer = SamplesWriter(out_dir, self.settings.max_mb)
 
-    def record(self, step: int, row: dict, eval_version: int) -> dict[str, list[dict]]:
-        """Pops `_rollouts`, `_kept`, `_advantages` (orchestrator/trial/step.py) and `_samples` (the held-out
-        generations, sources.py) from `row`; writes what `logging.samples` asks for. Returns
-        {"samples/train" | "samples/eval": rows} of the files written."""
-        roll, kept = row.pop("_rollouts", None), row.pop("_kept", [])
-        advantages, held_out = row.pop("_advantages", None), row.pop("_samples", None)
+    def record(self, step: int, outcome, eval_version: int) -> dict[str, list[dict]]:
+        """Writes what `logging.samples` asks for of a step's outcome (orchestrator/trial/step.py: its rollouts,
+        kept groups and advantages, and the held-out generations). Returns {"samples/train" | "samples/eval":
+        rows} of the files written."""
+        roll, kept, row = outcome.rollouts, outcome.kept, outcome.row
+        advantages, held_out = outcome.advantages, outcome.eval_samples
         s, out = self.settings, {}
         if roll is not None and s.every and s.per_step and step % s.every == 0:
             credit = Credit(kept, *advantages) if advantages is not None else Credit(kept, None, None)

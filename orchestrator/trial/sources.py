@@ -100,6 +100,15 @@ class Rollouts:
             metrics=merge_metrics([p.metrics for p in parts], [len(p) for p in parts]))
 
 
+@dataclass
+class HeldOut:
+    """A source's held-out evaluation: its metrics (`eval/pass@1`, `eval/pass@k`, `eval/k`, `eval/problems`,
+    `time/eval_s`, ...; empty when the task has no held-out set) and its generations (for the samples files)."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    samples: list[SampleGroup] = field(default_factory=list)
+
+
 def merge_metrics(rows: list[dict], weights: list[int]) -> dict:
     """Refill rounds' metrics as one step's: `time/*` and counts (`*_errors`, `*_timeouts`, `*_masked`) summed,
     `*min*` / `*max*` keys by min / max, everything else (rates, means) averaged weighted by groups."""
@@ -130,10 +139,9 @@ class RolloutSource(Protocol):
         `truncated` / `lengths` say which samples hit the length limit."""
         ...
 
-    def evaluate(self, step: int) -> dict:
-        """Held-out metrics of the current policy (`eval/pass@1`, `eval/pass@k`, `eval/k`, `eval/problems`,
-        `time/eval_s`, ...) and its generations under `_samples` (a list of `SampleGroup`, popped by the loop);
-        {} when the task has no held-out set. Must not move the training task cursor."""
+    def evaluate(self, step: int) -> HeldOut:
+        """Held-out metrics of the current policy and its generations (`HeldOut`; empty when the task has no
+        held-out set). Must not move the training task cursor."""
         ...
 
 
@@ -195,12 +203,12 @@ class SingleTurnSource:
             groups_info=[group_info(p.id, p.prompt, _truncated(g)) for p, g in zip(problems, groups, strict=True)],
         )
 
-    def evaluate(self, step: int) -> dict:
+    def evaluate(self, step: int) -> HeldOut:
         """Held-out pass@1 / pass@k on the task's held-out problems."""
         cfg, ev = self.ctx.cfg, self.ctx.cfg.eval
         problems = self.ctx.task.heldout(ev.problems)
         if not problems:
-            return {}
+            return HeldOut()
         t0 = time.perf_counter()
         _, results = self._completions(problems, step, cfg.seed + EVAL_SEED_OFFSET, ev.n, ev.temperature,
                                        phase="eval")
@@ -213,9 +221,9 @@ class SingleTurnSource:
             pk.append(pass_at_k(len(group), correct, ev.k))
             kept.append(SampleGroup(prob.id, prob.prompt, [c.token_ids for c in group], list(rewards),
                                     [r > 0.5 for r in rewards], _truncated(group)))
-        return {**per_source("eval", "pass@1", problems, p1),
-                "eval/pass@1": float(np.mean(p1)), "eval/pass@k": float(np.mean(pk)), "eval/k": ev.k,
-                "eval/problems": len(problems), "time/eval_s": time.perf_counter() - t0, "_samples": kept}
+        return HeldOut({**per_source("eval", "pass@1", problems, p1),
+                        "eval/pass@1": float(np.mean(p1)), "eval/pass@k": float(np.mean(pk)), "eval/k": ev.k,
+                        "eval/problems": len(problems), "time/eval_s": time.perf_counter() - t0}, kept)
 
 
 class EpisodeSource:
@@ -252,7 +260,7 @@ class EpisodeSource:
                          for lv, p, g in zip(levels, prompts, groups, strict=True)],
         )
 
-    def evaluate(self, step: int) -> dict:
+    def evaluate(self, step: int) -> HeldOut:
         """Validation success on a fixed set of validation levels that training never draws
         (`EnvTask.eval_levels`), `eval.n` episodes each, plus pass@k over them."""
         cfg, task, ev = self.ctx.cfg, self.ctx.task, self.ctx.cfg.eval
@@ -268,9 +276,9 @@ class EpisodeSource:
                             [t.success for t in g], [t.truncated for t in g], [t.loss_mask for t in g])
                 for lv, p, g in zip(levels, prompts, (trajs[i:i + ev.n] for i in range(0, len(trajs), ev.n)),
                                     strict=True)]
-        return {**metrics, "eval/pass@1": metrics["eval/success"],
-                "eval/pass@k": float(np.mean([pass_at_k(ev.n, c, ev.k) for c in wins])), "eval/k": ev.k,
-                "eval/problems": len(levels), "time/eval_s": time.perf_counter() - t0, "_samples": kept}
+        return HeldOut({**metrics, "eval/pass@1": metrics["eval/success"],
+                        "eval/pass@k": float(np.mean([pass_at_k(ev.n, c, ev.k) for c in wins])), "eval/k": ev.k,
+                        "eval/problems": len(levels), "time/eval_s": time.perf_counter() - t0}, kept)
 
 
 def _truncated(group: list[Completion]) -> list[bool]:

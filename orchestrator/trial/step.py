@@ -7,13 +7,42 @@ push_policy (the new policy to every worker)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 from orchestrator.trial.context import TrialContext
 from orchestrator.trial.fill import gather, usable_groups
 from orchestrator.trial.replay import ReplaySource
+from orchestrator.trial.samples import SampleGroup
 from orchestrator.trial.sources import Rollouts, RolloutSource
 from workers.credit import SepaController
 from workers.learner.inputs import LearnerBatch, StepResult
+
+
+@dataclass
+class Prepared:
+    """`prepare`'s answer: the step's metrics row so far, the learner batch (None when no group is kept), the
+    correct rate SEPA observes and the indices of the kept groups."""
+
+    row: dict
+    batch: LearnerBatch | None
+    correct_rate: float
+    kept: list[int]
+
+
+@dataclass
+class StepOutcome:
+    """What one training step hands the trial loop: `row`, its metrics (logged, written to metrics.jsonl); the
+    groups it sampled (`rollouts`) and the ones it trained on (`kept`, indices into them); the policy version the
+    engines hold after it; the learner's per-token uncertainty record and advantages (None when it did not train);
+    the held-out generations of an evaluation that ran before it (`eval_samples`, set by the loop)."""
+
+    row: dict
+    rollouts: Rollouts
+    kept: list[int]
+    version: int
+    uncertainty: dict[str, list[float]] | None = None
+    advantages: tuple[list[float] | None, list[float] | None] | None = None  # (per sequence, token means)
+    eval_samples: list[SampleGroup] = field(default_factory=list)
 
 
 def collect(ctx: TrialContext, source: RolloutSource, step: int) -> Rollouts:
@@ -25,9 +54,9 @@ def collect(ctx: TrialContext, source: RolloutSource, step: int) -> Rollouts:
 
 
 def prepare(ctx: TrialContext, step: int, roll: Rollouts, sepa: SepaController,
-            version: int) -> tuple[dict, LearnerBatch | None, float]:
+            version: int) -> Prepared:
     """Check the adapter `roll` was sampled with (`version`), drop uninformative groups, and build the step's
-    row and learner batch (None when no group is kept). Returns (row, batch, correct rate)."""
+    row and learner batch (None when no group is kept)."""
     cfg, actions = ctx.cfg, ctx.actions
     ro = cfg.rollout
     expected = version or None
@@ -70,9 +99,8 @@ def prepare(ctx: TrialContext, step: int, roll: Rollouts, sepa: SepaController,
         **metrics,
         "time/generate_s": t_gen,
     }
-    row["_kept"] = keep  # for the samples files (orchestrator/trial/samples.py), popped by the loop
     if not keep:
-        return row, None, correct_rate
+        return Prepared(row, None, correct_rate, keep)
 
     def rows(groups):
         return [x for i in keep for x in groups[i]]
@@ -88,18 +116,18 @@ def prepare(ctx: TrialContext, step: int, roll: Rollouts, sepa: SepaController,
         turn_rewards=rows(roll.extra["turn_rewards"]) if "turn_rewards" in roll.extra else None,
         sampled_mask=rows(roll.extra["sampled_mask"]) if "sampled_mask" in roll.extra else None,
     )
-    return row, batch, correct_rate
+    return Prepared(row, batch, correct_rate, keep)
 
 
-def absorb(row: dict, out: StepResult | None, sepa: SepaController, correct_rate: float) -> None:
-    """The learner's result into the row (metrics, uncertainty samples); SEPA observes the step."""
-    exec_values = None
-    if out is not None:
-        row.update(out.metrics)
-        exec_values = out.exec_values
-        row["_uncertainty"] = out.uncertainty
-        row["_advantages"] = (out.episode_advantages, out.token_advantage_means)
-    sepa.observe(correct_rate, exec_values)
+def absorb(prep: Prepared, roll: Rollouts, out: StepResult | None, sepa: SepaController) -> StepOutcome:
+    """The learner's result into the step's outcome (metrics into the row; uncertainty samples, advantages);
+    SEPA observes the step. The version is the one sampled with until the new policy is pushed."""
+    sepa.observe(prep.correct_rate, out.exec_values if out is not None else None)
+    if out is None:
+        return StepOutcome(prep.row, roll, prep.kept, 0)
+    prep.row.update(out.metrics)
+    return StepOutcome(prep.row, roll, prep.kept, 0, out.uncertainty,
+                       (out.episode_advantages, out.token_advantage_means))
 
 
 def push_policy(ctx: TrialContext, version: int) -> int:
@@ -107,15 +135,17 @@ def push_policy(ctx: TrialContext, version: int) -> int:
     return ctx.learner.push_policy(ctx.workers, version)
 
 
-def one_step(ctx: TrialContext, source: RolloutSource, step: int, sepa: SepaController, version: int) -> dict:
+def one_step(ctx: TrialContext, source: RolloutSource, step: int, sepa: SepaController,
+             version: int) -> StepOutcome:
     """Collect (the source's groups) -> drop uninformative groups -> [colocated: engines sleep] -> train ->
     [engines wake their weights] -> push the new policy -> [engines wake their KV cache]."""
     roll = collect(ctx, source, step)
-    row, batch, correct_rate = prepare(ctx, step, roll, sepa, version)
+    prep = prepare(ctx, step, roll, sepa, version)
+    row, batch = prep.row, prep.batch
     row.update(ctx.phases.before_train(step, trains=batch is not None))  # colocated: engines sleep
     t0 = time.perf_counter()
     out = ctx.learner.train_step(batch) if batch is not None else None
-    absorb(row, out, sepa, correct_rate)
+    outcome = absorb(prep, roll, out, sepa)
     row["time/train_s"] = time.perf_counter() - t0
     row.update(ctx.phases.before_sync(step))  # colocated: engines wake their weights
 
@@ -124,6 +154,5 @@ def one_step(ctx: TrialContext, source: RolloutSource, step: int, sepa: SepaCont
         version = push_policy(ctx, version + 1)
     row["time/sync_s"] = time.perf_counter() - t0
     row.update(ctx.phases.after_sync(step))  # colocated: engines wake their KV cache
-    row["_version"] = version
-    row["_rollouts"] = roll
-    return row
+    outcome.version = version
+    return outcome

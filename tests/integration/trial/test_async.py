@@ -115,8 +115,8 @@ def test_generation_overlaps_training(ray_local, tiny_model_dir, tmp_path):
         pipe = OneStepOff(ctx, rollout_source(ctx))
         sepa, version, checked = SepaController(sepa_settings(cfg)), 0, 0
         for step in range(cfg.steps):
-            row = pipe.step(step, sepa, version)
-            version = row["_version"]
+            outcome = pipe.step(step, sepa, version)
+            row, version = outcome.row, outcome.version
             if step + 1 < cfg.steps and "test/train_interval" in row:
                 s0, s1 = row["test/train_interval"]
                 p0, p1 = pipe.timeline[-1]["prefetch"]

@@ -40,7 +40,7 @@ def test_each_set_is_sampled_with_the_held_out_seeds_of_the_step(calls):
     task = make_task(CFG.task, CFG.seed)
     ctx = TrialContext(CFG, [object(), object()], None, load_tokenizer(resolve_model(CFG.model)), task)
     sets = EvalSets(ctx)
-    own = sources.SingleTurnSource(ctx).evaluate(4)
+    own = sources.SingleTurnSource(ctx).evaluate(4).metrics
     row = sets.evaluate(4)
     want = [step_seed(CFG.seed + sources.EVAL_SEED_OFFSET, 4, j) for j in range(2)]
     assert [c["seeds"] for c in calls] == [want] * 3

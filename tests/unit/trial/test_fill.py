@@ -65,7 +65,8 @@ def _trained(roll: Rollouts) -> list[int]:
 
 def _prepare(cfg, roll, step=0):
     ctx = TrialContext(cfg, [], None, None, None)
-    return prepare(ctx, step, roll, SepaController(SepaConfig(steps=0)), 0)
+    prep = prepare(ctx, step, roll, SepaController(SepaConfig(steps=0)), 0)
+    return prep.row, prep.batch, prep.correct_rate
 
 
 def test_all_uniform_for_every_round_runs_max_rounds_and_trains_nothing():

@@ -9,7 +9,7 @@ from orchestrator.trial.context import TrialContext
 from orchestrator.trial.fill import gather
 from orchestrator.trial.mixed import MixedSource, as_turns
 from orchestrator.trial.samples import SampleGroup
-from orchestrator.trial.sources import Rollouts
+from orchestrator.trial.sources import HeldOut, Rollouts
 from orchestrator.trial.step import prepare
 from workers.credit import SepaController
 from workers.credit.config import SepaConfig
@@ -42,13 +42,13 @@ class Member:
             truncated=[[False] * G for _ in ks], lengths=[[3] * G for _ in ks],
             groups_info=[{"problem": f"p{k}", "prompt": "x", "truncated": [False] * G} for k in ks])
 
-    def evaluate(self, step: int) -> dict:
+    def evaluate(self, step: int) -> HeldOut:
         n = 2 if self.episodes else 4
         out = {"eval/pass@1": 0.5 if self.episodes else 0.25, "eval/pass@k": 1.0, "eval/k": 2, "eval/problems": n,
-               "time/eval_s": 1.0, "_samples": [SampleGroup("p0", "x", [[1]], [1.0], [True], [False])]}
+               "time/eval_s": 1.0}
         if self.episodes:
             out.update({"eval/success": 0.5, "eval/return_mean": 0.1})
-        return out
+        return HeldOut(out, [SampleGroup("p0", "x", [[1]], [1.0], [True], [False])])
 
 
 def _cfg(**rollout) -> TrialConfig:
@@ -90,7 +90,8 @@ def test_prepare_builds_one_batch_with_turns_for_every_group():
     cfg = _cfg()
     roll = gather(cfg, MixedSource([("chain", Member("chain", 2, [INF, UNI])),
                                     ("lake", Member("lake", 1, [INF], episodes=True))]), step=0)
-    row, batch, _ = prepare(TrialContext(cfg, [], None, None, None), 0, roll, SepaController(SepaConfig(steps=0)), 0)
+    prep = prepare(TrialContext(cfg, [], None, None, None), 0, roll, SepaController(SepaConfig(steps=0)), 0)
+    row, batch = prep.row, prep.batch
     assert row["train/groups_sampled"] == 3 and row["train/groups_kept"] == 2  # the uniform chain group skipped
     assert row["train/chain/correct_rate"] == 0.75 and row["train/correct_rate"] == 4 / 6
     assert batch.turn_rewards == [[1.0], [0.0], [1.0], [0.0]] and batch.reward_positions == [[2]] * 4
@@ -109,7 +110,7 @@ def test_refill_asks_every_member_again_and_picks_groups_in_order():
 def test_evaluate_totals_over_every_member_and_each_members_own():
     out = MixedSource([("chain", Member("chain", 2, [INF])), ("lake", Member("lake", 1, [INF], episodes=True))]
                       ).evaluate(0)
-    samples = out.pop("_samples")
+    samples, out = out.samples, out.metrics
     assert [s.problem for s in samples] == ["chain/p0", "lake/p0"]
     assert out == {"eval/chain/pass@1": 0.25, "eval/lake/pass@1": 0.5, "eval/lake/success": 0.5,
                    "eval/lake/return_mean": 0.1, "eval/pass@1": (0.25 * 4 + 0.5 * 2) / 6, "eval/pass@k": 1.0,
