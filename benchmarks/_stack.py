@@ -58,7 +58,7 @@ class Stack:
         from orchestrator.trial.one_step_off import OneStepOff
         from orchestrator.trial.samples import TrialSamples
         from orchestrator.trial.sampling import action_ids
-        from orchestrator.trial.sources import rollout_source
+        from orchestrator.trial.trial_source import trial_source
         from workers.credit import SepaController
         from workers.learner.inputs import RunSettings
         from workers.models.loading import load_tokenizer
@@ -84,7 +84,7 @@ class Stack:
         ray.get([w.ready.remote() for w in self.workers])
         self.version, self.step_idx, self.rows = 0, 0, []
         self.ctx = TrialContext(cfg, self.workers, self.learner, self.tokenizer, self.task, self.actions)
-        self.source = rollout_source(self.ctx)  # as run_trial: chosen once from the task
+        self.source = trial_source(self.ctx)  # as run_trial: chosen once from the task
         self.pipe = OneStepOff(self.ctx, self.source)
         self.metrics_file = Path(tempfile.mkdtemp(prefix="bench-step-")) / store.METRICS_FILE
         self.samples = TrialSamples(cfg, str(self.metrics_file.parent), self.tokenizer)  # written as a trial does

@@ -30,16 +30,15 @@ from orchestrator.trial.calls import Calls, Deadlines, Hang, check_health
 from orchestrator.trial.context import TrialContext
 from orchestrator.trial.eval_sets import EvalSets
 from orchestrator.trial.learner_group import LearnerGroup
-from orchestrator.trial.mixed import trial_source
 from orchestrator.trial.models import resolve_model
 from orchestrator.trial.one_step_off import OneStepOff, load_pending
 from orchestrator.trial.phases import Phases
-from orchestrator.trial.replay import replay_source
 from orchestrator.trial.restore import restore_checkpoint
 from orchestrator.trial.samples import TrialSamples
 from orchestrator.trial.sampling import action_ids
 from orchestrator.trial.sources import HeldOut
 from orchestrator.trial.step import one_step
+from orchestrator.trial.trial_source import trial_source
 from workers.credit import SepaController
 from workers.envs.tokens import turn_format
 from workers.learner.state import BLOB as LEARNER_FILE
@@ -184,7 +183,7 @@ def run_trial(config: dict) -> None:
 
     ctx = TrialContext(cfg, workers, learner, tokenizer, task, action_ids(cfg, task, tokenizer), calls,
                        Phases.for_trial(cfg, workers, learner, out_dir))
-    source = replay_source(ctx, trial_source(ctx))  # one task, episodes or a mix; `replay:` saved batches
+    source = trial_source(ctx)  # one task, episodes or a mix, refilled; `replay:` saved batches
     pipe = OneStepOff(ctx, source, resume.pending) if cfg.rollout.mode == "one_step_off" else None
     samples = TrialSamples(cfg, out_dir, tokenizer)
     batches = TrialBatches(cfg, out_dir, tokenizer_fingerprint(tokenizer) if cfg.logging.batches else None)

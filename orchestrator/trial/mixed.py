@@ -38,8 +38,8 @@ EVAL_TOTALS = ("eval/pass@1", "eval/pass@k")  # weighted by each member's proble
 TURN_EXTRAS = ("turn_rewards", "reward_positions", "sampled_mask")
 
 
-def trial_source(ctx: TrialContext) -> RolloutSource:
-    """The trial's source: a `MixedSource` for a mix, else the one task's (sources.py: rollout_source)."""
+def task_source(ctx: TrialContext) -> RolloutSource:
+    """The task's source: a `MixedSource` for a mix, else the one task's (sources.py: rollout_source)."""
     if not isinstance(ctx.cfg.task, MixConfig):
         return rollout_source(ctx)
     parts = []

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from orchestrator.trial.context import TrialContext
 from orchestrator.trial.sources import Rollouts, RolloutSource
-from orchestrator.trial.step import StepOutcome, absorb, collect, prepare, push_policy
+from orchestrator.trial.step import StepOutcome, absorb, prepare, push_policy
 from workers.credit import SepaController
 
 PREFETCH_FILE = "prefetch.json"
@@ -58,7 +58,7 @@ class OneStepOff:
         self.timeline: list[dict] = []  # driver-side intervals of the latest steps (tests, benchmarks)
 
     def _collect(self, step: int) -> Rollouts:
-        return collect(self.ctx, self.source, step)
+        return self.source.collect(step)
 
     def step(self, step: int, sepa: SepaController, version: int) -> StepOutcome:
         """Train on step `step` (prefetched, or generated now on the first step of this process) while

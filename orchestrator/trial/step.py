@@ -10,8 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from orchestrator.trial.context import TrialContext
-from orchestrator.trial.fill import gather, usable_groups
-from orchestrator.trial.replay import ReplaySource
+from orchestrator.trial.fill import usable_groups
 from orchestrator.trial.samples import SampleGroup
 from orchestrator.trial.sources import Rollouts, RolloutSource
 from workers.credit import SepaController
@@ -43,14 +42,6 @@ class StepOutcome:
     uncertainty: dict[str, list[float]] | None = None
     advantages: tuple[list[float] | None, list[float] | None] | None = None  # (per sequence, token means)
     eval_samples: list[SampleGroup] = field(default_factory=list)
-
-
-def collect(ctx: TrialContext, source: RolloutSource, step: int) -> Rollouts:
-    """One step's groups from the trial's source, refilled to rollout.fill.groups usable ones when set
-    (fill.py); `time/generate_s` (all rounds, scoring excluded) and `train/fill_rounds` in its metrics."""
-    if isinstance(source, ReplaySource):  # `trial --replay`: the step as the run gathered it (replay.py)
-        return source.saved(step)
-    return gather(ctx.cfg, source, step)
 
 
 def prepare(ctx: TrialContext, step: int, roll: Rollouts, sepa: SepaController,
@@ -139,7 +130,7 @@ def one_step(ctx: TrialContext, source: RolloutSource, step: int, sepa: SepaCont
              version: int) -> StepOutcome:
     """Collect (the source's groups) -> drop uninformative groups -> [colocated: engines sleep] -> train ->
     [engines wake their weights] -> push the new policy -> [engines wake their KV cache]."""
-    roll = collect(ctx, source, step)
+    roll = source.collect(step)
     prep = prepare(ctx, step, roll, sepa, version)
     row, batch = prep.row, prep.batch
     row.update(ctx.phases.before_train(step, trains=batch is not None))  # colocated: engines sleep

@@ -93,7 +93,7 @@ def test_generation_overlaps_training(ray_local, tiny_model_dir, tmp_path):
     from orchestrator.trial.context import TrialContext
     from orchestrator.trial.learner_group import LearnerGroup
     from orchestrator.trial.one_step_off import OneStepOff
-    from orchestrator.trial.sources import rollout_source
+    from orchestrator.trial.trial_source import trial_source
     from workers.credit import SepaController
     from workers.models.loading import load_tokenizer
     from workers.rollout.worker import RolloutActor, RolloutWorkerSettings
@@ -112,7 +112,7 @@ def test_generation_overlaps_training(ray_local, tiny_model_dir, tmp_path):
         ray.get([worker.ready.remote(), learner.ready.remote()])
         task = make_task(cfg.task, cfg.seed)
         ctx = TrialContext(cfg, [worker], group, load_tokenizer(tiny_model_dir), task, None)
-        pipe = OneStepOff(ctx, rollout_source(ctx))
+        pipe = OneStepOff(ctx, trial_source(ctx))
         sepa, version, checked = SepaController(sepa_settings(cfg)), 0, 0
         for step in range(cfg.steps):
             outcome = pipe.step(step, sepa, version)

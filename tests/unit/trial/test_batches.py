@@ -18,7 +18,7 @@ from orchestrator.trial.batches import FORMAT, TrialBatches, decode, encode, hea
 from orchestrator.trial.context import TrialContext
 from orchestrator.trial.replay import ReplaySource, check_replay, replay_source
 from orchestrator.trial.sources import Rollouts
-from orchestrator.trial.step import collect, prepare
+from orchestrator.trial.step import prepare
 from workers.credit import SepaController
 
 P, G = 3, 2
@@ -89,7 +89,7 @@ def test_a_replayed_step_builds_the_run_s_learner_batch_and_row(tmp_path):
     ctx = TrialContext(replay, [], None, None, None)
     source = replay_source(ctx, inner=None)
     assert isinstance(source, ReplaySource)
-    again = collect(ctx, source, 0)
+    again = source.collect(0)
     assert again.versions == set() and "time/score_s" not in again.metrics and again.metrics["time/generate_s"] >= 0
     a, b = (prepare(ctx, 0, r, SepaController(sepa_settings(cfg)), 2) for r in (roll, again))
     (row_a, batch_a, rate_a), (row_b, batch_b, rate_b) = (a.row, a.batch, a.correct_rate), (b.row, b.batch, b.correct_rate)
@@ -98,8 +98,7 @@ def test_a_replayed_step_builds_the_run_s_learner_batch_and_row(tmp_path):
     volatile = ("time/", "rollout/tokens_per_s")
     assert {k: v for k, v in row_a.items() if not k.startswith(volatile)} == {
         k: v for k, v in row_b.items() if not k.startswith(volatile)}
-    with pytest.raises(RuntimeError, match="samples nothing"):
-        source.collect(0)
+    assert source.collect(0).response_ids == again.response_ids  # an ordinary source: a step's collect is its saved batch
 
 
 def test_engines_only_for_a_replay_with_evaluation():
