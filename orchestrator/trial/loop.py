@@ -1,7 +1,7 @@
 """One trial's step loop, as a Ray Tune function trainable. Owns no math.
 
 Per step: prompts -> generate (k rollout workers) -> score -> drop uninformative groups -> learner.train_step
--> export adapter -> load it on every worker -> report (the pieces: orchestrator/trial/step.py; the actors:
+-> export adapter -> load it on every worker -> report (the step: orchestrator/trial/step.py; the actors:
 orchestrator/trial/actors.py). The SEPA controller runs here: lambda for step t is read before the step, and the
 step's correct rate / execution uncertainty are observed after it. Everything needed to continue sits in the
 checkpoint: learner state (adapter, optimizer, scheduler, RNG), SEPA controller, task cursor, adapter version and
@@ -31,13 +31,13 @@ from orchestrator.trial.context import TrialContext
 from orchestrator.trial.eval_sets import EvalSets
 from orchestrator.trial.learner_group import LearnerGroup
 from orchestrator.trial.models import resolve_model
-from orchestrator.trial.one_step_off import OneStepOff, load_pending
 from orchestrator.trial.phases import Phases
+from orchestrator.trial.prefetch import load_pending
 from orchestrator.trial.restore import restore_checkpoint
 from orchestrator.trial.samples import TrialSamples
 from orchestrator.trial.sampling import action_ids
 from orchestrator.trial.sources import HeldOut
-from orchestrator.trial.step import one_step
+from orchestrator.trial.step import TrainingStep
 from orchestrator.trial.trial_source import trial_source
 from workers.credit import SepaController
 from workers.envs.tokens import turn_format
@@ -85,8 +85,7 @@ def _resume(cfg: TrialConfig, out_dir: str) -> Resume:
     pending = None
     files = {LEARNER_FILE: restored.learner}
     with restored.checkpoint.as_directory() as d:
-        if cfg.rollout.mode == "one_step_off":
-            pending = load_pending(d)  # orchestrator/trial/one_step_off.py
+        pending = load_pending(d)  # one_step_off's prefetched batch (orchestrator/trial/prefetch.py), if any
         shards = Path(d) / SHARDS
         files.update({f"{SHARDS}/{p.name}": p.read_bytes() for p in sorted(shards.glob("*")) if p.is_file()})
     state = restored.state
@@ -124,14 +123,13 @@ def _restore_actors(resume: Resume, learner: LearnerGroup, workers, task, sepa: 
 
 
 def _checkpoint(ctx: TrialContext, step: int, version: int, row: dict, rows: list[dict], sepa: SepaController,
-                pipe) -> None:
+                training: TrainingStep) -> None:
     """Report `row` with a sealed checkpoint of everything needed to continue after `step`."""
     cfg, task = ctx.cfg, ctx.task
     with tempfile.TemporaryDirectory() as d:
         ctx.learner.write_checkpoint(d)  # the blob, and every rank's shards
         (Path(d) / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
-        if pipe is not None:
-            pipe.save(d)  # the prefetched batch of step + 1
+        training.save(d)  # one_step_off: the prefetched batch of step + 1
         (Path(d) / STATE_FILE).write_text(json.dumps({
             "step": step, "adapter_version": version, "task": task.state_dict(),
             "sepa": sepa.state_dict(), "config": cfg.model_dump(mode="json"),
@@ -184,7 +182,7 @@ def run_trial(config: dict) -> None:
     ctx = TrialContext(cfg, workers, learner, tokenizer, task, action_ids(cfg, task, tokenizer), calls,
                        Phases.for_trial(cfg, workers, learner, out_dir))
     source = trial_source(ctx)  # one task, episodes or a mix, refilled; `replay:` saved batches
-    pipe = OneStepOff(ctx, source, resume.pending) if cfg.rollout.mode == "one_step_off" else None
+    training = TrainingStep.for_trial(ctx, source, resume.pending)  # sync or one_step_off: one sequence
     samples = TrialSamples(cfg, out_dir, tokenizer)
     batches = TrialBatches(cfg, out_dir, tokenizer_fingerprint(tokenizer) if cfg.logging.batches else None)
     eval_sets = EvalSets(ctx)  # eval.sets: more held-out sets, logged as eval/<set>/... (trial/eval_sets.py)
@@ -194,10 +192,7 @@ def run_trial(config: dict) -> None:
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps - 1):
             held = source.evaluate(step)
             held.metrics.update(eval_sets.evaluate(step))
-        if pipe is not None:  # generates step + 1 while the learner trains on step
-            outcome = pipe.step(step, sepa, version)
-        else:
-            outcome = one_step(ctx, source, step, sepa, version)
+        outcome = training.run(step, sepa, version)
         outcome.row, outcome.eval_samples = {**outcome.row, **held.metrics}, held.samples
         row, version = outcome.row, outcome.version
         if outcome.uncertainty is not None:
@@ -211,7 +206,7 @@ def run_trial(config: dict) -> None:
               f"reward {row['train/reward_mean']:.3f} lambda {row['credit/sepa_lambda']:.3f} "
               f"gen {row['time/generate_s']:.1f}s train {row['time/train_s']:.1f}s", flush=True)
         if (step + 1) % cfg.checkpoint.every == 0 or step + 1 == cfg.steps:
-            _checkpoint(ctx, step, version, row, rows, sepa, pipe)
+            _checkpoint(ctx, step, version, row, rows, sepa, training)
         else:
             tune.report(row)
     tracker.finish()

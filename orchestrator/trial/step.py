@@ -1,16 +1,18 @@
-"""One training step's pieces, shared by the sync loop (`one_step`) and one_step_off (orchestrator/trial/one_step_off.py):
-collect (from the trial's rollout source, orchestrator/trial/sources.py: prompts -> completions -> rewards, or
-levels -> episodes -> returns; this module never asks which; refill rounds and rollout.overlong: fill.py) ->
-prepare (check the adapter, drop uninformative / non-finite groups, build the row and the learner batch) -> train -> absorb (SEPA observes the step) ->
-push_policy (the new policy to every worker)."""
+"""One training step, written once for both rollout modes (`TrainingStep`): collect (from the trial's rollout
+source, trial_source.py: prompts -> completions -> rewards, or levels -> episodes -> returns, refilled, or a
+replayed run's; this module never asks which) -> prepare (check the policy version, drop uninformative /
+non-finite groups, build the row and the learner batch) -> train -> absorb (SEPA observes the step) ->
+push_policy (the new policy to every engine). The step hands the loop a `StepOutcome`."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from orchestrator.trial.context import TrialContext
 from orchestrator.trial.fill import usable_groups
+from orchestrator.trial.prefetch import save_pending
 from orchestrator.trial.samples import SampleGroup
 from orchestrator.trial.sources import Rollouts, RolloutSource
 from workers.credit import SepaController
@@ -126,24 +128,71 @@ def push_policy(ctx: TrialContext, version: int) -> int:
     return ctx.learner.push_policy(ctx.workers, version)
 
 
-def one_step(ctx: TrialContext, source: RolloutSource, step: int, sepa: SepaController,
-             version: int) -> StepOutcome:
-    """Collect (the source's groups) -> drop uninformative groups -> [colocated: engines sleep] -> train ->
-    [engines wake their weights] -> push the new policy -> [engines wake their KV cache]."""
-    roll = source.collect(step)
-    prep = prepare(ctx, step, roll, sepa, version)
-    row, batch = prep.row, prep.batch
-    row.update(ctx.phases.before_train(step, trains=batch is not None))  # colocated: engines sleep
-    t0 = time.perf_counter()
-    out = ctx.learner.train_step(batch) if batch is not None else None
-    outcome = absorb(prep, roll, out, sepa)
-    row["time/train_s"] = time.perf_counter() - t0
-    row.update(ctx.phases.before_sync(step))  # colocated: engines wake their weights
+class TrainingStep:
+    """The one step sequence, for both `rollout.mode`s: the step's groups (collected now, or prefetched) ->
+    prepare -> [colocated: engines sleep] -> the learner trains -> [engines wake their weights] -> push the new
+    policy -> [engines wake their KV cache].
 
-    t0 = time.perf_counter()
-    if batch is not None:  # a new policy only when the learner stepped
-        version = push_policy(ctx, version + 1)
-    row["time/sync_s"] = time.perf_counter() - t0
-    row.update(ctx.phases.after_sync(step))  # colocated: engines wake their KV cache
-    outcome.version = version
-    return outcome
+    `overlap` (one_step_off, module doc of prefetch.py) differs only in where the next step's generation starts:
+    while the learner trains on step t the driver collects step t+1 with the policy the engines hold (the one
+    after step t-1), kept as `pending` (the batch and the version it was sampled with; saved in the checkpoint)
+    for the next call. Its row adds `rollout/staleness`, `time/prefetch_s` and `time/learner_wait_s`."""
+
+    def __init__(self, ctx: TrialContext, source: RolloutSource, *, overlap: bool = False,
+                 pending: tuple[Rollouts, int] | None = None):
+        self.ctx, self.source, self.overlap = ctx, source, overlap
+        self.pending = pending  # (batch of the next step, policy version it was sampled with)
+        self.timeline: list[dict] = []  # driver-side intervals of the latest steps (tests, benchmarks)
+
+    @classmethod
+    def for_trial(cls, ctx: TrialContext, source: RolloutSource,
+                  pending: tuple[Rollouts, int] | None = None) -> TrainingStep:
+        """The trial's step: overlapping under `rollout.mode: one_step_off`."""
+        return cls(ctx, source, overlap=ctx.cfg.rollout.mode == "one_step_off", pending=pending)
+
+    def _batch(self, step: int, version: int) -> tuple[Rollouts, int]:
+        """Step `step`'s groups and the version they were sampled with: the prefetched ones, else collected now."""
+        if self.pending is None:
+            return self.source.collect(step), version
+        pending, self.pending = self.pending, None
+        return pending
+
+    def run(self, step: int, sepa: SepaController, version: int) -> StepOutcome:
+        """Train on step `step`; `version`: the policy the engines hold. Returns the step's outcome, whose
+        `version` is the policy the engines hold after it."""
+        ctx, learner = self.ctx, self.ctx.learner
+        roll, sampled_with = self._batch(step, version)
+        prep = prepare(ctx, step, roll, sepa, sampled_with)
+        row, batch = prep.row, prep.batch
+        if self.overlap:
+            row["rollout/staleness"] = version - sampled_with
+        row.update(ctx.phases.before_train(step, trains=batch is not None))  # colocated: engines sleep
+        t0 = time.perf_counter()
+        future = learner.submit_train_step(batch) if batch is not None else None
+        t1, w1 = time.perf_counter(), time.time()
+        if self.overlap and step + 1 < ctx.cfg.steps:  # overlaps the learner, with the policy the engines hold
+            self.pending = (self.source.collect(step + 1), version)
+        t2, w2 = time.perf_counter(), time.time()
+        out = learner.result(future) if future is not None else None
+        t_end = time.perf_counter()
+        outcome = absorb(prep, roll, out, sepa)
+        row["time/train_s"] = t_end - t0  # submit -> result (one_step_off: the next step's generation inside it)
+        if self.overlap:
+            row["time/prefetch_s"] = t2 - t1
+            row["time/learner_wait_s"] = t_end - t2
+            # wall-clock (time.time) interval of the next step's generation, comparable with other processes' clocks
+            self.timeline = [*self.timeline[-7:], {"step": step, "prefetch": (w1, w2)}]
+        row.update(ctx.phases.before_sync(step))  # colocated: engines wake their weights
+
+        t0 = time.perf_counter()
+        if batch is not None:  # a new policy only when the learner stepped
+            version = push_policy(ctx, version + 1)
+        row["time/sync_s"] = time.perf_counter() - t0
+        row.update(ctx.phases.after_sync(step))  # colocated: engines wake their KV cache
+        outcome.version = version
+        return outcome
+
+    def save(self, checkpoint_dir: str | Path) -> None:
+        """Write the prefetched batch (if any) into a checkpoint directory (prefetch.py)."""
+        if self.pending is not None:
+            save_pending(checkpoint_dir, *self.pending)
