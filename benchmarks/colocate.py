@@ -84,7 +84,7 @@ def main() -> None:
     stack = Stack(cfg)  # actors without a placement group: on a GPU box both see GPU 0, as a colocated bundle
     level = 1 if cfg.learner.mode == "lora" else 2
     ctx = {"separate": stack.ctx,
-           "colocated": dataclasses.replace(stack.ctx, phases=Phases(stack.workers, stack.learner, None, level))}
+           "colocated": dataclasses.replace(stack.ctx, phases=Phases(stack.ctx.engines, stack.learner, None, level))}
     walls: dict[str, list[float]] = {"separate": [], "colocated": []}
     phases: list[tuple[float, float]] = []
     freed = None

@@ -13,20 +13,29 @@ from dataclasses import dataclass, field
 
 from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.calls import Calls
+from orchestrator.trial.engines import RolloutEngines
 from orchestrator.trial.phases import Phases
+from orchestrator.trial.ports import Engines, Learner
 
 
 @dataclass(frozen=True)
 class TrialContext:
-    """The trial's fixed parts. `learner`: a LearnerGroup (orchestrator/trial/learner_group.py), None where only
-    rollouts run (tests); `actions`: the task's action token ids when the probability floor is on, else None;
-    `calls`: the trial's deadlines (orchestrator/trial/calls.py; the default ones where a test builds a context)."""
+    """The trial's fixed parts. `learner`: the `Learner` (ports.py; today a LearnerGroup, learner_group.py), None
+    where only rollouts run (tests); `actions`: the task's action token ids when the probability floor is on,
+    else None; `calls`: the trial's deadlines (orchestrator/trial/calls.py; the default ones where a test builds a
+    context); `engines`: the `Engines` the step samples from and pushes policies to (ports.py), by default
+    `RolloutEngines` over `workers` (the trial's own rollout actors) under `calls`."""
 
     cfg: TrialConfig
     workers: list
-    learner: object
+    learner: Learner | None
     tokenizer: object
     task: object
     actions: list[int] | None = None
     calls: Calls = field(default_factory=Calls)
     phases: Phases = field(default_factory=Phases.off)
+    engines: Engines | None = None
+
+    def __post_init__(self):
+        if self.engines is None:
+            object.__setattr__(self, "engines", RolloutEngines(self.workers, self.calls))

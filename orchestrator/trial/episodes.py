@@ -86,7 +86,7 @@ def play_episodes(ctx: TrialContext, episodes: list[TextEpisode], *, seed: int, 
                   temperature: float, round: int = 0, phase: str = "generate") -> tuple[list[Trajectory], dict]:
     """Play `episodes` to the end (sampling seeds of refill round `round`); returns their trajectories and
     {"num_tokens", "versions", "turns"}. Each turn's sampling waits under `phase`'s deadline (generate, or eval)."""
-    cfg, workers, tokenizer = ctx.cfg, ctx.workers, ctx.tokenizer
+    cfg, engines, tokenizer = ctx.cfg, ctx.engines, ctx.tokenizer
     ro, limit = cfg.rollout, cfg.model.max_model_len
     segments = cfg.learner.loss_mask == "assistant_segments"
     ragen_context = getattr(cfg.task, "training_context", "sampled") == "ragen"  # a plugin env has no such key
@@ -98,7 +98,7 @@ def play_episodes(ctx: TrialContext, episodes: list[TextEpisode], *, seed: int, 
     num_tokens, versions, turn = 0, set(), 0
     while active := [t for t in trajs if not t.done]:
         histories = [t.prompt_ids + t.context_ids for t in active]
-        seeds = [step_seed(seed, step, j, turn, round) for j in range(len(workers))]
+        seeds = [step_seed(seed, step, j, turn, round) for j in range(engines.count)]
         results = sample(ctx, histories, n=1, temperature=temperature, seeds=seeds, floor=False, phase=phase)
         versions |= {res.adapter_version for res in results}
         samples = [group[0] for res in results for group in res.completions]

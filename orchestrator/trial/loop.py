@@ -26,8 +26,9 @@ from orchestrator.storage import EVENTS_FILE, METRICS_FILE, PLACEMENT_FILE, STAT
 from orchestrator.tracking.run import TrialTracker
 from orchestrator.trial.actors import placement_record, rollout_names, shutdown_actors, start_actors
 from orchestrator.trial.batches import TrialBatches
-from orchestrator.trial.calls import Calls, Deadlines, Hang, check_health
+from orchestrator.trial.calls import Calls, Deadlines, Hang
 from orchestrator.trial.context import TrialContext
+from orchestrator.trial.engines import RolloutEngines
 from orchestrator.trial.eval_sets import EvalSets
 from orchestrator.trial.learner_group import LearnerGroup
 from orchestrator.trial.models import resolve_model
@@ -108,7 +109,7 @@ def _hang_handler(cfg: TrialConfig, out_dir: str, workers: list, learner: Learne
     return handle
 
 
-def _restore_actors(resume: Resume, learner: LearnerGroup, workers, task, sepa: SepaController,
+def _restore_actors(resume: Resume, learner: LearnerGroup, engines: RolloutEngines, task, sepa: SepaController,
                     source: str) -> None:
     """Put the checkpoint's learner state (saved by a group of any size), task cursor, SEPA controller and
     policy back."""
@@ -118,8 +119,8 @@ def _restore_actors(resume: Resume, learner: LearnerGroup, workers, task, sepa: 
     resume.learner_files = {}  # not held by the driver for the rest of the trial (tens of GB in full mode)
     task.load_state_dict(resume.state["task"])
     sepa.load_state_dict(resume.state["sepa"])
-    if resume.version:
-        learner.push_policy(workers, resume.version)
+    if resume.version and engines.count:
+        engines.load_policy(learner.export_policy(resume.version))
 
 
 def _checkpoint(ctx: TrialContext, step: int, version: int, row: dict, rows: list[dict], sepa: SepaController,
@@ -169,9 +170,10 @@ def run_trial(config: dict) -> None:
     task = make_task(cfg.task, cfg.seed)
     sepa = SepaController(sepa_settings(cfg))
     learner.ready()
-    _restore_actors(resume, learner, workers, task, sepa, f"{out_dir} checkpoint of step {resume.start - 1}")
+    engines = RolloutEngines(workers, calls)  # the step's Engines (orchestrator/trial/ports.py)
+    _restore_actors(resume, learner, engines, task, sepa, f"{out_dir} checkpoint of step {resume.start - 1}")
     calls.get([w.ready.remote() for w in workers], "setup", rollout_names(workers))
-    health = check_health(calls, rollout_names(workers))  # also: the engines' pids, for the placement record
+    health = engines.health()  # also: the engines' pids, for the placement record
     store.write_text(store.join(out_dir, PLACEMENT_FILE),
                      json.dumps(placement_record(pg, workers, learner, health, cfg.resources.placement)))
     tracker = TrialTracker(cfg)
@@ -180,7 +182,7 @@ def run_trial(config: dict) -> None:
         tracker.log(row)
 
     ctx = TrialContext(cfg, workers, learner, tokenizer, task, action_ids(cfg, task, tokenizer), calls,
-                       Phases.for_trial(cfg, workers, learner, out_dir))
+                       Phases.for_trial(cfg, engines, learner, out_dir), engines)
     source = trial_source(ctx)  # one task, episodes or a mix, refilled; `replay:` saved batches
     training = TrainingStep.for_trial(ctx, source, resume.pending)  # sync or one_step_off: one sequence
     samples = TrialSamples(cfg, out_dir, tokenizer)
@@ -188,7 +190,7 @@ def run_trial(config: dict) -> None:
     eval_sets = EvalSets(ctx)  # eval.sets: more held-out sets, logged as eval/<set>/... (trial/eval_sets.py)
     for step in range(resume.start, cfg.steps):
         held, calls.step, eval_version = HeldOut(), step, version
-        check_health(calls, rollout_names(workers))  # a frozen engine fails here, before a long phase waits on it
+        engines.health()  # a frozen engine fails here, before a long phase waits on it
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps - 1):
             held = source.evaluate(step)
             held.metrics.update(eval_sets.evaluate(step))

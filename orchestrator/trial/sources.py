@@ -167,7 +167,7 @@ class SingleTurnSource:
         under `phase`'s deadline)."""
         ctx = self.ctx
         prompt_ids = [first_prompt_ids(ctx.tokenizer, p.prompt, system=p.system) for p in problems]
-        seeds = [step_seed(seed, step, j, round=round) for j in range(len(ctx.workers))]
+        seeds = [step_seed(seed, step, j, round=round) for j in range(ctx.engines.count)]
         return prompt_ids, sample(ctx, prompt_ids, n=n, temperature=temperature, seeds=seeds, phase=phase)
 
     def _score(self, prob, group: list[Completion]):

@@ -124,8 +124,11 @@ def absorb(prep: Prepared, roll: Rollouts, out: StepResult | None, sepa: SepaCon
 
 
 def push_policy(ctx: TrialContext, version: int) -> int:
-    """The learner's policy (adapter or full weights) as `version` on every worker; returns `version`."""
-    return ctx.learner.push_policy(ctx.workers, version)
+    """The learner's policy (adapter or full weights) as `version` on every engine; returns `version`. With no
+    engine (a replay without evaluation: replay.py) nothing is exported."""
+    if not ctx.engines.count:
+        return version
+    return ctx.engines.load_policy(ctx.learner.export_policy(version))
 
 
 class TrainingStep:

@@ -42,7 +42,7 @@ def _play(tok, monkeypatch, *, training_context="sampled", loss_mask="sampled", 
                           learner=SimpleNamespace(loss_mask=loss_mask))
     ep = TextEpisode(SokobanEnv(layout=LAYOUT), dynamics_seed=0, max_actions_per_turn=2, max_actions_per_episode=10,
                      max_turns=2, protocol=RagenProtocol(max_tokens=64))
-    trajs, _ = player.play_episodes(SimpleNamespace(cfg=cfg, workers=[None], tokenizer=tok), [ep], seed=0, step=0,
+    trajs, _ = player.play_episodes(SimpleNamespace(cfg=cfg, workers=[None], engines=SimpleNamespace(count=1), tokenizer=tok), [ep], seed=0, step=0,
                                     temperature=1.0)
     return trajs[0], turns, histories
 
