@@ -2,7 +2,7 @@
 
 `Stack` builds exactly what `orchestrator.trial.loop.run_trial` builds (rollout worker actors, the learner actor,
 tokenizer, task, SEPA controller, action ids: its `TrialContext`, and the rollout source) on a local Ray without a placement group, and runs the loop body
-of either mode (`orchestrator.trial.step.TrainingStep`, overlapping or not) plus the metrics write run_trial does after every step.
+of either mode (`orchestrator.trial.step.sequence.TrainingStep`, overlapping or not) plus the metrics write run_trial does after every step.
 """
 
 from __future__ import annotations
@@ -51,14 +51,14 @@ class Stack:
 
         from orchestrator import storage as store
         from orchestrator.config.trial import sepa_settings
-        from orchestrator.trial.actors import LearnerRankActor, TrialRolloutActor, rollout_settings
-        from orchestrator.trial.context import TrialContext
-        from orchestrator.trial.learner_group import LearnerGroup
-        from orchestrator.trial.models import resolve_model
-        from orchestrator.trial.samples import TrialSamples
-        from orchestrator.trial.sampling import action_ids
-        from orchestrator.trial.step import TrainingStep
-        from orchestrator.trial.trial_source import trial_source
+        from orchestrator.trial.actors.context import TrialContext
+        from orchestrator.trial.actors.learner_group import LearnerGroup
+        from orchestrator.trial.actors.models import resolve_model
+        from orchestrator.trial.actors.start import LearnerRankActor, TrialRolloutActor, rollout_settings
+        from orchestrator.trial.artifacts.samples import TrialSamples
+        from orchestrator.trial.collect.sampling import action_ids
+        from orchestrator.trial.step.sequence import TrainingStep
+        from orchestrator.trial.step.trial_source import trial_source
         from workers.credit import SepaController
         from workers.learner.inputs import RunSettings
         from workers.models.loading import load_tokenizer
@@ -106,7 +106,7 @@ class Stack:
         return time.perf_counter() - t0, row
 
     def close(self) -> None:
-        from orchestrator.trial.actors import shutdown_actors
+        from orchestrator.trial.actors.start import shutdown_actors
 
         shutdown_actors(self.workers, self.learner)
         self.task.close()

@@ -31,7 +31,7 @@ def _start(model_dir: str, in_process: bool, prompts: list[list[int]], n: int, m
            ) -> tuple[float, list]:
     import ray
 
-    from orchestrator.trial.actors import shutdown_actors
+    from orchestrator.trial.actors.start import shutdown_actors
     from workers.rollout.worker import RolloutActor, RolloutWorkerSettings, SamplingRequest
 
     t0 = time.perf_counter()

@@ -44,7 +44,7 @@ def main(model_dir: str, prompts: list[list[int]], args: argparse.Namespace) -> 
     import ray
     from vllm import LLM, SamplingParams
 
-    from orchestrator.trial.actors import shutdown_actors
+    from orchestrator.trial.actors.start import shutdown_actors
     from workers.rollout.worker import RolloutActor, RolloutWorkerSettings, SamplingRequest
 
     n, max_tokens = args.n, args.max_tokens

@@ -1,7 +1,7 @@
 """The single-task trials a trial is made of: itself, or one per member of a mixed task (workers/tasks/mix.py).
 
 A member's trial config is the trial's with the member's task, its groups as `rollout.prompts_per_step` and its
-seed `member_seed(seed, i)`: what the rollout source of a mix (orchestrator/trial/mixed.py) hands each member's
+seed `member_seed(seed, i)`: what the rollout source of a mix (orchestrator/trial/collect/mixed.py) hands each member's
 source, and what the checks before launch (first turns, plugins, dataset files) read member by member.
 """
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import ray
 
 from orchestrator.config.trial import ModelConfig
-from orchestrator.trial.actors import engine_dtype
-from orchestrator.trial.models import resolve_model
+from orchestrator.trial.actors.models import resolve_model
+from orchestrator.trial.actors.start import engine_dtype
 from workers.learner.config import LearnerConfig
 from workers.models.gpu_runtime import check_gpu_runtime
 from workers.rollout.worker import RolloutWorker, RolloutWorkerSettings, SamplingRequest

@@ -207,7 +207,7 @@ def _colocated(cfg: TrialConfig, need: LearnerMemory, have: float, source: str) 
 def check_campaign_learners(campaign, local_only: bool = False) -> list[str]:
     """`check_learner_memory` for each distinct learner setup of the campaign (model, learner, resources, the
     critic and KL); returns their estimate lines (UserError for the first that cannot fit)."""
-    from orchestrator.trial.models import resolve_model_quietly
+    from orchestrator.trial.actors.models import resolve_model_quietly
 
     lines, seen = [], set()
     for t in campaign.trials:

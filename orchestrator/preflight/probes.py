@@ -66,7 +66,7 @@ def has_gpus() -> bool:
 def engine_sample(model: str = "tiny") -> str:
     """Start a rollout worker with a tiny model (on a GPU when the cluster has one), sample, and end it."""
     from orchestrator.config.trial import ModelConfig
-    from orchestrator.trial.actors import TrialRolloutActor
+    from orchestrator.trial.actors.start import TrialRolloutActor
     from workers.rollout.worker import RolloutWorkerSettings, SamplingRequest
 
     gpu = has_gpus()

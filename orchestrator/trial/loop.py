@@ -1,8 +1,8 @@
 """One trial's step loop, as a Ray Tune function trainable. Owns no math.
 
 Per step: prompts -> generate (k rollout workers) -> score -> drop uninformative groups -> learner.train_step
--> export adapter -> load it on every worker -> report (the step: orchestrator/trial/step.py; the actors:
-orchestrator/trial/actors.py). The SEPA controller runs here: lambda for step t is read before the step, and the
+-> export adapter -> load it on every worker -> report (the step: orchestrator/trial/step/sequence.py; the actors:
+orchestrator/trial/actors/start.py). The SEPA controller runs here: lambda for step t is read before the step, and the
 step's correct rate / execution uncertainty are observed after it. Everything needed to continue sits in the
 checkpoint: learner state (adapter, optimizer, scheduler, RNG), SEPA controller, task cursor, adapter version and
 step.
@@ -16,30 +16,30 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 from ray import tune
 from ray.util import get_current_placement_group
 
 from orchestrator import storage as store
 from orchestrator.config.trial import TrialConfig, sepa_settings
-from orchestrator.storage import EVENTS_FILE, METRICS_FILE, PLACEMENT_FILE, STATE_FILE, UNCERTAINTY_DIR
+from orchestrator.storage import EVENTS_FILE, METRICS_FILE, PLACEMENT_FILE, STATE_FILE
 from orchestrator.tracking.run import TrialTracker
-from orchestrator.trial.actors import placement_record, rollout_names, shutdown_actors, start_actors
-from orchestrator.trial.batches import TrialBatches
-from orchestrator.trial.calls import Calls, Deadlines, Hang
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.engines import RolloutEngines
-from orchestrator.trial.eval_sets import EvalSets
-from orchestrator.trial.learner_group import LearnerGroup
-from orchestrator.trial.models import resolve_model
-from orchestrator.trial.phases import Phases
-from orchestrator.trial.prefetch import load_pending
-from orchestrator.trial.restore import restore_checkpoint
-from orchestrator.trial.samples import TrialSamples
-from orchestrator.trial.sampling import action_ids
-from orchestrator.trial.sources import HeldOut
-from orchestrator.trial.step import TrainingStep
-from orchestrator.trial.trial_source import trial_source
+from orchestrator.trial.actors.calls import Calls, Deadlines, Hang
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.actors.engines import RolloutEngines
+from orchestrator.trial.actors.learner_group import LearnerGroup
+from orchestrator.trial.actors.models import resolve_model
+from orchestrator.trial.actors.phases import Phases
+from orchestrator.trial.actors.start import placement_record, rollout_names, shutdown_actors, start_actors
+from orchestrator.trial.artifacts.batches import TrialBatches
+from orchestrator.trial.artifacts.restore import restore_checkpoint
+from orchestrator.trial.artifacts.samples import TrialSamples
+from orchestrator.trial.artifacts.uncertainty import write_uncertainty
+from orchestrator.trial.collect.eval_sets import EvalSets
+from orchestrator.trial.collect.rollouts import HeldOut
+from orchestrator.trial.collect.sampling import action_ids
+from orchestrator.trial.step.prefetch import load_pending
+from orchestrator.trial.step.sequence import TrainingStep
+from orchestrator.trial.step.trial_source import trial_source
 from workers.credit import SepaController
 from workers.envs.tokens import turn_format
 from workers.learner.state import BLOB as LEARNER_FILE
@@ -47,15 +47,6 @@ from workers.learner.state import SHARDS
 from workers.models.loading import load_tokenizer, tokenizer_fingerprint
 from workers.startup import imports_done
 from workers.tasks import make_task
-
-
-def write_uncertainty(out_dir: str, step: int, samples: dict[str, list[float]]) -> None:
-    """Per-token uncertainty before/after the token stages (the report's mechanistic histogram)."""
-    import io
-
-    buf = io.BytesIO()
-    np.savez_compressed(buf, **{k: np.asarray(v, dtype=np.float32) for k, v in samples.items()})
-    store.write_bytes(store.join(out_dir, UNCERTAINTY_DIR, f"step_{step}.npz"), buf.getvalue())
 
 
 @dataclass
@@ -86,7 +77,7 @@ def _resume(cfg: TrialConfig, out_dir: str) -> Resume:
     pending = None
     files = {LEARNER_FILE: restored.learner}
     with restored.checkpoint.as_directory() as d:
-        pending = load_pending(d)  # one_step_off's prefetched batch (orchestrator/trial/prefetch.py), if any
+        pending = load_pending(d)  # one_step_off's prefetched batch (orchestrator/trial/step/prefetch.py), if any
         shards = Path(d) / SHARDS
         files.update({f"{SHARDS}/{p.name}": p.read_bytes() for p in sorted(shards.glob("*")) if p.is_file()})
     state = restored.state
@@ -94,7 +85,7 @@ def _resume(cfg: TrialConfig, out_dir: str) -> Resume:
 
 
 def _hang_handler(cfg: TrialConfig, out_dir: str, workers: list, learner: LearnerGroup, trackers: list):
-    """What a missed deadline does before the trial fails (orchestrator/trial/calls.py raises after it): record
+    """What a missed deadline does before the trial fails (orchestrator/trial/actors/calls.py raises after it): record
     the phase and the actors in events.jsonl and the W&B run, and kill this trial's actors (only them), whose
     GPUs would otherwise stay held by a frozen process; Tune then retries from the newest checkpoint."""
 
@@ -170,7 +161,7 @@ def run_trial(config: dict) -> None:
     task = make_task(cfg.task, cfg.seed)
     sepa = SepaController(sepa_settings(cfg))
     learner.ready()
-    engines = RolloutEngines(workers, calls)  # the step's Engines (orchestrator/trial/ports.py)
+    engines = RolloutEngines(workers, calls)  # the step's Engines (orchestrator/trial/actors/ports.py)
     _restore_actors(resume, learner, engines, task, sepa, f"{out_dir} checkpoint of step {resume.start - 1}")
     calls.get([w.ready.remote() for w in workers], "setup", rollout_names(workers))
     health = engines.health()  # also: the engines' pids, for the placement record

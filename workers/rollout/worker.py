@@ -59,7 +59,7 @@ class SamplingRequest:
 @dataclass(frozen=True)
 class RolloutWorkerSettings:
     """How a rollout worker builds its engine (all but the model path), one typed object so the trial
-    (orchestrator/trial/actors.py:start_actors), benchmarks and tests build workers the same way.
+    (orchestrator/trial/actors/start.py:start_actors), benchmarks and tests build workers the same way.
 
     `engine`: the `rollout.engine` settings (`engine_settings`); `enforce_eager` / `gpu_memory_utilization` given
     here override them; `engine_kwargs` go to `vllm.LLM` as they are. `enable_lora`: True = the policy arrives

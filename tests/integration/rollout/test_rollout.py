@@ -51,7 +51,7 @@ def prompt_ids(tok) -> list[list[int]]:
 def worker(ray_local, tiny_model_dir):
     import ray
 
-    from orchestrator.trial.actors import shutdown_actors
+    from orchestrator.trial.actors.start import shutdown_actors
     from workers.rollout.worker import RolloutActor, RolloutWorkerSettings
 
     actor = RolloutActor.options(num_cpus=1).remote(tiny_model_dir, RolloutWorkerSettings(seed=0))

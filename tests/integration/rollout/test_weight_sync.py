@@ -37,7 +37,7 @@ class Engines:
         return self.actor
 
     def close(self):
-        from orchestrator.trial.actors import shutdown_actors
+        from orchestrator.trial.actors.start import shutdown_actors
 
         if self.actor is not None:
             shutdown_actors([self.actor])
@@ -204,8 +204,8 @@ def test_tied_head_follows_its_embedding(engines, tmp_path_factory):
     its own here: the extension is imported there and the load, the checksum and its errors cross processes."""
     import ray
 
-    from workers.models.families import family_builder
     from workers.models.loading import load_tokenizer
+    from workers.tiny.families import family_builder
 
     model_dir = str(family_builder("tiny-qwen2-base")(tmp_path_factory.mktemp("qwen2") / "m", seed=0))
     worker = engines.get(model_dir, engine={"in_process": False})

@@ -34,16 +34,16 @@ def stable(row: dict) -> dict:
 def agent_model_dir() -> str:
     """The cached tiny-agent model (the same directory trials resolve `tiny-agent` to)."""
     from orchestrator.config.trial import ModelConfig
-    from orchestrator.trial.models import resolve_model
+    from orchestrator.trial.actors.models import resolve_model
 
     return resolve_model(ModelConfig(name="tiny-agent"))
 
 
 def test_multi_turn_batch_is_token_exact_and_matches_the_learner(ray_local, agent_model_dir, monkeypatch):
 
-    import orchestrator.trial.episodes as episodes
-    from orchestrator.trial.actors import shutdown_actors
-    from orchestrator.trial.context import TrialContext
+    import orchestrator.trial.collect.episodes as episodes
+    from orchestrator.trial.actors.context import TrialContext
+    from orchestrator.trial.actors.start import shutdown_actors
     from workers.envs import EnvTask
     from workers.envs.tokens import first_prompt_ids, observation_ids
     from workers.learner.batch import collate

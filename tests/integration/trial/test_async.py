@@ -89,11 +89,11 @@ class _SleepyLearner(Learner):
 
 def test_generation_overlaps_training(ray_local, tiny_model_dir, tmp_path):
     from orchestrator.config.trial import sepa_settings
-    from orchestrator.trial.actors import shutdown_actors
-    from orchestrator.trial.context import TrialContext
-    from orchestrator.trial.learner_group import LearnerGroup
-    from orchestrator.trial.step import TrainingStep
-    from orchestrator.trial.trial_source import trial_source
+    from orchestrator.trial.actors.context import TrialContext
+    from orchestrator.trial.actors.learner_group import LearnerGroup
+    from orchestrator.trial.actors.start import shutdown_actors
+    from orchestrator.trial.step.sequence import TrainingStep
+    from orchestrator.trial.step.trial_source import trial_source
     from workers.credit import SepaController
     from workers.models.loading import load_tokenizer
     from workers.rollout.worker import RolloutActor, RolloutWorkerSettings

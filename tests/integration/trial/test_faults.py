@@ -188,8 +188,8 @@ def test_a_frozen_engine_core_fails_its_deadline_and_resumes_to_the_same_traject
 def _poisoned(config):
     """run_trial whose task returns a NaN reward in one group each step and raises for some completions,
     and whose sampler hands back a NaN log-prob in another group."""
+    import orchestrator.trial.collect.sources as step_mod
     import orchestrator.trial.loop as trial_mod
-    import orchestrator.trial.sources as step_mod
     from workers.tasks.base import ScoreResult
 
     real_make_task, real_sample = trial_mod.make_task, step_mod.sample

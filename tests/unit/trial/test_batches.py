@@ -1,4 +1,4 @@
-"""Saved training batches (orchestrator/trial/batches.py) and their replay (orchestrator/trial/replay.py): the file
+"""Saved training batches (orchestrator/trial/artifacts/batches.py) and their replay (orchestrator/trial/artifacts/replay.py): the file
 round trip is exact, the file is plain numpy, a replayed step builds the very learner batch the run built, and
 `trial --replay` refuses what it cannot replay with one line before anything starts."""
 
@@ -14,11 +14,11 @@ from orchestrator.cli import main
 from orchestrator.config.placement import bundles, engines, worker_slots
 from orchestrator.config.trial import TrialConfig, sepa_settings
 from orchestrator.storage import BATCHES_DIR, TRIAL_CONFIG_FILE, batch_file
-from orchestrator.trial.batches import FORMAT, TrialBatches, decode, encode, header_of
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.replay import ReplaySource, check_replay, replay_source
-from orchestrator.trial.sources import Rollouts
-from orchestrator.trial.step import prepare
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.artifacts.batches import FORMAT, TrialBatches, decode, encode, header_of
+from orchestrator.trial.artifacts.replay import ReplaySource, check_replay, replay_source
+from orchestrator.trial.collect.rollouts import Rollouts
+from orchestrator.trial.step.sequence import prepare
 from workers.credit import SepaController
 
 P, G = 3, 2

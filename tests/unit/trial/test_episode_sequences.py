@@ -8,12 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.trial import episodes as player
+from orchestrator.trial.collect import episodes as player
 from workers.envs import RagenProtocol, TextEpisode
 from workers.envs.sokoban import SokobanEnv
-from workers.models.families import ENDOFTEXT, IM_END, build_family_model
 from workers.models.loading import load_tokenizer
 from workers.rollout.output import Completion, Generation
+from workers.tiny.families import ENDOFTEXT, IM_END, build_family_model
 
 LAYOUT = ["######", "#P_X_#", "#___O#", "#____#", "#____#", "######"]
 ANSWERS = ["hm</think><answer>Jump</answer>", "go</think><answer>Right</answer>"]  # invalid, then valid

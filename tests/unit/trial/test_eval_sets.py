@@ -1,4 +1,4 @@
-"""`eval.sets` in the trial loop (orchestrator/trial/eval_sets.py), with the sampler faked: each set is sampled
+"""`eval.sets` in the trial loop (orchestrator/trial/collect/eval_sets.py), with the sampler faked: each set is sampled
 with the held-out seeds and settings of the task's own set at that step (what `eval` reproduces offline), on its
 own problems, and logged under `eval/<set>/...` names the tracker knows."""
 
@@ -8,11 +8,11 @@ import pytest
 
 from orchestrator.config.trial import TrialConfig
 from orchestrator.tracking.names import logged_metrics
-from orchestrator.trial import sources
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.eval_sets import EvalSets, under_set
-from orchestrator.trial.models import resolve_model
-from orchestrator.trial.sampling import step_seed
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.actors.models import resolve_model
+from orchestrator.trial.collect import sources
+from orchestrator.trial.collect.eval_sets import EvalSets, under_set
+from orchestrator.trial.collect.sampling import step_seed
 from workers.models.loading import load_tokenizer
 from workers.rollout.output import Completion, Generation
 from workers.tasks import make_task

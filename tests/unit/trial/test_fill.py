@@ -1,4 +1,4 @@
-"""The refill loop (orchestrator/trial/fill.py) on scripted reward streams: a fake source hands out groups whose
+"""The refill loop (orchestrator/trial/collect/fill.py) on scripted reward streams: a fake source hands out groups whose
 rewards come from a fixed stream, one group per prompt of a task cursor, so every expected count and choice below
 is read off the stream by hand."""
 
@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from orchestrator.config.trial import TrialConfig
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.fill import gather
-from orchestrator.trial.sampling import step_seed
-from orchestrator.trial.sources import Rollouts, merge_metrics
-from orchestrator.trial.step import prepare
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.collect.fill import gather
+from orchestrator.trial.collect.rollouts import Rollouts, merge_metrics
+from orchestrator.trial.collect.sampling import step_seed
+from orchestrator.trial.step.sequence import prepare
 from workers.credit import SepaController
 from workers.credit.config import SepaConfig
 from workers.rollout.output import Completion, Generation
@@ -217,7 +217,7 @@ def test_single_turn_source_rounds_seeds_cursor_and_length_flags(tmp_path, monke
     them truncated; a restored cursor replays the refilled step exactly."""
     from types import SimpleNamespace
 
-    import orchestrator.trial.sources as sources
+    import orchestrator.trial.collect.sources as sources
     from workers.models.loading import build_tiny_model, load_tokenizer
     from workers.tasks import make_task
 

@@ -1,16 +1,15 @@
-"""The rollout source of a mixed task (orchestrator/trial/mixed.py) on scripted member sources: a step's groups
+"""The rollout source of a mixed task (orchestrator/trial/collect/mixed.py) on scripted member sources: a step's groups
 are the members' in the mix's order, a single-turn member's groups carry one turn each beside episodes, the
 metrics are per member beside the totals, and refill / skip_uninformative still work group by group."""
 
 from __future__ import annotations
 
 from orchestrator.config.trial import TrialConfig
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.fill import gather
-from orchestrator.trial.mixed import MixedSource, as_turns
-from orchestrator.trial.samples import SampleGroup
-from orchestrator.trial.sources import HeldOut, Rollouts
-from orchestrator.trial.step import prepare
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.collect.fill import gather
+from orchestrator.trial.collect.mixed import MixedSource, as_turns
+from orchestrator.trial.collect.rollouts import HeldOut, Rollouts, SampleGroup
+from orchestrator.trial.step.sequence import prepare
 from workers.credit import SepaController
 from workers.credit.config import SepaConfig
 

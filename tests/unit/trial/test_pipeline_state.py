@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import math
 
-from orchestrator.trial.prefetch import (
+from orchestrator.trial.collect.rollouts import Rollouts
+from orchestrator.trial.step.prefetch import (
     PREFETCH_FILE,
     load_pending,
     rollouts_from_json,
     rollouts_to_json,
 )
-from orchestrator.trial.sources import Rollouts
-from orchestrator.trial.step import TrainingStep
+from orchestrator.trial.step.sequence import TrainingStep
 
 
 def _roll() -> Rollouts:
@@ -35,8 +35,8 @@ def test_round_trip_is_exact():
 
 def test_save_and_load_pending(tmp_path):
     from orchestrator.config.trial import TrialConfig
-    from orchestrator.trial.context import TrialContext
-    from orchestrator.trial.sources import rollout_source
+    from orchestrator.trial.actors.context import TrialContext
+    from orchestrator.trial.collect.sources import rollout_source
 
     ctx = TrialContext(TrialConfig(), [], None, None, None, None)
     pipe = TrainingStep(ctx, rollout_source(ctx), overlap=True)

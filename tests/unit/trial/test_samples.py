@@ -9,10 +9,9 @@ import pytest
 from orchestrator.config.trial import TrialConfig
 from orchestrator.storage import gzip_jsonl as encode
 from orchestrator.storage import read_gzip_jsonl
-from orchestrator.trial.samples import (
+from orchestrator.trial.artifacts.samples import (
     ROW_KEYS,
     Credit,
-    SampleGroup,
     SamplesWriter,
     SampleText,
     TrialSamples,
@@ -20,7 +19,8 @@ from orchestrator.trial.samples import (
     runs,
     sample_rows,
 )
-from orchestrator.trial.step import StepOutcome
+from orchestrator.trial.collect.rollouts import SampleGroup
+from orchestrator.trial.step.sequence import StepOutcome
 
 
 class PieceTokenizer:

@@ -22,16 +22,9 @@ import numpy as np
 
 from orchestrator.config.members import member_trials
 from orchestrator.tracking.names import EPISODE
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.samples import SampleGroup
-from orchestrator.trial.sources import (
-    EpisodeSource,
-    HeldOut,
-    Rollouts,
-    RolloutSource,
-    SingleTurnSource,
-    rollout_source,
-)
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.collect.rollouts import HeldOut, Rollouts, SampleGroup
+from orchestrator.trial.collect.sources import EpisodeSource, RolloutSource, SingleTurnSource, rollout_source
 from workers.tasks.mix import MixConfig
 
 EVAL_TOTALS = ("eval/pass@1", "eval/pass@k")  # weighted by each member's problems

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from orchestrator.config.trial import TrialConfig
-from orchestrator.trial.context import TrialContext
+from orchestrator.trial.actors.context import TrialContext
 from workers.envs.tokens import stop_token_ids
 from workers.rollout.output import Generation
 from workers.rollout.worker import SamplingRequest

@@ -4,11 +4,11 @@ evaluation. The step only calls `collect(step)` and `evaluate(step)` on it, whic
 
 from __future__ import annotations
 
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.fill import Refill
-from orchestrator.trial.mixed import task_source
-from orchestrator.trial.replay import replay_source
-from orchestrator.trial.sources import RolloutSource
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.artifacts.replay import replay_source
+from orchestrator.trial.collect.fill import Refill
+from orchestrator.trial.collect.mixed import task_source
+from orchestrator.trial.collect.sources import RolloutSource
 
 
 def trial_source(ctx: TrialContext) -> RolloutSource:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from orchestrator.trial.calls import Calls, check_health
+from orchestrator.trial.actors.calls import Calls, check_health
 from workers.rollout.output import Generation
 from workers.rollout.worker import SamplingRequest, shard
 from workers.sync.policy import PolicyUpdate, push

@@ -20,33 +20,15 @@ from dataclasses import dataclass
 
 from orchestrator import storage as store
 from orchestrator.storage import EVENTS_FILE, SAMPLES_DIR, gzip_jsonl, samples_file
+from orchestrator.trial.collect.rollouts import SampleGroup
 
 ROW_KEYS = ("step", "split", "group", "problem", "sample", "prompt", "completion", "turns", "reward", "correct",
             "episode_advantage", "token_advantage", "length", "truncated", "planning_spans", "adapter_version",
             "trained")
 
 
-@dataclass
-class SampleGroup:
-    """One prompt's (or level's) G completions as token ids, with their scores. `loss_mask[g]`: True on the
-    sampled ids (None: the whole response was sampled, the single-turn case)."""
-
-    problem: str
-    prompt: str
-    response_ids: list[list[int]]
-    rewards: list[float]
-    correct: list[bool]
-    truncated: list[bool]
-    loss_mask: list[list[bool]] | None = None
-
-
-def group_info(problem: str, prompt: str, truncated: list[bool]) -> dict:
-    """A rollout source's per-group metadata (`Rollouts.groups_info`): what the ids do not say."""
-    return {"problem": problem, "prompt": prompt, "truncated": list(truncated)}
-
-
 def train_groups(roll, count: int) -> list[SampleGroup]:
-    """The first `count` groups of a step's `Rollouts` (orchestrator/trial/sources.py) with their metadata."""
+    """The first `count` groups of a step's `Rollouts` (orchestrator/trial/collect/sources.py) with their metadata."""
     out = []
     for i, info in enumerate(roll.groups_info[:count]):
         out.append(SampleGroup(info["problem"], info["prompt"], roll.response_ids[i], roll.rewards[i],
@@ -174,7 +156,7 @@ class TrialSamples:
         self.writer = SamplesWriter(out_dir, self.settings.max_mb)
 
     def record(self, step: int, outcome, eval_version: int) -> dict[str, list[dict]]:
-        """Writes what `logging.samples` asks for of a step's outcome (orchestrator/trial/step.py: its rollouts,
+        """Writes what `logging.samples` asks for of a step's outcome (orchestrator/trial/step/sequence.py: its rollouts,
         kept groups and advantages, and the held-out generations). Returns {"samples/train" | "samples/eval":
         rows} of the files written."""
         roll, kept, row = outcome.rollouts, outcome.kept, outcome.row

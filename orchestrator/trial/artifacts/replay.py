@@ -1,6 +1,6 @@
 """`python -m orchestrator trial CONFIG --replay RUN_DIR`: train on a run's saved batches instead of sampling.
 
-A run with `logging: {batches: true}` saved every step's groups (orchestrator/trial/batches.py). A replay is an
+A run with `logging: {batches: true}` saved every step's groups (orchestrator/trial/artifacts/batches.py). A replay is an
 ordinary rollout source whose `collect` of step t is the saved groups of step t, handed to `step.prepare` where a
 sampled step's would go, so the
 learner side runs under the replaying trial's own settings (credit, learner, interventions, the group filter
@@ -31,9 +31,10 @@ from orchestrator import storage as store
 from orchestrator.config.errors import UserError
 from orchestrator.config.trial import TrialConfig
 from orchestrator.storage import BATCHES_DIR, TRIAL_CONFIG_FILE, batch_file
-from orchestrator.trial.batches import read_batch
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.sources import HeldOut, Rollouts, RolloutSource
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.artifacts.batches import read_batch
+from orchestrator.trial.collect.rollouts import HeldOut, Rollouts
+from orchestrator.trial.collect.sources import RolloutSource
 
 
 def run_location(run_dir: str) -> str:
@@ -77,7 +78,7 @@ def mismatches(cfg: TrialConfig, header: dict, tokenizer: str | None = None) -> 
 def _tokenizer_of(cfg: TrialConfig) -> str | None:
     """The replaying trial's tokenizer fingerprint, None where its tokenizer is not on this machine (a hub model
     not downloaded here: the trial checks it itself, `ReplaySource`)."""
-    from orchestrator.trial.models import local_tokenizer
+    from orchestrator.trial.actors.models import local_tokenizer
     from workers.models.loading import tokenizer_fingerprint
 
     tok = local_tokenizer(cfg.model)

@@ -10,11 +10,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.fill import usable_groups
-from orchestrator.trial.prefetch import save_pending
-from orchestrator.trial.samples import SampleGroup
-from orchestrator.trial.sources import Rollouts, RolloutSource
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.collect.fill import usable_groups
+from orchestrator.trial.collect.rollouts import Rollouts, SampleGroup
+from orchestrator.trial.collect.sources import RolloutSource
+from orchestrator.trial.step.prefetch import save_pending
 from workers.credit import SepaController
 from workers.learner.inputs import LearnerBatch, StepResult
 

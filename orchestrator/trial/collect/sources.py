@@ -7,7 +7,7 @@ in here: implement the two methods of `RolloutSource` and return it from `rollou
 
 - `SingleTurnSource`: prompts -> `rollout.n` completions each -> the task's rewards (a group shares a prompt).
 - `EpisodeSource` (agentic tasks): levels -> `rollout.n` multi-turn episodes each -> episode returns (a group
-  plays one level; orchestrator/trial/episodes.py plays them).
+  plays one level; orchestrator/trial/collect/episodes.py plays them).
 
 Both keep training's randomness a pure function of (seed, step, round): sampling seeds come from `step_seed`
 (round 0 keeps the seeds of runs without refill), the task cursor advances once per `collect` (one refill round),
@@ -16,116 +16,21 @@ and `evaluate` uses its own seeds and no cursor, so resumes stay equivalent.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.episodes import episode_metrics, play_episodes
-from orchestrator.trial.evaluation import pass_at_k
-from orchestrator.trial.samples import SampleGroup, group_info
-from orchestrator.trial.sampling import sample, step_seed
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.collect.episodes import episode_metrics, play_episodes
+from orchestrator.trial.collect.evaluation import pass_at_k
+from orchestrator.trial.collect.rollouts import HeldOut, Rollouts, SampleGroup, group_info
+from orchestrator.trial.collect.sampling import sample, step_seed
 from workers.envs.tokens import first_prompt_ids
 from workers.rollout.output import Completion
 
 EVAL_SEED_OFFSET = 104_729  # held-out sampling seeds: trial seed + this, never training's
-
-
-@dataclass
-class Rollouts:
-    """One step's samples in groups (group i shares a prompt or a level). Lists are `[N][G][*]` / `[N][G]`;
-    response ids, loss mask and log-probs are aligned (single-turn: the completion, all in the loss mask).
-
-    Every list field of length N is per group (`select` / `concat` carry it without naming it); an empty list
-    means "not recorded". `truncated` / `lengths` ([N][G]): the sample hit its length limit (single-turn: the
-    completion stopped at rollout.max_tokens; multi-turn: a turn did, or the episode ran out of context) and
-    the length rollout.overlong measures against max_tokens. `train` ([N]): the refill's choice of the groups
-    the learner trains on (orchestrator/trial/fill.py); empty: every usable group."""
-
-    prompt_ids: list[list[list[int]]]
-    response_ids: list[list[list[int]]]
-    loss_mask: list[list[list[bool]]]
-    logprobs: list[list[list[float]]]
-    rewards: list[list[float]]
-    correct: list[list[bool]]
-    num_tokens: int
-    versions: set
-    metrics: dict
-    extra: dict = field(default_factory=dict)  # per-sequence extras for the learner ([N][G][*] lists)
-    groups_info: list[dict] = field(default_factory=list)  # [N] per-group metadata (samples.py: group_info)
-    truncated: list[list[bool]] = field(default_factory=list)
-    lengths: list[list[int]] = field(default_factory=list)
-    train: list[bool] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.rewards)
-
-    def _group_fields(self) -> list[str]:
-        return [f.name for f in dataclasses.fields(self)
-                if isinstance(getattr(self, f.name), list) and len(getattr(self, f.name)) == len(self)]
-
-    def select(self, indices: list[int]) -> Rollouts:
-        """The groups at `indices`, in that order, with every per-group field and extra; `num_tokens` becomes the
-        selected groups' sampled (loss-mask) tokens, `metrics` is kept as is."""
-        picked = {name: [getattr(self, name)[i] for i in indices] for name in self._group_fields()}
-        extra = {k: [v[i] for i in indices] for k, v in self.extra.items()}
-        tokens = sum(sum(m) for i in indices for m in self.loss_mask[i])
-        return dataclasses.replace(self, **picked, extra=extra, num_tokens=tokens, metrics=dict(self.metrics))
-
-    @staticmethod
-    def concat(parts: list[Rollouts]) -> Rollouts:
-        """The groups of `parts` one after another (refill rounds): per-group fields and extras concatenated,
-        tokens summed, versions united, metrics merged by `merge_metrics`. A per-group field recorded in some
-        parts and not in others is an error."""
-        if len(parts) == 1:
-            return parts[0]
-        first, values = parts[0], {}
-        for f in dataclasses.fields(first):
-            if not isinstance(getattr(first, f.name), list):
-                continue
-            have = [len(getattr(p, f.name)) == len(p) and len(p) > 0 for p in parts]
-            if any(have) and not all(have):
-                raise ValueError(f"Rollouts.concat: per-group field {f.name!r} is missing in some parts")
-            values[f.name] = [x for p in parts for x in getattr(p, f.name)] if all(have) else []
-        keys = set(first.extra)
-        if any(set(p.extra) != keys for p in parts):
-            raise ValueError("Rollouts.concat: the parts carry different extras")
-        return dataclasses.replace(
-            first, **values, extra={k: [x for p in parts for x in p.extra[k]] for k in first.extra},
-            num_tokens=sum(p.num_tokens for p in parts), versions=set().union(*(p.versions for p in parts)),
-            metrics=merge_metrics([p.metrics for p in parts], [len(p) for p in parts]))
-
-
-@dataclass
-class HeldOut:
-    """A source's held-out evaluation: its metrics (`eval/pass@1`, `eval/pass@k`, `eval/k`, `eval/problems`,
-    `time/eval_s`, ...; empty when the task has no held-out set) and its generations (for the samples files)."""
-
-    metrics: dict[str, float] = field(default_factory=dict)
-    samples: list[SampleGroup] = field(default_factory=list)
-
-
-def merge_metrics(rows: list[dict], weights: list[int]) -> dict:
-    """Refill rounds' metrics as one step's: `time/*` and counts (`*_errors`, `*_timeouts`, `*_masked`) summed,
-    `*min*` / `*max*` keys by min / max, everything else (rates, means) averaged weighted by groups."""
-    out: dict = {}
-    for key in dict.fromkeys(k for r in rows for k in r):
-        vals = [(r[key], w) for r, w in zip(rows, weights, strict=True) if key in r]
-        xs = [v for v, _ in vals]
-        if key.startswith("time/") or key.endswith(("_errors", "_timeouts", "_masked")):
-            out[key] = sum(xs)
-        elif "min" in key.rsplit("/", 1)[-1]:
-            out[key] = min(xs)
-        elif "max" in key.rsplit("/", 1)[-1]:
-            out[key] = max(xs)
-        else:
-            total = sum(w for _, w in vals)
-            out[key] = sum(v * w for v, w in vals) / total if total else xs[0]
-    return out
 
 
 class RolloutSource(Protocol):

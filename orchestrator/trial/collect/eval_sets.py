@@ -15,9 +15,9 @@ import dataclasses
 from orchestrator.config.eval_sets import EvalSetConfig
 from orchestrator.config.sections import EvalConfig
 from orchestrator.tracking.names import eval_set_metric, eval_set_time
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.sampling import action_ids
-from orchestrator.trial.sources import rollout_source
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.collect.sampling import action_ids
+from orchestrator.trial.collect.sources import rollout_source
 from workers.tasks import make_task
 
 

@@ -6,7 +6,7 @@ new adapter and loads it on the workers. Generation and training overlap; the ba
 version stale (`rollout/staleness`), which the learner corrects per token with the truncated importance weight
 min(pi_old / pi_rollout, C) (`rollout.tis_cap`; pi_old is the learner's recomputed log-prob, pi_rollout vLLM's).
 
-The step itself is the sync step's (orchestrator/trial/step.py: `TrainingStep` with `overlap`): the same seeds, task cursor order (next_batch for t+1 runs after step t's, as in sync), SEPA
+The step itself is the sync step's (orchestrator/trial/step/sequence.py: `TrainingStep` with `overlap`): the same seeds, task cursor order (next_batch for t+1 runs after step t's, as in sync), SEPA
 lambda and observation order, filtering and metrics. The prefetched batch and the version it was sampled with
 are saved in the checkpoint (`PREFETCH_FILE`), so a restored trial trains on exactly the batch the uninterrupted
 one would have (regenerating it would need the previous adapter).
@@ -18,7 +18,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from orchestrator.trial.sources import Rollouts
+from orchestrator.trial.collect.rollouts import Rollouts
 
 PREFETCH_FILE = "prefetch.json"
 

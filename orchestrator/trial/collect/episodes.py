@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from orchestrator.config.trial import TrialConfig
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.sampling import sample, step_seed
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.collect.sampling import sample, step_seed
 from workers.envs import TextEpisode
 from workers.envs.tokens import (
     closing_length,

@@ -2,7 +2,7 @@
 learner trains -> engines wake their weights -> weight sync -> engines wake their KV cache -> (evaluation, next
 step's generation). The sync's transfer buffers and the KV cache never hold GPU memory at the same time.
 
-Three calls in the step (orchestrator/trial/step.py: `TrainingStep.run`) drive it: `before_train` after the step's groups are
+Three calls in the step (orchestrator/trial/step/sequence.py: `TrainingStep.run`) drive it: `before_train` after the step's groups are
 collected, `before_sync` after the learner's update and `after_sync` once the new policy is loaded. Each phase
 boundary is one line in the trial's events.jsonl ({"event": "phase", "step", "phase", "time"}; phases
 "generated", "asleep", "trained", "weights_awake", "synced", "awake"), so the order can be read back. A
@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 from orchestrator import storage as store
-from orchestrator.trial.ports import Engines, Learner
+from orchestrator.trial.actors.ports import Engines, Learner
 
 
 class Phases:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from orchestrator.config.trial import RolloutConfig, TrialConfig
-from orchestrator.trial.sources import HeldOut, Rollouts, RolloutSource
+from orchestrator.trial.collect.rollouts import HeldOut, Rollouts
+from orchestrator.trial.collect.sources import RolloutSource
 from workers.objectives.filters import FiniteCheck, RVFilterResult, nonfinite_groups, rv_filter
 from workers.objectives.overlong import soft_overlong_penalty
 
