@@ -23,7 +23,7 @@ from orchestrator import storage as store
 from orchestrator.config.trial import TrialConfig, sepa_settings
 from orchestrator.storage import EVENTS_FILE, METRICS_FILE, PLACEMENT_FILE, STATE_FILE
 from orchestrator.tracking.run import TrialTracker
-from orchestrator.trial.actors.calls import Calls, Deadlines, Hang
+from orchestrator.trial.actors.calls import Calls, Deadlines, Hang, check_health
 from orchestrator.trial.actors.context import TrialContext
 from orchestrator.trial.actors.engines import RolloutEngines
 from orchestrator.trial.actors.learner_group import LearnerGroup
@@ -164,7 +164,7 @@ def run_trial(config: dict) -> None:
     engines = RolloutEngines(workers, calls)  # the step's Engines (orchestrator/trial/actors/ports.py)
     _restore_actors(resume, learner, engines, task, sepa, f"{out_dir} checkpoint of step {resume.start - 1}")
     calls.get([w.ready.remote() for w in workers], "setup", rollout_names(workers))
-    health = engines.health()  # also: the engines' pids, for the placement record
+    health = check_health(calls, rollout_names(workers))  # also: the engines' pids, for the placement record
     store.write_text(store.join(out_dir, PLACEMENT_FILE),
                      json.dumps(placement_record(pg, workers, learner, health, cfg.resources.placement)))
     tracker = TrialTracker(cfg)

@@ -36,8 +36,8 @@ class RolloutEngines:
             return update.version
         return push(self.workers, update, wait=lambda refs: self.calls.get(refs, "sync", self.names))
 
-    def health(self) -> list[dict]:
-        return check_health(self.calls, self.names)
+    def health(self) -> None:
+        check_health(self.calls, self.names)
 
     def sleep(self, level: int) -> None:
         self.calls.get([w.sleep.remote(level) for w in self.workers], "sync", self.names)

@@ -33,8 +33,9 @@ class Engines(Protocol):
         """`update` on every engine; its version once every engine holds it."""
         ...
 
-    def health(self) -> list[dict]:
-        """Every engine's health answer (`ok`, its processes); a frozen or sick one fails the trial here."""
+    def health(self) -> None:
+        """Every engine answers its health check in time and is well; a frozen or sick one fails the trial here
+        (calls.py: PhaseTimeout, the trial retried)."""
         ...
 
     def sleep(self, level: int) -> None:

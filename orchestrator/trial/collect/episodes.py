@@ -82,10 +82,19 @@ class Trajectory:
         return self.episode.done or self.truncated
 
 
+@dataclass(frozen=True)
+class Played:
+    """What playing a batch of episodes sampled: tokens, the policy versions that sampled them, turns played."""
+
+    num_tokens: int
+    versions: set
+    turns: int
+
+
 def play_episodes(ctx: TrialContext, episodes: list[TextEpisode], *, seed: int, step: int,
-                  temperature: float, round: int = 0, phase: str = "generate") -> tuple[list[Trajectory], dict]:
-    """Play `episodes` to the end (sampling seeds of refill round `round`); returns their trajectories and
-    {"num_tokens", "versions", "turns"}. Each turn's sampling waits under `phase`'s deadline (generate, or eval)."""
+                  temperature: float, round: int = 0, phase: str = "generate") -> tuple[list[Trajectory], Played]:
+    """Play `episodes` to the end (sampling seeds of refill round `round`); returns their trajectories and what
+    was sampled (`Played`). Each turn's sampling waits under `phase`'s deadline (generate, or eval)."""
     cfg, engines, tokenizer = ctx.cfg, ctx.engines, ctx.tokenizer
     ro, limit = cfg.rollout, cfg.model.max_model_len
     segments = cfg.learner.loss_mask == "assistant_segments"
@@ -123,7 +132,7 @@ def play_episodes(ctx: TrialContext, episodes: list[TextEpisode], *, seed: int, 
                      sampled=False, context=obs)
             t.observations.append(out.observation)
         turn += 1
-    return trajs, {"num_tokens": num_tokens, "versions": versions, "turns": turn}
+    return trajs, Played(num_tokens, versions, turn)
 
 
 def _start(tokenizer, ep: TextEpisode, segments: bool) -> Trajectory:

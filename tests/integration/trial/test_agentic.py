@@ -73,7 +73,7 @@ def test_multi_turn_batch_is_token_exact_and_matches_the_learner(ray_local, agen
     ctx = TrialContext(cfg, [worker], None, tok, task, None)
     trajs, info = episodes.play_episodes(ctx, eps, seed=0, step=0, temperature=1.0)
     shutdown_actors([worker])
-    assert info["turns"] >= 2 and any(len(t.observations) >= 2 for t in trajs)
+    assert info.turns >= 2 and any(len(t.observations) >= 2 for t in trajs)
 
     # per trajectory: the samples vLLM gave it, turn by turn (an episode drops out of later turns when done)
     sampled = [[] for _ in trajs]
