@@ -291,6 +291,10 @@ class TrialConfig(_Strict):
             _refuse(("rollout", "fill", "groups"), ro.fill.groups,
                     f"{ro.fill.groups} can never be reached: task.mix samples {total} groups a round, "
                     f"{total * ro.fill.max_rounds} in fill.max_rounds rounds")
+        if ro.fill is not None and ro.fill.groups != total:
+            _refuse(("rollout", "fill", "groups"), ro.fill.groups,
+                    f"{ro.fill.groups} differs from task.mix's groups ({total}): a mix refills each member to its "
+                    f"own groups, so fill.groups must be their sum, {total}")
         if self.interventions.probability_floor.is_active:
             _refuse(("interventions", "probability_floor"), None,
                     "needs one action set per trial: not available with task.mix")

@@ -79,13 +79,15 @@ def _step(cfg: TrialConfig) -> set[str]:
 
 def per_task(cfg: TrialConfig) -> set[str]:
     """A mixed task's per-member metrics (orchestrator/trial/collect/mixed.py), none for one task:
-    `train/<label>/correct_rate`, `env/<label>/success` (multi-turn members), `eval/<label>/pass@1` and a
-    multi-turn member's `eval/<label>/<episode metric>`."""
+    `train/<label>/correct_rate`, `train/<label>/fill_short` (under rollout.fill), `env/<label>/success`
+    (multi-turn members), `eval/<label>/pass@1` and a multi-turn member's `eval/<label>/<episode metric>`."""
     if not is_mix(cfg):
         return set()
     names = set()
     for label, part in member_trials(cfg):
         names.add(f"train/{label}/correct_rate")
+        if cfg.rollout.fill is not None:
+            names.add(f"train/{label}/fill_short")
         if part.task.agentic:
             names.add(f"env/{label}/success")
         if cfg.eval.every:

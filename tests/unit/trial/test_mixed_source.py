@@ -4,9 +4,10 @@ metrics are per member beside the totals, and refill / skip_uninformative still 
 
 from __future__ import annotations
 
+from orchestrator.config.members import member_trials
 from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.actors.context import TrialContext
-from orchestrator.trial.collect.fill import gather
+from orchestrator.trial.collect.fill import Refill, gather
 from orchestrator.trial.collect.mixed import MixedSource, as_turns
 from orchestrator.trial.collect.rollouts import HeldOut, Rollouts, SampleGroup
 from orchestrator.trial.step.sequence import prepare
@@ -96,14 +97,59 @@ def test_prepare_builds_one_batch_with_turns_for_every_group():
     assert batch.turn_rewards == [[1.0], [0.0], [1.0], [0.0]] and batch.reward_positions == [[2]] * 4
 
 
-def test_refill_asks_every_member_again_and_picks_groups_in_order():
-    cfg = _cfg(fill={"groups": 4, "max_rounds": 3})
+def _filled(cfg: TrialConfig, members: dict[str, Member]) -> MixedSource:
+    """The mix as the trial builds it (mixed.py: task_source): each member refilled under its own config."""
+    cfgs = dict(member_trials(cfg))
+    return MixedSource([(label, Refill(cfgs[label], members[label])) for label in cfgs],
+                       {label: c.rollout.fill.groups for label, c in cfgs.items()})
+
+
+def _trained(roll: Rollouts) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for g, t in zip(roll.groups_info, roll.train, strict=True):
+        if t:
+            label, problem = g["problem"].split("/")
+            out.setdefault(label, []).append(problem)
+    return out
+
+
+def test_refill_fills_each_member_to_its_own_groups():
+    cfg = _cfg(fill={"groups": 3, "max_rounds": 3})
     chain, lake = Member("chain", 2, [UNI, UNI, INF, INF]), Member("lake", 1, [INF], episodes=True)
-    roll = gather(cfg, MixedSource([("chain", chain), ("lake", lake)]), step=1)
-    # round 0: chain UNI UNI, lake INF -> 1 usable; round 1: chain INF INF, lake INF -> 3 more
-    assert chain.calls == lake.calls == [(1, 0), (1, 1)]
-    assert roll.train == [False, False, True, True, True, True] and roll.metrics["train/fill_rounds"] == 2
+    roll = _filled(cfg, {"chain": chain, "lake": lake}).collect(1)
+    # chain: round 0 UNI UNI -> none usable, round 1 INF INF -> its 2; lake: round 0 INF -> its 1, asked no more
+    assert chain.calls == [(1, 0), (1, 1)] and lake.calls == [(1, 0)]
+    assert roll.train == [False, False, True, True, True] and roll.metrics["train/fill_rounds"] == 2
     assert roll.metrics["train/chain/correct_rate"] == (1.0 + 0.5) / 2  # its groups over both rounds
+    assert roll.metrics["train/chain/fill_short"] == roll.metrics["train/lake/fill_short"] == 0
+
+
+def _reversed(cfg: TrialConfig) -> TrialConfig:
+    mix = [m.model_dump() for m in cfg.task.mix]
+    return TrialConfig(model={"name": "tiny-agent"}, task={"mix": mix[::-1]}, rollout=cfg.rollout.model_dump())
+
+
+def test_a_mix_with_fill_trains_each_members_asked_groups_in_either_order():
+    """chain asks 2 groups, lake 1; whichever member comes first, each trains exactly its share, the same
+    groups (with one refill over the whole batch, the first member's usable groups crowded the other out)."""
+    cfg = _cfg(fill={"groups": 3, "max_rounds": 3})
+    got = []
+    for c in (cfg, _reversed(cfg)):
+        members = {"chain": Member("chain", 2, [INF, INF, INF]), "lake": Member("lake", 1, [UNI, UNI, INF])}
+        roll = _filled(c, members).collect(0)
+        got.append(_trained(roll))
+        assert {k: len(v) for k, v in got[-1].items()} == {"chain": 2, "lake": 1}
+        assert members["chain"].calls == [(0, 0)] and members["lake"].calls == [(0, 0), (0, 1), (0, 2)]
+        assert roll.metrics["train/fill_rounds"] == 3
+    assert got[0] == got[1] == {"chain": ["p0", "p1"], "lake": ["p2"]}
+
+
+def test_a_member_that_cannot_fill_is_reported_short():
+    cfg = _cfg(fill={"groups": 3, "max_rounds": 2})
+    roll = _filled(cfg, {"chain": Member("chain", 2, [INF]), "lake": Member("lake", 1, [UNI], episodes=True)}
+                   ).collect(0)
+    assert _trained(roll) == {"chain": ["p0", "p1"]} and roll.metrics["train/fill_rounds"] == 2
+    assert roll.metrics["train/chain/fill_short"] == 0 and roll.metrics["train/lake/fill_short"] == 1
 
 
 def test_evaluate_totals_over_every_member_and_each_members_own():
