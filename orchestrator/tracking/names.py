@@ -1,6 +1,6 @@
 """The one list of the metric names a trial logs, and which trial config logs which.
 
-The producers are spread over the step (orchestrator/trial/step/sequence.py, sources.py, episodes.py, one_step_off.py) and the
+The producers are spread over the step (orchestrator/trial/step/sequence.py, collect/sources.py, collect/episodes.py) and the
 learner (workers/learner/metrics.py, objectives.py, filters.py, credit/); this module names what they write so
 that the tracker can flag a key nobody listed and the dashboard (orchestrator/tracking/dashboard.py) never draws a panel
 over a metric no trial logs. `logged_metrics(cfg)` is the exact set of history keys a trial of `cfg` writes
@@ -31,7 +31,7 @@ FLOOR_CLASSES = ("planning", "execution", "all")
 EVAL_SET = ("pass@1", "pass@k", "k", "problems")  # eval/<set>/<name> (orchestrator/trial/collect/eval_sets.py)
 OFFLINE_EVAL = ("pass@1", "pass@k")  # the measures `eval` writes and the report compares (trials/<t>/eval/<set>.csv)
 EFFECTIVE_BATCH = ("train/groups_sampled", "train/groups_informative", "train/tokens_trained", "train/overlong_share",
-                   "train/fill_rounds")  # step.py: prepare; fill.py: gather (the report's effective batch)
+                   "train/fill_rounds")  # trial/step/sequence.py: prepare; trial/collect/fill.py: gather (the report's effective batch)
 
 
 def report_metric(cfg: TrialConfig) -> str:
@@ -42,7 +42,7 @@ def report_metric(cfg: TrialConfig) -> str:
 
 
 def _step(cfg: TrialConfig) -> set[str]:
-    """Every step's row (orchestrator/trial/step/sequence.py: prepare, one_step; one_step_off.py; filters.nonfinite_groups)."""
+    """Every step's row (orchestrator/trial/step/sequence.py: prepare, TrainingStep.run; filters.nonfinite_groups)."""
     names = {"train/correct_rate", "train/reward_mean", "train/groups_kept", "train/groups_skipped_all_correct",
              "train/groups_skipped_all_wrong", "train/completion_len", "rollout/tokens_per_s",
              "rollout/adapter_version", "credit/sepa_lambda", "credit/sepa_gate_open", "train/nonfinite_groups",

@@ -1,7 +1,7 @@
 """Which groups of a step reach the learner, and the refill that keeps their number fixed (`rollout.fill`):
 `Refill`, a rollout source around any other, whose one `collect` is a whole step's rounds.
 
-`usable_groups` is the one rule (step.py's `prepare` and the refill both use it): a group is usable when its
+`usable_groups` is the one rule (step/sequence.py's `prepare` and the refill both use it): a group is usable when its
 rewards and sampled log-probs are finite, the RV filter keeps it, it still has a token in the loss, and (with
 rollout.skip_uninformative) its rewards are not all equal. `gather` runs the refill rounds: round r asks the
 source for `prompts_per_step` fresh groups (the task cursor moves once per round, so a checkpoint after the step

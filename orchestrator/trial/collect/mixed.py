@@ -11,7 +11,7 @@ groups it is short of its share). Member i's problems, levels and sampling seeds
 seed, step, round, i), and the checkpoint holds every member's cursor (`MixedTask.state_dict`), so a resumed trial
 replays them. The step's `train/fill_rounds` is the most rounds a member needed.
 
-Metrics: the step's totals are over the whole batch as for one task (step.py); beside them each member's
+Metrics: the step's totals are over the whole batch as for one task (step/sequence.py); beside them each member's
 `train/<label>/correct_rate`, and for a multi-turn member `env/<label>/success` (the `env/*` totals are over the
 multi-turn members' episodes). Held out: `eval/<label>/pass@1` (a multi-turn member's `eval/*` episode metrics
 as `eval/<label>/*`) and the totals `eval/pass@1` / `eval/pass@k` over every member's problems. Sample files

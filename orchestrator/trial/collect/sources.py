@@ -1,7 +1,7 @@
 """Where a trial's samples come from: the rollout-source interface and its two implementations.
 
 A source turns the task into one step's groups of samples (`collect`) and measures the current policy on the
-task's held-out set (`evaluate`). The step loop (step.py, one_step_off.py) only asks a source for a batch and
+task's held-out set (`evaluate`). The step (orchestrator/trial/step/sequence.py) only asks a source for a batch and
 never branches on the kind of task; `rollout_source` picks the source once per trial. A new kind of task plugs
 in here: implement the two methods of `RolloutSource` and return it from `rollout_source`.
 
