@@ -196,6 +196,7 @@ BOUNDARIES = {
     "orchestrator.trial.step.sequence": ["TrainingStep", "prepare", "absorb", "push_policy"],
     "orchestrator.trial.step.trial_source": ["trial_source"],
     "workers.rollout.worker": ["RolloutWorker.generate", "RolloutWorker.apply_policy"],  # the engine's own side
+    "orchestrator.evaluate.engine": ["EvalEngine.generate"],  # the offline evaluation's engine
     "workers.learner.learner": ["Learner.train_step", "Learner.export_policy"],  # the learner's own side
 }
 MAX_MODULES = 15
