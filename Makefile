@@ -24,8 +24,8 @@ $(STAMP): pyproject.toml
 # The tiny local models a fresh machine lacks (about 4 CPU-minutes, each build single-threaded) are built in two
 # background processes while the unit tests run; a test that needs one waits on its cache lock, never builds twice.
 PREBUILD := tmp=$${TMPDIR:-/tmp}; \
-	$(BIN)/python -m workers.models.local tiny-agent > $$tmp/prebuild-agent.log 2>&1 & \
-	$(BIN)/python -m workers.models.local tiny-reasoner tiny-qwen2-base tiny-qwen2-instruct tiny-qwen3 tiny-qwen3-2507 \
+	$(BIN)/python -m workers.tiny.local tiny-agent > $$tmp/prebuild-agent.log 2>&1 & \
+	$(BIN)/python -m workers.tiny.local tiny-reasoner tiny-qwen2-base tiny-qwen2-instruct tiny-qwen3 tiny-qwen3-2507 \
 		> $$tmp/prebuild-models.log 2>&1 &
 
 # Two pytest workers: most of an integration test is waiting on Ray and engine start-ups, so two share the 2 CPU
@@ -69,7 +69,7 @@ trial: setup
 # report. The model is built first (about 2 CPU-minutes, once: cached by its settings) so trials find it ready.
 # Re-running resumes: finished trials are kept, interrupted ones continue from their checkpoints.
 demo: setup
-	$(BIN)/python -m workers.models.reasoner
+	$(BIN)/python -m workers.tiny.reasoner
 	$(BIN)/python -m orchestrator run campaigns/demo.yaml
 	$(BIN)/python -m orchestrator report campaigns/demo.yaml
 	@echo "results: $${ORCHESTRATOR_STORAGE:-results}/demo (trials/<name>/metrics.jsonl, report/report.md + PNGs)"

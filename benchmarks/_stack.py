@@ -2,7 +2,7 @@
 
 `Stack` builds exactly what `orchestrator.trial.loop.run_trial` builds (rollout worker actors, the learner actor,
 tokenizer, task, SEPA controller, action ids: its `TrialContext`, and the rollout source) on a local Ray without a placement group, and runs the loop body
-of either mode (`orchestrator.trial.step.one_step` or `OneStepOff.step`) plus the metrics write run_trial does after every step.
+of either mode (`orchestrator.trial.step.sequence.TrainingStep`, overlapping or not) plus the metrics write run_trial does after every step.
 """
 
 from __future__ import annotations
@@ -51,14 +51,14 @@ class Stack:
 
         from orchestrator import storage as store
         from orchestrator.config.trial import sepa_settings
-        from orchestrator.trial.actors import LearnerRankActor, TrialRolloutActor, rollout_settings
-        from orchestrator.trial.context import TrialContext
-        from orchestrator.trial.learner_group import LearnerGroup
-        from orchestrator.trial.models import resolve_model
-        from orchestrator.trial.one_step_off import OneStepOff
-        from orchestrator.trial.samples import TrialSamples
-        from orchestrator.trial.sampling import action_ids
-        from orchestrator.trial.sources import rollout_source
+        from orchestrator.trial.actors.context import TrialContext
+        from orchestrator.trial.actors.learner_group import LearnerGroup
+        from orchestrator.trial.actors.models import resolve_model
+        from orchestrator.trial.actors.start import LearnerRankActor, TrialRolloutActor, rollout_settings
+        from orchestrator.trial.artifacts.samples import TrialSamples
+        from orchestrator.trial.collect.sampling import action_ids
+        from orchestrator.trial.step.sequence import TrainingStep
+        from orchestrator.trial.step.trial_source import trial_source
         from workers.credit import SepaController
         from workers.learner.inputs import RunSettings
         from workers.models.loading import load_tokenizer
@@ -84,33 +84,29 @@ class Stack:
         ray.get([w.ready.remote() for w in self.workers])
         self.version, self.step_idx, self.rows = 0, 0, []
         self.ctx = TrialContext(cfg, self.workers, self.learner, self.tokenizer, self.task, self.actions)
-        self.source = rollout_source(self.ctx)  # as run_trial: chosen once from the task
-        self.pipe = OneStepOff(self.ctx, self.source)
+        self.source = trial_source(self.ctx)  # as run_trial: chosen once from the task
+        self.steps = {mode: TrainingStep(self.ctx, self.source, overlap=mode == "one_step_off")
+                      for mode in ("sync", "one_step_off")}
         self.metrics_file = Path(tempfile.mkdtemp(prefix="bench-step-")) / store.METRICS_FILE
         self.samples = TrialSamples(cfg, str(self.metrics_file.parent), self.tokenizer)  # written as a trial does
 
     def step(self, mode: str) -> tuple[float, dict]:
         """One loop iteration of `mode` as run_trial runs it (no eval, no Tune report); (wall s, row)."""
         from orchestrator import storage as store
-        from orchestrator.trial.step import one_step
 
         t0 = time.perf_counter()
-        if mode == "one_step_off":
-            row = self.pipe.step(self.step_idx, self.sepa, self.version)
-        else:
-            if self.pipe.pending is not None:  # a sync step after async ones: drop the prefetched batch
-                self.pipe.pending = None
-            row = one_step(self.ctx, self.source, self.step_idx, self.sepa, self.version)
-        self.version = int(row.pop("_version"))
-        row.pop("_uncertainty", None)
-        self.samples.record(self.step_idx, row, self.version)  # pops the step's private keys, as run_trial
+        if mode == "sync":  # a sync step after async ones: drop the prefetched batch
+            self.steps["one_step_off"].pending = None
+        outcome = self.steps[mode].run(self.step_idx, self.sepa, self.version)
+        row, self.version = outcome.row, outcome.version
+        self.samples.record(self.step_idx, outcome, self.version)  # as run_trial
         self.rows.append(row)
         store.write_text(str(self.metrics_file), "".join(json.dumps(r) + "\n" for r in self.rows))
         self.step_idx += 1
         return time.perf_counter() - t0, row
 
     def close(self) -> None:
-        from orchestrator.trial.actors import shutdown_actors
+        from orchestrator.trial.actors.start import shutdown_actors
 
         shutdown_actors(self.workers, self.learner)
         self.task.close()

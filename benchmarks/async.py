@@ -9,7 +9,7 @@ On a CPU box the rollout worker and the learner share the same cores, so overlap
 for the other: the ratio measures how much of the step was idle waiting (Ray round trips, scoring, the driver),
 not the GPU gain. On a GPU machine (worker and learner on their own GPUs) this is the command to run; peers
 report +23-40% for one-step-off at scale. Measured on 2 cores: 0.79-0.93 with vLLM in its own processes (the
-one_step_off default, orchestrator/trial/actors.py:rollout_engine); 0.24 with vLLM inside the rollout actor, whose CPU
+one_step_off default, orchestrator/trial/actors/start.py:rollout_engine); 0.24 with vLLM inside the rollout actor, whose CPU
 worker and the learner then fight over the same cores. Prints the ratio one_step_off / sync steps/s last.
 
     python benchmarks/async.py [--steps 4] [--blocks 2] [--prompts 16] [--n 16] [--max-tokens 48] [--model tiny]

@@ -3,7 +3,7 @@
 One set of actors (benchmarks/_stack.py: run_trial's loop body outside Tune), built as a colocated trial builds
 them (the engine with sleep mode where vLLM has it); blocks alternate `--blocks` times between the separate step
 (the engine never sleeps) and the colocated step (engines sleep after generating and wake, weights then KV cache,
-before the weight sync: orchestrator/trial/phases.py), so both see the same background load. GPUs per trial come
+before the weight sync: orchestrator/trial/actors/phases.py), so both see the same background load. GPUs per trial come
 from the two placements' bundles (orchestrator/config/placement.py), and GPU-seconds per step = step wall x GPUs.
 
 On CPU vLLM has no sleep mode: sleep and wake are recorded no-ops, so the colocated step shows only the phase
@@ -68,7 +68,7 @@ def main() -> None:
 
     from orchestrator.config.placement import trial_gpus, with_placement
     from orchestrator.config.trial import TrialConfig
-    from orchestrator.trial.phases import Phases
+    from orchestrator.trial.actors.phases import Phases
 
     cfg = TrialConfig(
         name="bench_colocate", steps=100_000, model={"name": args.model, "max_model_len": 128},
@@ -84,7 +84,7 @@ def main() -> None:
     stack = Stack(cfg)  # actors without a placement group: on a GPU box both see GPU 0, as a colocated bundle
     level = 1 if cfg.learner.mode == "lora" else 2
     ctx = {"separate": stack.ctx,
-           "colocated": dataclasses.replace(stack.ctx, phases=Phases(stack.workers, stack.learner, None, level))}
+           "colocated": dataclasses.replace(stack.ctx, phases=Phases(stack.ctx.engines, stack.learner, None, level))}
     walls: dict[str, list[float]] = {"separate": [], "colocated": []}
     phases: list[tuple[float, float]] = []
     freed = None

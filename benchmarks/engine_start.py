@@ -31,7 +31,7 @@ def _start(model_dir: str, in_process: bool, prompts: list[list[int]], n: int, m
            ) -> tuple[float, list]:
     import ray
 
-    from orchestrator.trial.actors import shutdown_actors
+    from orchestrator.trial.actors.start import shutdown_actors
     from workers.rollout.worker import RolloutActor, RolloutWorkerSettings, SamplingRequest
 
     t0 = time.perf_counter()
@@ -41,7 +41,7 @@ def _start(model_dir: str, in_process: bool, prompts: list[list[int]], n: int, m
     elapsed = time.perf_counter() - t0
     shutdown_actors([actor])
     time.sleep(2)  # let the killed actor's processes go before the next start
-    return elapsed, [[(c["token_ids"], c["logprobs"]) for c in g] for g in out["completions"]]
+    return elapsed, [[(c.token_ids, c.logprobs) for c in g] for g in out.completions]
 
 
 def main() -> None:

@@ -44,7 +44,7 @@ def main(model_dir: str, prompts: list[list[int]], args: argparse.Namespace) -> 
     import ray
     from vllm import LLM, SamplingParams
 
-    from orchestrator.trial.actors import shutdown_actors
+    from orchestrator.trial.actors.start import shutdown_actors
     from workers.rollout.worker import RolloutActor, RolloutWorkerSettings, SamplingRequest
 
     n, max_tokens = args.n, args.max_tokens
@@ -70,7 +70,7 @@ def main(model_dir: str, prompts: list[list[int]], args: argparse.Namespace) -> 
     def run_worker() -> tuple[float, int, float]:
         t0 = time.perf_counter()
         res = ray.get(actor.generate.remote(prompts, SamplingRequest(**kw)))
-        return time.perf_counter() - t0, res["num_tokens"], res["elapsed_s"]
+        return time.perf_counter() - t0, res.num_tokens, res.elapsed_s
 
     def run_bare() -> tuple[float, int]:
         t0 = time.perf_counter()

@@ -47,7 +47,7 @@ def main() -> None:
 
     from benchmarks.learner import BareStep
     from orchestrator.config.trial import TrialConfig
-    from orchestrator.trial.sampling import step_seed
+    from orchestrator.trial.collect.sampling import step_seed
     from workers.envs.tokens import first_prompt_ids, stop_token_ids
     from workers.learner.inputs import LearnerBatch
     from workers.models.loading import load_model

@@ -44,8 +44,8 @@ def _trial(args: argparse.Namespace) -> int:
         resolve_plugins(cfg.credit)
     except CreditError as exc:
         raise UserError(f"{args.config or '<default trial>'}: credit: {exc}") from None
-    if cfg.replay is not None:  # a run's saved batches instead of sampling (orchestrator/trial/replay.py)
-        from orchestrator.trial.replay import check_replay
+    if cfg.replay is not None:  # a run's saved batches instead of sampling (orchestrator/trial/artifacts/replay.py)
+        from orchestrator.trial.artifacts.replay import check_replay
 
         cfg = cfg.model_copy(update={"replay": check_replay(cfg, cfg.replay, args.config or "<default trial>")})
     from orchestrator.preflight.checks import check_episodes
@@ -54,7 +54,7 @@ def _trial(args: argparse.Namespace) -> int:
 
     check_model_limits(cfg.model, args.config or "<default trial>")
     from orchestrator.preflight.learner_memory import check_learner_memory
-    from orchestrator.trial.models import resolve_model_quietly
+    from orchestrator.trial.actors.models import resolve_model_quietly
 
     memory = check_learner_memory(cfg, resolve_model_quietly(cfg.model), args.config or "<default trial>", cfg.name)
     if memory is not None:

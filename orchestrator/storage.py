@@ -187,7 +187,7 @@ def trial_dir(campaign_dir: str, trial: str) -> str:
 
 # ------------------------------------------------------------------------------------------------ checkpoints
 # A trial checkpoint is a directory of our files plus its manifest (sha256 and size of each), written by
-# `seal_checkpoint` just before the directory is handed to Tune; orchestrator/trial/restore.py verifies it.
+# `seal_checkpoint` just before the directory is handed to Tune; orchestrator/trial/artifacts/restore.py verifies it.
 CHECKPOINT_MANIFEST = "manifest.json"
 SHARDS_DIR = "learner_shards"  # a sharded learner's DCP files (workers/learner/state.py)
 

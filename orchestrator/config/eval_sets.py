@@ -4,7 +4,7 @@ A set is the trial's own task's held-out problems (no `task`: e.g. more problems
 dataset file (`task: {name: dataset, path: ..., heldout_path: ...}`, workers/tasks/dataset.py) or a task
 plugin by dotted path (`task: {name: my.mod:Countdown, ...}`, workers/tasks/plugins.py): any `task:` table, the
 same union and the same errors as the trial's `task:`. In training its metrics are `eval/<set>/pass@1`, ... at
-every held-out evaluation (orchestrator/trial/eval_sets.py); `python -m orchestrator eval` evaluates checkpoints
+every held-out evaluation (orchestrator/trial/collect/eval_sets.py); `python -m orchestrator eval` evaluates checkpoints
 on them afterwards (orchestrator/evaluate/offline.py).
 """
 

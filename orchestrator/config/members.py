@@ -1,7 +1,7 @@
 """The single-task trials a trial is made of: itself, or one per member of a mixed task (workers/tasks/mix.py).
 
-A member's trial config is the trial's with the member's task, its groups as `rollout.prompts_per_step` and its
-seed `member_seed(seed, i)`: what the rollout source of a mix (orchestrator/trial/mixed.py) hands each member's
+A member's trial config is the trial's with the member's task, its groups as `rollout.prompts_per_step` (and as
+`rollout.fill.groups` under a refill: each member fills to its own share) and its seed `member_seed(seed, i)`: what the rollout source of a mix (orchestrator/trial/collect/mixed.py) hands each member's
 source, and what the checks before launch (first turns, plugins, dataset files) read member by member.
 """
 
@@ -17,7 +17,8 @@ def member_trials(cfg: TrialConfig) -> list[tuple[str, TrialConfig]]:
         return [(cfg.task.label, cfg)]
     out = []
     for i, (m, label) in enumerate(zip(cfg.task.mix, cfg.task.labels, strict=True)):
-        rollout = cfg.rollout.model_copy(update={"prompts_per_step": m.groups})
+        fill = cfg.rollout.fill.model_copy(update={"groups": m.groups}) if cfg.rollout.fill is not None else None
+        rollout = cfg.rollout.model_copy(update={"prompts_per_step": m.groups, "fill": fill})
         out.append((label, cfg.model_copy(update={"task": m.task, "rollout": rollout,
                                                    "seed": member_seed(cfg.seed, i)})))
     return out

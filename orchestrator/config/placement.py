@@ -28,7 +28,7 @@ def colocated(cfg: TrialConfig) -> bool:
 
 def engines(cfg: TrialConfig) -> int:
     """Rollout engines the trial starts: none for a replay without held-out evaluation (it samples nothing:
-    orchestrator/trial/replay.py), else one per rollout worker (colocated: one beside each learner rank)."""
+    orchestrator/trial/artifacts/replay.py), else one per rollout worker (colocated: one beside each learner rank)."""
     if cfg.replay is not None and not cfg.eval.every:
         return 0
     return cfg.resources.learner_ranks if colocated(cfg) else cfg.rollout.num_workers

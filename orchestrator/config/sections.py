@@ -90,7 +90,7 @@ class ResourcesConfig(_Strict):
 
 
 class TimeoutsConfig(_Strict):
-    """Deadlines of the trial loop's actor calls (orchestrator/trial/calls.py). A phase without a fixed value
+    """Deadlines of the trial loop's actor calls (orchestrator/trial/actors/calls.py). A phase without a fixed value
     gets `multiple` x the median of its last `window` durations, at least `min_s`; before `warmup` durations are
     known, `first_s`. A missed deadline records the phase and the actor (events.jsonl, W&B), kills the trial's
     actors and fails the trial, so Tune retries it from its newest checkpoint (`max_failures`)."""
@@ -150,7 +150,7 @@ class PluginsConfig(_Strict):
 
 
 class SamplesSettings(_Strict):
-    """Sampled text kept for reading (orchestrator/trial/samples.py): `trials/<trial>/samples/step_<s>.jsonl.gz`
+    """Sampled text kept for reading (orchestrator/trial/artifacts/samples.py): `trials/<trial>/samples/step_<s>.jsonl.gz`
     (training groups) and `eval_step_<s>.jsonl.gz` (every held-out evaluation's generations)."""
 
     every: int = Field(1, ge=0, description="write training samples every this many steps; 0 = never (held-out "
@@ -167,4 +167,4 @@ class LoggingConfig(_Strict):
     samples: SamplesSettings = SamplesSettings()
     batches: bool = Field(False, description=(
         "save every step's training batch (all sampled groups: token ids, loss masks, rollout log-probs, rewards; "
-        "orchestrator/trial/batches.py) as trials/<trial>/batches/step_<s>.npz, which `trial --replay` trains on"))
+        "orchestrator/trial/artifacts/batches.py) as trials/<trial>/batches/step_<s>.npz, which `trial --replay` trains on"))

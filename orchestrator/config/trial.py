@@ -2,7 +2,7 @@
 engine sections are here; the self-contained others (eval, checkpoint, resources, timeouts, wandb, plugins,
 logging) are in orchestrator/config/sections.py.
 
-Defaults run the local default: the tiny reasoning model (built locally, warm-started: workers/models/reasoner.py) on
+Defaults run the local default: the tiny reasoning model (built locally, warm-started: workers/tiny/reasoner.py) on
 the chain task, two vLLM-CPU rollout workers, a LoRA learner, on a local Ray. Tests where learning is not the
 point pin `model: {name: tiny}` (random init) with `task: {name: arithmetic}` and short completions.
 """
@@ -48,7 +48,7 @@ class ModelConfig(_Strict):
     name: str = Field("tiny-reasoner", description=(
         "hub name, local path, or a locally built model: 'tiny-reasoner' (warm-started on the chain task), "
         "'tiny' (random init, arithmetic vocabulary), 'tiny-agent' (agentic tasks), or a tiny random-init model "
-        "of a seed's family (workers/models/families.py): 'tiny-qwen2-base', 'tiny-qwen2-instruct', 'tiny-qwen3', "
+        "of a seed's family (workers/tiny/families.py): 'tiny-qwen2-base', 'tiny-qwen2-instruct', 'tiny-qwen3', "
         "'tiny-qwen3-2507'"))
     tiny_seed: int = 0
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="auto: fp32 on CPU, bf16 on GPU")
@@ -174,7 +174,7 @@ class TrialConfig(_Strict):
     logging: LoggingConfig = LoggingConfig()
     replay: str | None = Field(None, description=(
         "a run directory whose saved batches (logging.batches) the trial trains on instead of sampling "
-        "(orchestrator/trial/replay.py); set by `python -m orchestrator trial --replay RUN_DIR`, which checks it"))
+        "(orchestrator/trial/artifacts/replay.py); set by `python -m orchestrator trial --replay RUN_DIR`, which checks it"))
     labels: dict[str, Any] = Field(default_factory=dict, description=(
         "extra top-level keys logged with the config (campaigns set condition, seed and every swept key)"))
 
@@ -292,6 +292,10 @@ class TrialConfig(_Strict):
             _refuse(("rollout", "fill", "groups"), ro.fill.groups,
                     f"{ro.fill.groups} can never be reached: task.mix samples {total} groups a round, "
                     f"{total * ro.fill.max_rounds} in fill.max_rounds rounds")
+        if ro.fill is not None and ro.fill.groups != total:
+            _refuse(("rollout", "fill", "groups"), ro.fill.groups,
+                    f"{ro.fill.groups} differs from task.mix's groups ({total}): a mix refills each member to its "
+                    f"own groups, so fill.groups must be their sum, {total}")
         if self.interventions.probability_floor.is_active:
             _refuse(("interventions", "probability_floor"), None,
                     "needs one action set per trial: not available with task.mix")

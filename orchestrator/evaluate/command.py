@@ -12,7 +12,7 @@ from orchestrator import storage as store
 from orchestrator.campaign.expand import load_ran_campaign
 from orchestrator.config.errors import UserError
 from orchestrator.evaluate.offline import EvalRequest, plan_eval, run_eval, summary
-from orchestrator.trial.restore import CheckpointError
+from orchestrator.trial.artifacts.restore import CheckpointError
 
 
 def eval_command(args: argparse.Namespace, start_ray: Callable[[float], None]) -> int:

@@ -17,10 +17,11 @@ from pathlib import Path
 import ray
 
 from orchestrator.config.trial import ModelConfig
-from orchestrator.trial.actors import engine_dtype
-from orchestrator.trial.models import resolve_model
+from orchestrator.trial.actors.models import resolve_model
+from orchestrator.trial.actors.start import engine_dtype
 from workers.learner.config import LearnerConfig
 from workers.models.gpu_runtime import check_gpu_runtime
+from workers.rollout.output import Generation
 from workers.rollout.worker import RolloutWorker, RolloutWorkerSettings, SamplingRequest
 
 
@@ -49,7 +50,7 @@ class EvalEngine(RolloutWorker):
                 update = PolicyUpdate("weights", version, pack_weights(state, dtype), weights_checksum(state, dtype))
         return self.apply_policy(update)
 
-    def generate(self, prompt_token_ids: list[list[int]], request: SamplingRequest) -> dict:
+    def generate(self, prompt_token_ids: list[list[int]], request: SamplingRequest) -> Generation:
         if not self._llm.reset_prefix_cache():
             raise RuntimeError("vLLM did not reset its prefix cache before an evaluation shard")
         return super().generate(prompt_token_ids, request)

@@ -34,8 +34,8 @@ from orchestrator.config.errors import format_validation
 from orchestrator.config.eval_sets import DEFAULT_SET, EvalSetConfig, agentic_mismatch
 from orchestrator.config.sections import EvalConfig
 from orchestrator.config.trial import TrialConfig
-from orchestrator.trial.restore import checkpoint_steps, verified_checkpoint
-from orchestrator.trial.sources import EVAL_SEED_OFFSET
+from orchestrator.trial.artifacts.restore import checkpoint_steps, verified_checkpoint
+from orchestrator.trial.collect.sources import EVAL_SEED_OFFSET
 
 FIXED_COLUMNS = ("checkpoint_step", "eval_step", "policy_version", "set", "n", "k", "temperature", "seed",
                  "problems", "pass@1", "pass@k")
@@ -190,7 +190,7 @@ def plan_eval(campaign, directory: str, request: EvalRequest) -> list[TrialEval]
 def engine_key(cfg: TrialConfig) -> str:
     """Trials sharing an engine: the same base model and engine settings (the global seed aside: every request
     carries its own)."""
-    from orchestrator.trial.actors import rollout_settings
+    from orchestrator.trial.actors.start import rollout_settings
 
     settings = dataclasses.replace(rollout_settings(cfg), seed=0, sleep_mode=False)
     return json.dumps({"model": cfg.model.model_dump(mode="json"), "settings": dataclasses.asdict(settings)},
@@ -212,7 +212,7 @@ def engine_count(cfg: TrialConfig, trials: int, asked: int | None, cluster_gpus:
 
 def _start_engines(cfg: TrialConfig, count: int) -> list:
     from orchestrator.evaluate.engine import EvalEngine
-    from orchestrator.trial.actors import rollout_settings
+    from orchestrator.trial.actors.start import rollout_settings
 
     settings = dataclasses.replace(rollout_settings(cfg), sleep_mode=False)
     return [EvalEngine.options(num_cpus=cfg.resources.worker_cpus, num_gpus=engine_gpus(cfg)).remote(
@@ -221,13 +221,13 @@ def _start_engines(cfg: TrialConfig, count: int) -> list:
 
 def evaluate_trial(engine, plan: TrialEval) -> list[dict]:
     """`plan`'s checkpoint on `engine`, every set of it: one CSV row per set."""
-    from orchestrator.trial.calls import Calls, Deadlines
-    from orchestrator.trial.context import TrialContext
-    from orchestrator.trial.eval_sets import close_context, set_context
-    from orchestrator.trial.models import resolve_model
-    from orchestrator.trial.samples import SampleText, sample_rows
-    from orchestrator.trial.sampling import action_ids
-    from orchestrator.trial.sources import rollout_source
+    from orchestrator.trial.actors.calls import Calls, Deadlines
+    from orchestrator.trial.actors.context import TrialContext
+    from orchestrator.trial.actors.models import resolve_model
+    from orchestrator.trial.artifacts.samples import SampleText, sample_rows
+    from orchestrator.trial.collect.eval_sets import close_context, set_context
+    from orchestrator.trial.collect.sampling import action_ids
+    from orchestrator.trial.collect.sources import rollout_source
     from workers.credit import resolve_plugins
     from workers.models.loading import load_tokenizer
     from workers.tasks import make_task
@@ -253,10 +253,10 @@ def evaluate_trial(engine, plan: TrialEval) -> list[dict]:
         for s in plan.sets:
             sctx = set_context(ctx, s, plan.ev)
             try:
-                metrics = rollout_source(sctx).evaluate(plan.step + 1)  # the seeds of the evaluation of step + 1
+                held = rollout_source(sctx).evaluate(plan.step + 1)  # the seeds of the evaluation of step + 1
             finally:
                 close_context(sctx, ctx)
-            generations = metrics.pop("_samples", None)
+            metrics, generations = held.metrics, held.samples
             if text is not None and generations:  # rows as in the samples files, at the evaluation's step
                 write_generations(writer, plan, set_name(s), sample_rows(text, generations, step=plan.step + 1,
                                                                          split="eval", version=version))
@@ -273,7 +273,7 @@ def evaluate_trial(engine, plan: TrialEval) -> list[dict]:
 def generations_writer(plan: TrialEval):
     """Where `eval` writes a trial's generations: its eval/ folder, under the samples' own cap (the trial's
     `logging.samples.max_mb`, on that folder; the first file kept out is said in its events.jsonl)."""
-    from orchestrator.trial.samples import SamplesWriter
+    from orchestrator.trial.artifacts.samples import SamplesWriter
 
     return SamplesWriter(plan.trial_dir, plan.cfg.logging.samples.max_mb, folder=store.EVAL_DIR)
 

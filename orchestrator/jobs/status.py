@@ -56,7 +56,7 @@ def driver_alive(directory: str) -> bool | None:
 
 
 def hang_label(hangs: list[dict], starts: list[dict]) -> str:
-    """A trial that missed a deadline (orchestrator/trial/calls.py): retrying (no start since its last hang) or
+    """A trial that missed a deadline (orchestrator/trial/actors/calls.py): retrying (no start since its last hang) or
     resumed, with the phase and the actors of the last hang."""
     last = hangs[-1]
     who = ", ".join(last.get("frozen") or last.get("late") or [])

@@ -14,14 +14,14 @@ from orchestrator.config.trial import TrialConfig
 from orchestrator.preflight.cluster import check_campaign
 from orchestrator.preflight.model_limits import check_model_limits
 from orchestrator.preflight.working_dir import refuse_storage_inside
-from orchestrator.trial.models import local_tokenizer
+from orchestrator.trial.actors.models import local_tokenizer
 
 
 def check_episodes(source: str, trials: list[tuple[str, TrialConfig]]) -> None:
     """Before launch: every agentic trial's first turn (longest first prompt + rollout.max_tokens) fits
     model.max_model_len; UserError (one line, exit 2) naming the file and the trial otherwise."""
     from orchestrator.config.members import member_trials
-    from orchestrator.trial.episodes import check_episode_fits
+    from orchestrator.trial.collect.episodes import check_episode_fits
 
     seen: dict[str, str | None] = {}
     for name, cfg in ((n, part) for n, whole in trials for _, part in member_trials(whole)):  # a mix: each member

@@ -19,7 +19,7 @@ def check_campaign_learners(campaign, local_only: bool = False, resolve=None) ->
     (orchestrator/preflight/engine_memory.py) and, for a separate trial, what colocated would need. UserError for
     the first that cannot fit; shapes whose model config cannot be read here are left out. `resolve`: model
     settings -> the path its config is read from (default: the trial's own resolution)."""
-    from orchestrator.trial.models import resolve_model_quietly
+    from orchestrator.trial.actors.models import resolve_model_quietly
 
     resolve = resolve or resolve_model_quietly
 

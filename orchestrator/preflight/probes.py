@@ -66,7 +66,7 @@ def has_gpus() -> bool:
 def engine_sample(model: str = "tiny") -> str:
     """Start a rollout worker with a tiny model (on a GPU when the cluster has one), sample, and end it."""
     from orchestrator.config.trial import ModelConfig
-    from orchestrator.trial.actors import TrialRolloutActor
+    from orchestrator.trial.actors.start import TrialRolloutActor
     from workers.rollout.worker import RolloutWorkerSettings, SamplingRequest
 
     gpu = has_gpus()
@@ -77,7 +77,7 @@ def engine_sample(model: str = "tiny") -> str:
                       timeout=PROBE_S)
     finally:
         ray.kill(actor)
-    tokens = [c["token_ids"] for c in out["completions"][0]]
+    tokens = [c.token_ids for c in out.completions[0]]
     if not all(tokens):
         raise RuntimeError(f"the engine returned empty completions {tokens}")
     return f"a tiny engine started {'on a GPU' if gpu else 'on CPU (vLLM-CPU)'} and sampled {len(tokens)} completions"

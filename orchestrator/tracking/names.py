@@ -1,6 +1,6 @@
 """The one list of the metric names a trial logs, and which trial config logs which.
 
-The producers are spread over the step (orchestrator/trial/step.py, sources.py, episodes.py, one_step_off.py) and the
+The producers are spread over the step (orchestrator/trial/step/sequence.py, collect/sources.py, collect/episodes.py) and the
 learner (workers/learner/metrics.py, objectives.py, filters.py, credit/); this module names what they write so
 that the tracker can flag a key nobody listed and the dashboard (orchestrator/tracking/dashboard.py) never draws a panel
 over a metric no trial logs. `logged_metrics(cfg)` is the exact set of history keys a trial of `cfg` writes
@@ -17,7 +17,7 @@ EVAL_METRIC, ENV_METRIC, TRAIN_METRIC = "eval/pass@1", "eval/success", "train/co
 AUC_PREFIX = "auc/"  # run summary: normalized AUC of a metric over the whole run (orchestrator/tracking/run.py)
 
 EPISODE = ("success", "return_mean", "turns_mean", "actions_mean", "invalid_action_rate", "format_penalty_rate",
-           "truncated_rate")  # orchestrator/trial/episodes.py: episode_metrics, as env/* (training) and eval/* (held out)
+           "truncated_rate")  # orchestrator/trial/collect/episodes.py: episode_metrics, as env/* (training) and eval/* (held out)
 DECOMP_PARTS = ("n", "surprisal_mean", "entropy_mean", "surprisal_var", "entropy_var", "noise_var", "cov",
                 "entropy_part", "noise_part", "noise_share")  # workers/credit/decomposition.py: PARTS
 DECOMP_REMOVAL = ("surprisal_var_after", "removed", "removed_entropy", "removed_noise", "removed_noise_share")
@@ -28,10 +28,10 @@ CRITIC = ("critic/vf_clip_frac", "critic/grad_norm", "critic/value_mean", "criti
 OFFLOAD = ("memory/offloaded_bytes", "time/offload_s", "time/reload_s")  # learner.offload_between_steps
 TIS = ("tis/weight_mean", "tis/ratio_max", "tis/ratio_min", "tis/truncated_frac")
 FLOOR_CLASSES = ("planning", "execution", "all")
-EVAL_SET = ("pass@1", "pass@k", "k", "problems")  # eval/<set>/<name> (orchestrator/trial/eval_sets.py)
+EVAL_SET = ("pass@1", "pass@k", "k", "problems")  # eval/<set>/<name> (orchestrator/trial/collect/eval_sets.py)
 OFFLINE_EVAL = ("pass@1", "pass@k")  # the measures `eval` writes and the report compares (trials/<t>/eval/<set>.csv)
 EFFECTIVE_BATCH = ("train/groups_sampled", "train/groups_informative", "train/tokens_trained", "train/overlong_share",
-                   "train/fill_rounds")  # step.py: prepare; fill.py: gather (the report's effective batch)
+                   "train/fill_rounds")  # trial/step/sequence.py: prepare; trial/collect/fill.py: gather (the report's effective batch)
 
 
 def report_metric(cfg: TrialConfig) -> str:
@@ -42,13 +42,13 @@ def report_metric(cfg: TrialConfig) -> str:
 
 
 def _step(cfg: TrialConfig) -> set[str]:
-    """Every step's row (orchestrator/trial/step.py: prepare, one_step; one_step_off.py; filters.nonfinite_groups)."""
+    """Every step's row (orchestrator/trial/step/sequence.py: prepare, TrainingStep.run; filters.nonfinite_groups)."""
     names = {"train/correct_rate", "train/reward_mean", "train/groups_kept", "train/groups_skipped_all_correct",
              "train/groups_skipped_all_wrong", "train/completion_len", "rollout/tokens_per_s",
              "rollout/adapter_version", "credit/sepa_lambda", "credit/sepa_gate_open", "train/nonfinite_groups",
              "train/nonfinite_reward_groups", "train/nonfinite_logprob_groups", "time/generate_s", "time/train_s",
              "time/sync_s", *EFFECTIVE_BATCH}
-    if cfg.rollout.overlong.mode == "mask":  # orchestrator/trial/fill.py: apply_overlong
+    if cfg.rollout.overlong.mode == "mask":  # orchestrator/trial/collect/fill.py: apply_overlong
         names.add("train/overlong_masked")
     parts = [p.task.agentic for _, p in member_trials(cfg)]
     if any(parts):
@@ -59,7 +59,7 @@ def _step(cfg: TrialConfig) -> set[str]:
             names.add("floor/sampler_min_valid_prob")
     if cfg.interventions.rv_filter.enabled:
         names |= {f"rv_filter/{k}" for k in RV_FILTER}
-    if cfg.resources.placement == "colocated":  # orchestrator/trial/phases.py, on the steps the learner trains
+    if cfg.resources.placement == "colocated":  # orchestrator/trial/actors/phases.py, on the steps the learner trains
         names |= {"time/sleep_s", "time/wake_s", "time/wake_kv_s"}
     if cfg.rollout.mode == "one_step_off":
         names |= {"rollout/staleness", "time/prefetch_s", "time/learner_wait_s", *TIS}
@@ -69,7 +69,7 @@ def _step(cfg: TrialConfig) -> set[str]:
             names |= {f"eval/{k}" for k in EPISODE}
         names |= eval_set_metrics(cfg)
     names |= per_task(cfg)
-    samples = cfg.logging.samples  # wandb.Tables of the samples files (orchestrator/trial/samples.py)
+    samples = cfg.logging.samples  # wandb.Tables of the samples files (orchestrator/trial/artifacts/samples.py)
     if samples.every and samples.per_step:
         names.add("samples/train")
     if samples.eval and cfg.eval.every:
@@ -78,14 +78,16 @@ def _step(cfg: TrialConfig) -> set[str]:
 
 
 def per_task(cfg: TrialConfig) -> set[str]:
-    """A mixed task's per-member metrics (orchestrator/trial/mixed.py), none for one task:
-    `train/<label>/correct_rate`, `env/<label>/success` (multi-turn members), `eval/<label>/pass@1` and a
-    multi-turn member's `eval/<label>/<episode metric>`."""
+    """A mixed task's per-member metrics (orchestrator/trial/collect/mixed.py), none for one task:
+    `train/<label>/correct_rate`, `train/<label>/fill_short` (under rollout.fill), `env/<label>/success`
+    (multi-turn members), `eval/<label>/pass@1` and a multi-turn member's `eval/<label>/<episode metric>`."""
     if not is_mix(cfg):
         return set()
     names = set()
     for label, part in member_trials(cfg):
         names.add(f"train/{label}/correct_rate")
+        if cfg.rollout.fill is not None:
+            names.add(f"train/{label}/fill_short")
         if part.task.agentic:
             names.add(f"env/{label}/success")
         if cfg.eval.every:

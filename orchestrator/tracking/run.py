@@ -83,7 +83,7 @@ class TrialTracker:
             self.logged_through = max(self.logged_through, int(self.run.starting_step) - 1)
 
     def log(self, row: dict[str, Any], tables: dict[str, list[dict]] | None = None) -> None:
-        """One step's row; `tables`: name -> rows (the step's samples, orchestrator/trial/samples.py), each
+        """One step's row; `tables`: name -> rows (the step's samples, orchestrator/trial/artifacts/samples.py), each
         logged as a `wandb.Table` at the step."""
         step = int(row["step"])
         for name, curve in self._curves.items():
@@ -102,7 +102,7 @@ class TrialTracker:
                          step=step)
 
     def record_hang(self, event: dict) -> None:
-        """A missed deadline (orchestrator/trial/calls.py) in the run's summary (`hang/*`: phase, actors, step,
+        """A missed deadline (orchestrator/trial/actors/calls.py) in the run's summary (`hang/*`: phase, actors, step,
         why), written out at once: the trial fails right after."""
         if self.run is None:
             return

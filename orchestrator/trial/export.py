@@ -1,7 +1,7 @@
 """`python -m orchestrator export`: a trial's trained policy out of its checkpoint, as a model directory.
 
 The checkpoint (the newest, or the one of `--step`) is verified first with the restore code (its sealed sha256
-manifest, orchestrator/trial/restore.py); a damaged one is refused, never replaced by another. The policy is
+manifest, orchestrator/trial/artifacts/restore.py); a damaged one is refused, never replaced by another. The policy is
 written by workers/learner/export.py (a PEFT adapter, a merged model, or the full model gathered from the shards);
 the base model's tokenizer files (chat template included) and generation config are copied beside it, the trial's
 config and a model card (README.md: which run, its held-out metrics, how to load it; model_card.py) are written,
@@ -16,9 +16,9 @@ from pathlib import Path
 
 from orchestrator import storage as store
 from orchestrator.config.trial import TrialConfig
+from orchestrator.trial.actors.models import resolve_model
+from orchestrator.trial.artifacts.restore import verified_checkpoint
 from orchestrator.trial.model_card import CARD_FILE, CONFIG_FILE, Exported, card_text
-from orchestrator.trial.models import resolve_model
-from orchestrator.trial.restore import verified_checkpoint
 
 EXPORT_MANIFEST = "export_manifest.json"
 BASE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "vocab.txt",

@@ -10,8 +10,8 @@ from pathlib import Path
 from orchestrator import storage as store
 from orchestrator.campaign.expand import load_ran_campaign
 from orchestrator.config.errors import UserError
+from orchestrator.trial.artifacts.restore import CheckpointError
 from orchestrator.trial.export import export_trial, lone_trial_tune_dir
-from orchestrator.trial.restore import CheckpointError
 
 
 def export_command(args: argparse.Namespace) -> int:

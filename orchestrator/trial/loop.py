@@ -1,8 +1,8 @@
 """One trial's step loop, as a Ray Tune function trainable. Owns no math.
 
 Per step: prompts -> generate (k rollout workers) -> score -> drop uninformative groups -> learner.train_step
--> export adapter -> load it on every worker -> report (the pieces: orchestrator/trial/step.py; the actors:
-orchestrator/trial/actors.py). The SEPA controller runs here: lambda for step t is read before the step, and the
+-> export adapter -> load it on every worker -> report (the step: orchestrator/trial/step/sequence.py; the actors:
+orchestrator/trial/actors/start.py). The SEPA controller runs here: lambda for step t is read before the step, and the
 step's correct rate / execution uncertainty are observed after it. Everything needed to continue sits in the
 checkpoint: learner state (adapter, optimizer, scheduler, RNG), SEPA controller, task cursor, adapter version and
 step.
@@ -16,35 +16,36 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 from ray import tune
 from ray.util import get_current_placement_group
 
 from orchestrator import storage as store
 from orchestrator.config.trial import TrialConfig, sepa_settings
-from orchestrator.storage import EVENTS_FILE, METRICS_FILE, PLACEMENT_FILE, STATE_FILE, UNCERTAINTY_DIR
+from orchestrator.storage import EVENTS_FILE, METRICS_FILE, PLACEMENT_FILE, STATE_FILE
 from orchestrator.tracking.run import TrialTracker
-from orchestrator.trial.actors import (
+from orchestrator.trial.actors.calls import Calls, Deadlines, Hang, check_health
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.actors.engines import RolloutEngines
+from orchestrator.trial.actors.learner_group import LearnerGroup
+from orchestrator.trial.actors.models import resolve_model
+from orchestrator.trial.actors.phases import Phases
+from orchestrator.trial.actors.start import (
     placement_record,
     rollout_names,
     shutdown_actors,
     start_actors,
     trial_scratch_root,
 )
-from orchestrator.trial.batches import TrialBatches
-from orchestrator.trial.calls import Calls, Deadlines, Hang, check_health
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.eval_sets import EvalSets
-from orchestrator.trial.learner_group import LearnerGroup
-from orchestrator.trial.mixed import trial_source
-from orchestrator.trial.models import resolve_model
-from orchestrator.trial.one_step_off import OneStepOff, load_pending
-from orchestrator.trial.phases import Phases
-from orchestrator.trial.replay import replay_source
-from orchestrator.trial.restore import restore_checkpoint
-from orchestrator.trial.samples import TrialSamples
-from orchestrator.trial.sampling import action_ids
-from orchestrator.trial.step import one_step
+from orchestrator.trial.artifacts.batches import TrialBatches
+from orchestrator.trial.artifacts.restore import restore_checkpoint
+from orchestrator.trial.artifacts.samples import TrialSamples
+from orchestrator.trial.artifacts.uncertainty import write_uncertainty
+from orchestrator.trial.collect.eval_sets import EvalSets
+from orchestrator.trial.collect.rollouts import HeldOut
+from orchestrator.trial.collect.sampling import action_ids
+from orchestrator.trial.step.prefetch import load_pending
+from orchestrator.trial.step.sequence import TrainingStep
+from orchestrator.trial.step.trial_source import trial_source
 from workers.credit import SepaController
 from workers.envs.tokens import turn_format
 from workers.learner.state import BLOB as LEARNER_FILE
@@ -53,15 +54,6 @@ from workers.models.loading import load_tokenizer, tokenizer_fingerprint
 from workers.startup import imports_done
 from workers.sync.scratch import trial_scratch
 from workers.tasks import make_task
-
-
-def write_uncertainty(out_dir: str, step: int, samples: dict[str, list[float]]) -> None:
-    """Per-token uncertainty before/after the token stages (the report's mechanistic histogram)."""
-    import io
-
-    buf = io.BytesIO()
-    np.savez_compressed(buf, **{k: np.asarray(v, dtype=np.float32) for k, v in samples.items()})
-    store.write_bytes(store.join(out_dir, UNCERTAINTY_DIR, f"step_{step}.npz"), buf.getvalue())
 
 
 @dataclass
@@ -92,8 +84,7 @@ def _resume(cfg: TrialConfig, out_dir: str) -> Resume:
     pending = None
     files = {LEARNER_FILE: restored.learner}
     with restored.checkpoint.as_directory() as d:
-        if cfg.rollout.mode == "one_step_off":
-            pending = load_pending(d)  # orchestrator/trial/one_step_off.py
+        pending = load_pending(d)  # one_step_off's prefetched batch (orchestrator/trial/step/prefetch.py), if any
         shards = Path(d) / SHARDS
         files.update({f"{SHARDS}/{p.name}": p.read_bytes() for p in sorted(shards.glob("*")) if p.is_file()})
     state = restored.state
@@ -101,7 +92,7 @@ def _resume(cfg: TrialConfig, out_dir: str) -> Resume:
 
 
 def _hang_handler(cfg: TrialConfig, out_dir: str, workers: list, learner: LearnerGroup, trackers: list):
-    """What a missed deadline does before the trial fails (orchestrator/trial/calls.py raises after it): record
+    """What a missed deadline does before the trial fails (orchestrator/trial/actors/calls.py raises after it): record
     the phase and the actors in events.jsonl and the W&B run, and kill this trial's actors (only them), whose
     GPUs would otherwise stay held by a frozen process; Tune then retries from the newest checkpoint."""
 
@@ -116,7 +107,7 @@ def _hang_handler(cfg: TrialConfig, out_dir: str, workers: list, learner: Learne
     return handle
 
 
-def _restore_actors(resume: Resume, learner: LearnerGroup, workers, task, sepa: SepaController,
+def _restore_actors(resume: Resume, learner: LearnerGroup, engines: RolloutEngines, task, sepa: SepaController,
                     source: str) -> None:
     """Put the checkpoint's learner state (saved by a group of any size), task cursor, SEPA controller and
     policy back."""
@@ -126,19 +117,18 @@ def _restore_actors(resume: Resume, learner: LearnerGroup, workers, task, sepa: 
     resume.learner_files = {}  # not held by the driver for the rest of the trial (tens of GB in full mode)
     task.load_state_dict(resume.state["task"])
     sepa.load_state_dict(resume.state["sepa"])
-    if resume.version:
-        learner.push_policy(workers, resume.version)
+    if resume.version and engines.count:
+        engines.load_policy(learner.export_policy(resume.version))
 
 
 def _checkpoint(ctx: TrialContext, step: int, version: int, row: dict, rows: list[dict], sepa: SepaController,
-                pipe) -> None:
+                training: TrainingStep) -> None:
     """Report `row` with a sealed checkpoint of everything needed to continue after `step`."""
     cfg, task = ctx.cfg, ctx.task
     with tempfile.TemporaryDirectory() as d:
         ctx.learner.write_checkpoint(d)  # the blob, and every rank's shards
         (Path(d) / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
-        if pipe is not None:
-            pipe.save(d)  # the prefetched batch of step + 1
+        training.save(d)  # one_step_off: the prefetched batch of step + 1
         (Path(d) / STATE_FILE).write_text(json.dumps({
             "step": step, "adapter_version": version, "task": task.state_dict(),
             "sepa": sepa.state_dict(), "config": cfg.model_dump(mode="json"),
@@ -184,7 +174,8 @@ def _run(cfg: TrialConfig) -> None:
     task = make_task(cfg.task, cfg.seed)
     sepa = SepaController(sepa_settings(cfg))
     learner.ready()
-    _restore_actors(resume, learner, workers, task, sepa, f"{out_dir} checkpoint of step {resume.start - 1}")
+    engines = RolloutEngines(workers, calls)  # the step's Engines (orchestrator/trial/actors/ports.py)
+    _restore_actors(resume, learner, engines, task, sepa, f"{out_dir} checkpoint of step {resume.start - 1}")
     calls.get([w.ready.remote() for w in workers], "setup", rollout_names(workers))
     health = check_health(calls, rollout_names(workers))  # also: the engines' pids, for the placement record
     store.write_text(store.join(out_dir, PLACEMENT_FILE),
@@ -195,28 +186,25 @@ def _run(cfg: TrialConfig) -> None:
         tracker.log(row)
 
     ctx = TrialContext(cfg, workers, learner, tokenizer, task, action_ids(cfg, task, tokenizer), calls,
-                       Phases.for_trial(cfg, workers, learner, out_dir))
-    source = replay_source(ctx, trial_source(ctx))  # one task, episodes or a mix; `replay:` saved batches
-    pipe = OneStepOff(ctx, source, resume.pending) if cfg.rollout.mode == "one_step_off" else None
+                       Phases.for_trial(cfg, engines, learner, out_dir), engines)
+    source = trial_source(ctx)  # one task, episodes or a mix, refilled; `replay:` saved batches
+    training = TrainingStep.for_trial(ctx, source, resume.pending)  # sync or one_step_off: one sequence
     samples = TrialSamples(cfg, out_dir, tokenizer)
     batches = TrialBatches(cfg, out_dir, tokenizer_fingerprint(tokenizer) if cfg.logging.batches else None)
     eval_sets = EvalSets(ctx)  # eval.sets: more held-out sets, logged as eval/<set>/... (trial/eval_sets.py)
     for step in range(resume.start, cfg.steps):
-        row, calls.step, eval_version = {}, step, version
-        check_health(calls, rollout_names(workers))  # a frozen engine fails here, before a long phase waits on it
+        held, calls.step, eval_version = HeldOut(), step, version
+        engines.health()  # a frozen engine fails here, before a long phase waits on it
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps - 1):
-            row.update(source.evaluate(step))
-            row.update(eval_sets.evaluate(step))
-        if pipe is not None:  # generates step + 1 while the learner trains on step
-            row = {**pipe.step(step, sepa, version), **row}
-        else:
-            row = {**one_step(ctx, source, step, sepa, version), **row}
-        version = int(row.pop("_version"))
-        uncertainty = row.pop("_uncertainty", None)
-        if uncertainty is not None:
-            write_uncertainty(out_dir, step, uncertainty)
-        batches.record(step, row)  # logging.batches: trials/<trial>/batches/ (orchestrator/trial/batches.py)
-        tables = samples.record(step, row, eval_version)  # trials/<trial>/samples/ (orchestrator/trial/samples.py)
+            held = source.evaluate(step)
+            held.metrics.update(eval_sets.evaluate(step))
+        outcome = training.run(step, sepa, version)
+        outcome.row, outcome.eval_samples = {**outcome.row, **held.metrics}, held.samples
+        row, version = outcome.row, outcome.version
+        if outcome.uncertainty is not None:
+            write_uncertainty(out_dir, step, outcome.uncertainty)
+        batches.record(step, outcome.rollouts)  # logging.batches: trials/<trial>/batches/ (trial/batches.py)
+        tables = samples.record(step, outcome, eval_version)  # trials/<trial>/samples/ (trial/samples.py)
         rows.append(row)
         store.write_text(metrics_loc, "".join(json.dumps(r) + "\n" for r in rows))
         tracker.log(row, tables)
@@ -224,7 +212,7 @@ def _run(cfg: TrialConfig) -> None:
               f"reward {row['train/reward_mean']:.3f} lambda {row['credit/sepa_lambda']:.3f} "
               f"gen {row['time/generate_s']:.1f}s train {row['time/train_s']:.1f}s", flush=True)
         if (step + 1) % cfg.checkpoint.every == 0 or step + 1 == cfg.steps:
-            _checkpoint(ctx, step, version, row, rows, sepa, pipe)
+            _checkpoint(ctx, step, version, row, rows, sepa, training)
         else:
             tune.report(row)
     tracker.finish()

@@ -228,7 +228,7 @@ def run_campaign(campaign: Campaign) -> int:
 def failure_line(err: BaseException) -> str:
     """One line for a failed trial: the error raised inside it (Ray wraps it; `.cause` is the original), whole
     when it is a checkpoint that cannot be used (the message names the file), else its type and first line."""
-    from orchestrator.trial.restore import CheckpointError
+    from orchestrator.trial.artifacts.restore import CheckpointError
 
     cause = getattr(err, "cause", None) or err
     if isinstance(cause, CheckpointError):

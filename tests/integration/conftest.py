@@ -21,7 +21,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
 def reasoner_dir() -> str:
     """The tiny reasoner in the cache trials use (`model: {name: tiny-reasoner}`): built once per machine and
     spec (about 2 CPU-minutes), reused by every later session, test and trial."""
-    from workers.models.reasoner import build_tiny_reasoner
+    from workers.tiny.reasoner import build_tiny_reasoner
 
     return str(build_tiny_reasoner(seed=0))
 

@@ -42,7 +42,7 @@ SCRIPTS = {  # name: (script, smallest flags that still reach every part of it)
 
 CLAIMS = {  # lines a script prints that the suite holds it to
     # vLLM in the actor's process and vLLM in its own processes sample the same tokens with the same log-probs (a
-    # one_step_off trial's CPU default is the second: orchestrator/trial/actors.py:rollout_engine)
+    # one_step_off trial's CPU default is the second: orchestrator/trial/actors/start.py:rollout_engine)
     "engine_start": ["same tokens from both engines: True, their log-probs within 1e-05: True"],
 }
 

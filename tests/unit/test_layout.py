@@ -7,7 +7,10 @@
   and only trial/, preflight/ (pure config readers), campaign/ and config/ (the workers' config schemas) reach into
   workers/;
 - `python -m orchestrator plan` imports neither torch nor vLLM (nor Ray or transformers): a subprocess, so the
-  modules this test process already holds do not count.
+  modules this test process already holds do not count;
+- typed data at the boundaries of one training step (`BOUNDARIES`): no bare `dict` returned there;
+- no module imports a private name (`_x`) of another project module;
+- no folder holds more than `MAX_MODULES` modules directly (a newcomer finds things by folder name).
 """
 
 from __future__ import annotations
@@ -174,3 +177,89 @@ def test_no_function_takes_more_than_eight_parameters():
                 if count > 8:
                     bad.append(f"{name}.{node.name}: {count}")
     assert not sorted(bad)
+
+
+# The boundaries of one training step (docs/architecture.md): the step loop <-> the rollout sources <-> the engines,
+# and the step loop <-> the learner. module -> the classes and functions there whose methods / returns cross one.
+BOUNDARIES = {
+    "orchestrator.trial.actors.ports": ["Engines", "Learner"],  # the step -> engines, learner
+    "orchestrator.trial.actors.engines": ["RolloutEngines"],
+    "orchestrator.trial.actors.learner_group": [f"LearnerGroup.{m}" for m in (
+        "submit_train_step", "result", "train_step", "export_policy", "release_cache", "write_checkpoint", "restore")],
+    "orchestrator.trial.collect.rollouts": ["Rollouts"],
+    "orchestrator.trial.collect.sources": ["RolloutSource", "SingleTurnSource", "EpisodeSource", "rollout_source"],
+    "orchestrator.trial.collect.fill": ["Refill", "gather", "usable_groups"],
+    "orchestrator.trial.collect.mixed": ["MixedSource", "task_source"],
+    "orchestrator.trial.collect.episodes": ["play_episodes"],
+    "orchestrator.trial.collect.sampling": ["sample"],
+    "orchestrator.trial.artifacts.replay": ["ReplaySource", "replay_source"],
+    "orchestrator.trial.step.sequence": ["TrainingStep", "prepare", "absorb", "push_policy"],
+    "orchestrator.trial.step.trial_source": ["trial_source"],
+    "workers.rollout.worker": ["RolloutWorker.generate", "RolloutWorker.apply_policy"],  # the engine's own side
+    "orchestrator.evaluate.engine": ["EvalEngine.generate"],  # the offline evaluation's engine
+    "workers.learner.learner": ["Learner.train_step", "Learner.export_policy"],  # the learner's own side
+}
+MAX_MODULES = 15
+
+
+def _bare_dict(annotation: ast.expr | None) -> bool:
+    """`dict` unparameterised anywhere in a return annotation (`dict`, `list[dict]`, `tuple[x, dict]`, `dict | None`)."""
+    if annotation is None:
+        return False
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):  # a string annotation
+        annotation = ast.parse(annotation.value, mode="eval").body
+    subscripted = {id(n.value) for n in ast.walk(annotation) if isinstance(n, ast.Subscript)}
+    return any(isinstance(n, ast.Name) and n.id == "dict" and id(n) not in subscripted for n in ast.walk(annotation))
+
+
+def test_the_bare_dict_finder_finds_them():
+    def ann(text):
+        return ast.parse(f"def f() -> {text}: ...").body[0].returns
+
+    assert all(_bare_dict(ann(t)) for t in ("dict", "list[dict]", "tuple[int, dict]", "dict | None", "'dict'"))
+    assert not any(_bare_dict(ann(t)) for t in ("dict[str, float]", "list[dict[str, int]]", "Rollouts", "None"))
+
+
+def test_no_bare_dict_crosses_a_boundary_of_the_step():
+    mods, bad = _modules(), []
+    for mod, names in BOUNDARIES.items():
+        tree = ast.parse(mods[mod].read_text())
+        top = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef | ast.FunctionDef)}
+        for name in names:
+            cls, _, method = name.partition(".")
+            node = top[cls]  # a boundary that moved must be listed again where it went
+            if isinstance(node, ast.ClassDef):
+                funcs = [f for f in node.body if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")
+                         and (not method or f.name == method)]
+                assert funcs, f"{mod}.{name}: no such method"
+            else:
+                funcs = [node]
+            bad += [f"{mod}.{cls}.{f.name}" if f is not node else f"{mod}.{name}" for f in funcs
+                    if _bare_dict(f.returns)]
+    assert not sorted(bad)
+
+
+def test_no_module_imports_a_private_name_of_another():
+    mods, bad = _modules(), []
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            if base.split(".")[0] not in PACKAGES:
+                continue
+            bad += [f"{name}: {base}.{a.name}" for a in node.names if a.name.startswith("_") and a.name != "__version__"]
+    assert not sorted(bad)
+
+
+def test_no_folder_holds_more_than_fifteen_modules():
+    counts: dict[str, int] = defaultdict(int)
+    for pkg in PACKAGES:
+        for p in (ROOT / pkg).rglob("*.py"):
+            if p.name != "__init__.py":
+                counts[p.parent.relative_to(ROOT).as_posix()] += 1
+    assert not sorted(f"{d}: {n}" for d, n in counts.items() if n > MAX_MODULES)

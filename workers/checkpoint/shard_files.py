@@ -1,7 +1,7 @@
 """Reading a sharded checkpoint's files safely (workers/checkpoint/sharded.py restores from them).
 
 - Where the bytes come from (`CheckpointFiles`): a dict {name: bytes}, a source that fetches byte ranges on demand
-  (the trial driver's object-store pieces, orchestrator/trial/learner_group.py), or the files under a prefix (`Under`).
+  (the trial driver's object-store pieces, orchestrator/trial/actors/learner_group.py), or the files under a prefix (`Under`).
 - DCP's `.metadata`, vetted before DCP sees it (`read_metadata`). DCP itself reads `.metadata` with plain
   `pickle.load`; here it is unpickled by `_MetadataUnpickler`, which resolves only DCP's metadata classes,
   `torch.Size`, torch dtypes and layouts, and `pathlib` paths. A metadata entry for a pickled Python object
@@ -62,7 +62,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 class CheckpointFiles(Protocol):
     """Where a restore reads a checkpoint's files from: a dict {name: bytes} (`as_files` wraps it), or a source
-    that fetches byte ranges on demand (the trial driver's object-store pieces: orchestrator/trial/learner_group.py)."""
+    that fetches byte ranges on demand (the trial driver's object-store pieces: orchestrator/trial/actors/learner_group.py)."""
 
     def __contains__(self, name: object) -> bool: ...
 

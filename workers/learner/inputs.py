@@ -64,7 +64,7 @@ class StepResult:
                  did not ask for them
     episode_advantages      [B] each sequence's episode-level advantage (0 under GAE, which has none)
     token_advantage_means   [B] each sequence's token advantages averaged over its loss-masked tokens
-    (the trial's samples files show both beside the text: orchestrator/trial/samples.py)
+    (the trial's samples files show both beside the text: orchestrator/trial/artifacts/samples.py)
     """
 
     metrics: dict[str, float]

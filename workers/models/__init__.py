@@ -1,1 +1,2 @@
-"""Models by hub name or local path, and the tiny local models (reasoner, families, tiny-agent)."""
+"""Loading models by hub name or local path (tokenizers, model shapes) and the GPU runtime check; the tiny local
+models are built in workers/tiny/."""

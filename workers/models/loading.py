@@ -136,7 +136,7 @@ def load_tokenizer(name_or_path: str):
 
 def tokenizer_fingerprint(tokenizer) -> str:
     """What token ids mean under `tokenizer`: a hash of its whole vocabulary (added tokens included), so a batch
-    saved as ids can be checked against the tokenizer about to read it (orchestrator/trial/replay.py)."""
+    saved as ids can be checked against the tokenizer about to read it (orchestrator/trial/artifacts/replay.py)."""
     import hashlib
 
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])

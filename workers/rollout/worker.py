@@ -33,6 +33,7 @@ from workers.rollout.engine import (
     quiet_sampler_compile,
     use_engine_processes,
 )
+from workers.rollout.output import Completion, Generation
 from workers.rollout.sleep import SleepState
 from workers.sync.adapter import AdapterSync
 from workers.sync.full_weights import FullWeightSync
@@ -58,7 +59,7 @@ class SamplingRequest:
 @dataclass(frozen=True)
 class RolloutWorkerSettings:
     """How a rollout worker builds its engine (all but the model path), one typed object so the trial
-    (orchestrator/trial/actors.py:start_actors), benchmarks and tests build workers the same way.
+    (orchestrator/trial/actors/start.py:start_actors), benchmarks and tests build workers the same way.
 
     `engine`: the `rollout.engine` settings (`engine_settings`); `enforce_eager` / `gpu_memory_utilization` given
     here override them; `engine_kwargs` go to `vllm.LLM` as they are. `enable_lora`: True = the policy arrives
@@ -164,11 +165,8 @@ class RolloutWorker:
         return list(self._sleep.log)
 
     # ----------------------------------------------------------------------------------------------- sampling
-    def generate(self, prompt_token_ids: list[list[int]], request: SamplingRequest) -> dict:
-        """Returns {"adapter_version": int | None,   # the policy version it sampled with (adapter or full
-                                                     # weights; None = the model it was built with)
-                    "completions": [[{"token_ids", "logprobs", "finish_reason"}] * n] * len(prompts),
-                    "num_tokens": int, "elapsed_s": float}.
+    def generate(self, prompt_token_ids: list[list[int]], request: SamplingRequest) -> Generation:
+        """n `Completion`s per prompt (workers/rollout/output.py), with the policy version they were sampled with.
 
         logprobs[i] is the processed (temperature/top-p) log-prob of token_ids[i]. Request i uses
         SamplingParams(seed=seed + i): reproducible, and prompts don't share a random stream. token_ids include
@@ -178,8 +176,8 @@ class RolloutWorker:
         `workers.objectives.probability_floor.floor_probs(logits, valid=action_token_ids, action_min_prob, temperature)`,
         i.e. restricted to the action tokens, each at probability >= min(action_min_prob, 0.99 / n_actions);
         later tokens are sampled as usual. logprobs[0] is then the floored log-prob (what
-        `floored_token_logprobs` recomputes), and each completion also carries
-        "action_logprobs": {token_id: floored log-prob at the action position} for every action token. Needs
+        `floored_token_logprobs` recomputes), and each completion also carries `action_logprobs`
+        ({token_id: floored log-prob at the action position}) for every action token. Needs
         temperature > 0 and top_p == 1 (the learner cannot reproduce top-p on top of the floor).
         """
         self._sleep.check_awake("generate")
@@ -227,21 +225,16 @@ class RolloutWorker:
                 lps = [step[t].logprob for step, t in zip(c.logprobs, ids, strict=True)]
                 if stop_token_ids:  # vLLM stops there already; a turn never runs past its end token
                     ids, lps = cut_at_stop(ids, lps, list(stop_token_ids))
-                item = {"token_ids": ids, "logprobs": lps, "finish_reason": str(c.finish_reason)}
-                if floor:
-                    item["action_logprobs"] = {t: c.logprobs[0][t].logprob for t in floor["logprob_token_ids"]}
-                group.append(item)
+                action = {t: c.logprobs[0][t].logprob for t in floor["logprob_token_ids"]} if floor else None
+                group.append(Completion(ids, lps, str(c.finish_reason), c.text or "", action))
                 num_tokens += len(ids)
             completions.append(group)
-        return {
-            "adapter_version": self._version, "completions": completions, "num_tokens": num_tokens,
-            "elapsed_s": time.perf_counter() - t0,
-        }
+        return Generation(self._version, completions, num_tokens, time.perf_counter() - t0)
 
     # -------------------------------------------------------------------------------------------- the policy
     def apply_policy(self, update: PolicyUpdate) -> int:
         """Install `update` (workers/sync/policy.py) as the policy generate uses; returns its version, which
-        generate then reports as "adapter_version".
+        generate then reports as `adapter_version`.
 
         The engine's `PolicySync` applies it (an adapter is loaded eagerly, full weights are checked by checksum).
         On any failure this raises and marks the worker broken: generate refuses until a later update succeeds

@@ -7,7 +7,7 @@
   `adapter.AdapterSync` (`learner.mode: lora`: PEFT files hot-swapped with a fresh LoRA id each time) and
   `full_weights.FullWeightSync` (`learner.mode: full`: safetensors reloaded in place by a vLLM worker
   extension, checked by checksum).
-- `policy.push(workers, update)`: the driver's side (orchestrator/trial/learner_group.py:LearnerGroup.push_policy):
+- `policy.push(workers, update)`: the driver's side (orchestrator/trial/actors/learner_group.py:LearnerGroup.push_policy):
   one object-store copy of the update, `RolloutWorker.apply_policy` on every worker. It never looks at the kind.
 
 Why the seam sits on the worker: how an update is installed depends on how the engine was built (LoRA or not),

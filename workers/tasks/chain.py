@@ -11,7 +11,7 @@ Reward: 1 iff the integer after the last `answer` equals the reference.
 `solution_trace` writes such a solution with a `TraceStyle`: deliberate mistakes (a wrong step result that the
 rest of the solution then builds on), caught mistakes ("wait let me check ..." then the recomputed step) and
 strategic phrases where a reasoner would use them (verifying a step, a plan at the start). It is the corpus the
-local reasoning model (`workers.models.reasoner`) is supervised on, so the model starts imperfect, and checking a step
+local reasoning model (`workers.tiny.reasoner`) is supervised on, so the model starts imperfect, and checking a step
 is worth something to it.
 
 Held-out problems are chosen by a hash of the problem id (`problem_fraction(id) < heldout_fraction`): the same

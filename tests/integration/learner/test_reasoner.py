@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from workers.models.reasoner import MARKER, evaluate_reasoner
 from workers.tasks import make_task, task_config
+from workers.tiny.reasoner import MARKER, evaluate_reasoner
 
 
 def test_reasoner_hits_its_targets(reasoner_dir):

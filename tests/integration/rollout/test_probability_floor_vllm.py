@@ -96,9 +96,9 @@ def test_floor_binds_and_matches_learner(worker, model, prompt_ids, action_ids):
     mask[action_ids] = True
     binding = order_gap = 0.0
     firsts = set()
-    for prompt, group in zip(prompt_ids, res["completions"], strict=True):
+    for prompt, group in zip(prompt_ids, res.completions, strict=True):
         for c in group:
-            ids, lps, alp = c["token_ids"], c["logprobs"], c["action_logprobs"]
+            ids, lps, alp = c.token_ids, c.logprobs, c.action_logprobs
             firsts.add(ids[0])
             assert ids[0] in action_ids  # the action token is always a valid action
             assert sorted(alp) == sorted(action_ids)
@@ -132,13 +132,13 @@ def test_floor_binds_and_matches_learner(worker, model, prompt_ids, action_ids):
 def test_requests_without_floor_unchanged(worker, model, prompt_ids, action_ids):
     res = _gen(worker, prompt_ids, n=8)
     firsts, err = set(), 0.0
-    for prompt, group in zip(prompt_ids, res["completions"], strict=True):
+    for prompt, group in zip(prompt_ids, res.completions, strict=True):
         for c in group:
-            assert "action_logprobs" not in c
-            ids = c["token_ids"]
+            assert c.action_logprobs is None
+            ids = c.token_ids
             firsts.add(ids[0])
             ref = torch.log_softmax(_logits(model, prompt, ids) / T, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
-            err = max(err, (ref - torch.tensor(c["logprobs"])).abs().max().item())
+            err = max(err, (ref - torch.tensor(c.logprobs)).abs().max().item())
     assert err < 1e-5
     assert firsts - set(action_ids)  # first tokens are not confined to the action set
 
@@ -173,7 +173,7 @@ def test_floor_request_validation(worker, prompt_ids, action_ids):
         _gen(worker, prompt_ids[:1], action_min_prob=0.2)  # a floor without an action set
     with pytest.raises(Exception, match="(?i)logprob_token_ids|token"):
         _gen(worker, prompt_ids[:1], action_token_ids=[10**6], action_min_prob=0.2)  # not in the vocabulary
-    assert _gen(worker, prompt_ids[:1], n=1)["completions"][0][0]["token_ids"]  # the engine still serves
+    assert _gen(worker, prompt_ids[:1], n=1).completions[0][0].token_ids  # the engine still serves
 
 
 # ------------------------------------------------------------------------------ processor state, no engine

@@ -51,7 +51,7 @@ def prompt_ids(tok) -> list[list[int]]:
 def worker(ray_local, tiny_model_dir):
     import ray
 
-    from orchestrator.trial.actors import shutdown_actors
+    from orchestrator.trial.actors.start import shutdown_actors
     from workers.rollout.worker import RolloutActor, RolloutWorkerSettings
 
     actor = RolloutActor.options(num_cpus=1).remote(tiny_model_dir, RolloutWorkerSettings(seed=0))
@@ -85,10 +85,10 @@ def _hf_logprobs(model, prompt: list[int], completion: list[int], temperature: f
 
 def _max_lp_err(model, prompt_ids, res, temperature=T) -> float:
     err = 0.0
-    for prompt, group in zip(prompt_ids, res["completions"], strict=True):
+    for prompt, group in zip(prompt_ids, res.completions, strict=True):
         for c in group:
-            ref = _hf_logprobs(model, prompt, c["token_ids"], temperature)
-            err = max(err, (ref - torch.tensor(c["logprobs"])).abs().max().item())
+            ref = _hf_logprobs(model, prompt, c.token_ids, temperature)
+            err = max(err, (ref - torch.tensor(c.logprobs)).abs().max().item())
     return err
 
 
@@ -121,34 +121,34 @@ def test_generate_well_formed(worker, prompt_ids, tok):
 
     assert ray.get(worker.adapter_version.remote()) is None
     res = _gen(worker, prompt_ids, n=3, max_tokens=12)
-    assert res["adapter_version"] is None
-    assert len(res["completions"]) == len(prompt_ids)
+    assert res.adapter_version is None
+    assert len(res.completions) == len(prompt_ids)
     total = 0
-    for group in res["completions"]:
+    for group in res.completions:
         assert len(group) == 3
         for c in group:
-            ids, lps = c["token_ids"], c["logprobs"]
-            assert c["finish_reason"] in ("stop", "length")
+            ids, lps = c.token_ids, c.logprobs
+            assert c.finish_reason in ("stop", "length")
             assert all(isinstance(t, int) for t in ids) and all(lp <= 0.0 for lp in lps)
-            if c["finish_reason"] == "length":
+            if c.finish_reason == "length":
                 assert len(ids) == 12
             else:  # stopped on EOS: vLLM keeps the EOS token (and its log-prob) in token_ids
                 assert ids[-1] == tok.eos_token_id
             assert tok.eos_token_id not in ids[:-1]
             total += len(ids)
-    assert res["num_tokens"] == total
-    assert res["elapsed_s"] > 0
+    assert res.num_tokens == total
+    assert res.elapsed_s > 0
 
 
 def test_stop_token_ids(worker, prompt_ids, tok):
     stop = [tok.convert_tokens_to_ids(w) for w in ("the", "is", "a", "?", ".")]
     res = _gen(worker, prompt_ids, n=4, max_tokens=32, stop_token_ids=stop)
-    for group in res["completions"]:
+    for group in res.completions:
         for c in group:
-            for t in c["token_ids"][:-1]:
+            for t in c.token_ids[:-1]:
                 assert t not in stop
-            if c["finish_reason"] == "stop":
-                assert c["token_ids"][-1] in stop + [tok.eos_token_id]
+            if c.finish_reason == "stop":
+                assert c.token_ids[-1] in stop + [tok.eos_token_id]
 
 
 def test_base_logprobs_match_transformers(worker, prompt_ids, base_model):
@@ -164,7 +164,7 @@ def test_seeding(worker, prompt_ids):
     c = _gen(worker, prompt_ids, n=4, max_tokens=16, seed=6)
 
     def ids(r):
-        return [[x["token_ids"] for x in g] for g in r["completions"]]
+        return [[x.token_ids for x in g] for g in r.completions]
 
     assert ids(a) == ids(b)
     assert ids(a) != ids(c)
@@ -194,14 +194,14 @@ def test_lora_hot_swap(worker, prompt_ids, base_model, tiny_model_dir, tmp_path)
     assert ray.get(worker.load_adapter.remote(files1, version=1)) == 1
     assert ray.get(worker.adapter_version.remote()) == 1
     r1 = _gen(worker, prompt_ids, seed=11)
-    assert r1["adapter_version"] == 1
+    assert r1.adapter_version == 1
     assert _max_lp_err(pm1, prompt_ids, r1) < TOL
     assert _max_lp_err(base_model, prompt_ids, r1) > 1e-2  # the adapter really changes the policy
-    assert [g[0]["token_ids"] for g in r1["completions"]] != [g[0]["token_ids"] for g in base["completions"]]
+    assert [g[0].token_ids for g in r1.completions] != [g[0].token_ids for g in base.completions]
 
     assert ray.get(worker.load_adapter.remote(files2, version=2)) == 2
     r2 = _gen(worker, prompt_ids, seed=11)
-    assert r2["adapter_version"] == 2
+    assert r2.adapter_version == 2
     assert _max_lp_err(pm2, prompt_ids, r2) < TOL
     assert _max_lp_err(pm1, prompt_ids, r2) > 1e-2  # not the cached version 1
     state = ray.get(worker.lora_state.remote())
@@ -214,7 +214,7 @@ def test_corrupt_adapter_raises_and_blocks_sampling(worker, prompt_ids, tiny_mod
 
     pm3, files3 = _make_adapter(tiny_model_dir, tmp_path / "a3", seed=3)
     assert ray.get(worker.load_adapter.remote(files3, version=3)) == 3
-    assert _gen(worker, prompt_ids)["adapter_version"] == 3
+    assert _gen(worker, prompt_ids).adapter_version == 3
 
     bad = dict(files3, **{"adapter_model.safetensors": b"\x00garbage, not safetensors" * 10})
     with pytest.raises(ray.exceptions.RayTaskError):
@@ -232,7 +232,7 @@ def test_corrupt_adapter_raises_and_blocks_sampling(worker, prompt_ids, tiny_mod
     # a good load recovers the worker, with a fresh id
     assert ray.get(worker.load_adapter.remote(files3, version=6)) == 6
     r = _gen(worker, prompt_ids, seed=11)
-    assert r["adapter_version"] == 6
+    assert r.adapter_version == 6
     assert _max_lp_err(pm3, prompt_ids, r) < TOL
     assert ray.get(worker.broken.remote()) is None
 

@@ -37,7 +37,7 @@ class Engines:
         return self.actor
 
     def close(self):
-        from orchestrator.trial.actors import shutdown_actors
+        from orchestrator.trial.actors.start import shutdown_actors
 
         if self.actor is not None:
             shutdown_actors([self.actor])
@@ -95,12 +95,12 @@ def _gen(worker, prompts, seed=11, **kw):
 def _max_lp_err(model, prompts, res) -> float:
     """Largest |vLLM log-prob - HF log-prob| over every sampled token (temperature 1)."""
     err = 0.0
-    for prompt, group in zip(prompts, res["completions"], strict=True):
+    for prompt, group in zip(prompts, res.completions, strict=True):
         for c in group:
-            ids = torch.tensor([prompt + c["token_ids"]])
+            ids = torch.tensor([prompt + c.token_ids])
             lp = torch.log_softmax(model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float(), dim=-1)
-            ref = lp.gather(-1, torch.tensor(c["token_ids"])[:, None])[:, 0]
-            err = max(err, (ref - torch.tensor(c["logprobs"])).abs().max().item())
+            ref = lp.gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
+            err = max(err, (ref - torch.tensor(c.logprobs)).abs().max().item())
     return err
 
 
@@ -125,7 +125,7 @@ def test_engine_without_lora_holds_the_checkpoint(worker, base, prompt_ids):
     assert settings["enable_lora"] is False and "max_lora_rank" not in settings
     assert ray.get(worker.weights_checksum.remote()) == weights_checksum(base.state_dict(), F32)
     res = _gen(worker, prompt_ids)
-    assert res["adapter_version"] is None
+    assert res.adapter_version is None
     assert _max_lp_err(base, prompt_ids, res) < TOL
     with pytest.raises(ray.exceptions.RayTaskError, match="enable_lora=True"):
         ray.get(worker.load_adapter.remote({"adapter_config.json": b"{}"}, version=1))
@@ -138,7 +138,7 @@ def test_full_weights_reach_the_engine(worker, base, changed, prompt_ids):
     assert checksum != weights_checksum(base.state_dict(), F32)
     assert ray.get(worker.load_weights.remote(files, version=1, checksum=checksum)) == 1
     res = _gen(worker, prompt_ids)
-    assert res["adapter_version"] == 1
+    assert res.adapter_version == 1
     assert _max_lp_err(changed, prompt_ids, res) < TOL
     assert _max_lp_err(base, prompt_ids, res) > 1e-2  # really the new weights
     assert ray.get(worker.weights_checksum.remote()) == checksum
@@ -159,7 +159,7 @@ def test_prefix_cache_serves_no_stale_kv(worker, base, changed, tiny_model_dir):
         files, checksum = _files(model)
         assert ray.get(worker.load_weights.remote(files, version=version, checksum=checksum)) == version
         res = _gen(worker, long, seed=5, max_tokens=8)
-        assert res["adapter_version"] == version
+        assert res.adapter_version == version
         assert _max_lp_err(model, long, res) < TOL
 
 
@@ -177,7 +177,7 @@ def test_wrong_checksum_raises_and_blocks_sampling(worker, changed, prompt_ids):
     assert ray.get(worker.load_weights.remote(files, version=6, checksum=checksum)) == 6
     assert ray.get(worker.broken.remote()) is None
     res = _gen(worker, prompt_ids)
-    assert res["adapter_version"] == 6
+    assert res.adapter_version == 6
     assert _max_lp_err(changed, prompt_ids, res) < TOL
 
 
@@ -204,8 +204,8 @@ def test_tied_head_follows_its_embedding(engines, tmp_path_factory):
     its own here: the extension is imported there and the load, the checksum and its errors cross processes."""
     import ray
 
-    from workers.models.families import family_builder
     from workers.models.loading import load_tokenizer
+    from workers.tiny.families import family_builder
 
     model_dir = str(family_builder("tiny-qwen2-base")(tmp_path_factory.mktemp("qwen2") / "m", seed=0))
     worker = engines.get(model_dir, engine={"in_process": False})
@@ -227,4 +227,4 @@ def test_tied_head_follows_its_embedding(engines, tmp_path_factory):
     with pytest.raises(ray.exceptions.RayTaskError, match="failed weights load"):
         _gen(worker, prompts)
     assert ray.get(worker.load_weights.remote(files, version=3, checksum=checksum)) == 3
-    assert _gen(worker, prompts)["adapter_version"] == 3
+    assert _gen(worker, prompts).adapter_version == 3

@@ -34,16 +34,16 @@ def stable(row: dict) -> dict:
 def agent_model_dir() -> str:
     """The cached tiny-agent model (the same directory trials resolve `tiny-agent` to)."""
     from orchestrator.config.trial import ModelConfig
-    from orchestrator.trial.models import resolve_model
+    from orchestrator.trial.actors.models import resolve_model
 
     return resolve_model(ModelConfig(name="tiny-agent"))
 
 
 def test_multi_turn_batch_is_token_exact_and_matches_the_learner(ray_local, agent_model_dir, monkeypatch):
 
-    import orchestrator.trial.episodes as episodes
-    from orchestrator.trial.actors import shutdown_actors
-    from orchestrator.trial.context import TrialContext
+    import orchestrator.trial.collect.episodes as episodes
+    from orchestrator.trial.actors.context import TrialContext
+    from orchestrator.trial.actors.start import shutdown_actors
     from workers.envs import EnvTask
     from workers.envs.tokens import first_prompt_ids, observation_ids
     from workers.learner.batch import collate
@@ -63,7 +63,7 @@ def test_multi_turn_batch_is_token_exact_and_matches_the_learner(ray_local, agen
 
     def spy(*args, **kw):
         results = real_sample(*args, **kw)
-        raw.append([g[0] for res in results for g in res["completions"]])
+        raw.append([g[0] for res in results for g in res.completions])
         return results
 
     monkeypatch.setattr(episodes, "sample", spy)
@@ -73,7 +73,7 @@ def test_multi_turn_batch_is_token_exact_and_matches_the_learner(ray_local, agen
     ctx = TrialContext(cfg, [worker], None, tok, task, None)
     trajs, info = episodes.play_episodes(ctx, eps, seed=0, step=0, temperature=1.0)
     shutdown_actors([worker])
-    assert info["turns"] >= 2 and any(len(t.observations) >= 2 for t in trajs)
+    assert info.turns >= 2 and any(len(t.observations) >= 2 for t in trajs)
 
     # per trajectory: the samples vLLM gave it, turn by turn (an episode drops out of later turns when done)
     sampled = [[] for _ in trajs]
@@ -89,11 +89,11 @@ def test_multi_turn_batch_is_token_exact_and_matches_the_learner(ray_local, agen
         assert t.prompt_ids[-1] == think and tok.unk_token_id not in t.prompt_ids
         expected_ids, expected_mask, expected_lp = [], [], []
         for k, s in enumerate(samples):
-            expected_ids += s["token_ids"]
-            expected_mask += [True] * len(s["token_ids"])
-            expected_lp += s["logprobs"]
+            expected_ids += s.token_ids
+            expected_mask += [True] * len(s.token_ids)
+            expected_lp += s.logprobs
             if k < len(t.observations):
-                obs = observation_ids(tok, t.observations[k], s["token_ids"], prefill="<think>")
+                obs = observation_ids(tok, t.observations[k], s.token_ids, prefill="<think>")
                 assert obs[-1] == think
                 expected_ids += obs
                 expected_mask += [False] * len(obs)
@@ -103,8 +103,8 @@ def test_multi_turn_batch_is_token_exact_and_matches_the_learner(ray_local, agen
         assert t.reward_positions == [i for i, m in enumerate(expected_mask)
                                       if m and (i + 1 == len(expected_mask) or not expected_mask[i + 1])]
         # rollout.overlong reads these: a turn stopped at max_tokens, and the longest turn
-        assert t.hit_max_tokens == any(s["finish_reason"] == "length" for s in samples)
-        assert t.longest_turn == max(len(s["token_ids"]) for s in samples) <= cfg.rollout.max_tokens
+        assert t.hit_max_tokens == any(s.finish_reason == "length" for s in samples)
+        assert t.longest_turn == max(len(s.token_ids) for s in samples) <= cfg.rollout.max_tokens
 
     learner = Learner(agent_model_dir, learner=cfg.learner, credit=cfg.credit, run=RunSettings(seed=0, total_steps=1))
     batch = LearnerBatch(prompt_ids=[t.prompt_ids for t in trajs], response_ids=[t.response_ids for t in trajs],

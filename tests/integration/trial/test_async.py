@@ -89,11 +89,11 @@ class _SleepyLearner(Learner):
 
 def test_generation_overlaps_training(ray_local, tiny_model_dir, tmp_path):
     from orchestrator.config.trial import sepa_settings
-    from orchestrator.trial.actors import shutdown_actors
-    from orchestrator.trial.context import TrialContext
-    from orchestrator.trial.learner_group import LearnerGroup
-    from orchestrator.trial.one_step_off import OneStepOff
-    from orchestrator.trial.sources import rollout_source
+    from orchestrator.trial.actors.context import TrialContext
+    from orchestrator.trial.actors.learner_group import LearnerGroup
+    from orchestrator.trial.actors.start import shutdown_actors
+    from orchestrator.trial.step.sequence import TrainingStep
+    from orchestrator.trial.step.trial_source import trial_source
     from workers.credit import SepaController
     from workers.models.loading import load_tokenizer
     from workers.rollout.worker import RolloutActor, RolloutWorkerSettings
@@ -112,11 +112,11 @@ def test_generation_overlaps_training(ray_local, tiny_model_dir, tmp_path):
         ray.get([worker.ready.remote(), learner.ready.remote()])
         task = make_task(cfg.task, cfg.seed)
         ctx = TrialContext(cfg, [worker], group, load_tokenizer(tiny_model_dir), task, None)
-        pipe = OneStepOff(ctx, rollout_source(ctx))
+        pipe = TrainingStep(ctx, trial_source(ctx), overlap=True)
         sepa, version, checked = SepaController(sepa_settings(cfg)), 0, 0
         for step in range(cfg.steps):
-            row = pipe.step(step, sepa, version)
-            version = row["_version"]
+            outcome = pipe.run(step, sepa, version)
+            row, version = outcome.row, outcome.version
             if step + 1 < cfg.steps and "test/train_interval" in row:
                 s0, s1 = row["test/train_interval"]
                 p0, p1 = pipe.timeline[-1]["prefetch"]

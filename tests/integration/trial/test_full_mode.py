@@ -120,8 +120,8 @@ def test_export_gathers_the_two_rank_checkpoint_into_one_model(runs, tmp_path, c
 
     from orchestrator.cli import main
     from orchestrator.storage import filesystem
-    from orchestrator.trial.models import resolve_model
-    from orchestrator.trial.restore import verified_checkpoint
+    from orchestrator.trial.actors.models import resolve_model
+    from orchestrator.trial.artifacts.restore import verified_checkpoint
     from workers.learner.inputs import RunSettings
     from workers.learner.learner import Learner
 

@@ -1,4 +1,4 @@
-"""The trial driver's checkpoint pieces in the object store (orchestrator/trial/learner_group.py:ObjectStoreFiles): any
+"""The trial driver's checkpoint pieces in the object store (orchestrator/trial/actors/learner_group.py:ObjectStoreFiles): any
 byte range reads back exactly as slicing the file would, across piece boundaries, and the object pickles without
 its cache (it travels to every learner rank)."""
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.trial.learner_group import ObjectStoreFiles
+from orchestrator.trial.actors.learner_group import ObjectStoreFiles
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.config.trial import TrialConfig
 from orchestrator.storage import BATCHES_DIR
-from orchestrator.trial.samples import read_samples
+from orchestrator.trial.artifacts.samples import read_samples
 from orchestrator.tune.launch import run_single_trial
 from tests.integration.trial.test_trial import rows, stable
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from orchestrator.config.trial import TrialConfig
-from orchestrator.trial.samples import ROW_KEYS, read_samples
+from orchestrator.trial.artifacts.samples import ROW_KEYS, read_samples
 from orchestrator.tune.launch import run_single_trial
 from tests.integration.trial.test_trial import rows
 
@@ -83,8 +83,8 @@ def test_lora_export_of_the_trial_equals_the_learner_at_its_last_step(demo, tmp_
 
     from orchestrator.cli import main
     from orchestrator.storage import filesystem
-    from orchestrator.trial.models import resolve_model
-    from orchestrator.trial.restore import verified_checkpoint
+    from orchestrator.trial.actors.models import resolve_model
+    from orchestrator.trial.artifacts.restore import verified_checkpoint
     from tests.integration.trial.test_full_mode import heldout_logprobs
     from workers.learner.inputs import RunSettings
     from workers.learner.learner import Learner

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from orchestrator import storage as store
-from orchestrator.trial.restore import restore_checkpoint
+from orchestrator.trial.artifacts.restore import restore_checkpoint
 from workers.checkpoint.blob import CorruptCheckpoint, UnsafeCheckpoint, dump_blob, load_blob
 
 STATE, LEARNER, METRICS = "trial_state.json", "learner.pt", "metrics.jsonl"

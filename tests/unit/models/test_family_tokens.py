@@ -1,4 +1,4 @@
-"""Multi-turn token assembly on the seeds' families (tiny Qwen2 / Qwen3 models built by workers/models/families.py with
+"""Multi-turn token assembly on the seeds' families (tiny Qwen2 / Qwen3 models built by workers/tiny/families.py with
 a byte-level BPE Qwen2Tokenizer): glue without the prefix property, end-of-turn stop tokens, no doubled end
 token, system message and prefill."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from workers.envs.tokens import cut_at_stop, end_of_turn_id, first_prompt_ids, observation_ids, stop_token_ids
-from workers.models.families import ENDOFTEXT, IM_END, QWEN25_SYSTEM, build_family_model
 from workers.models.loading import load_tokenizer
+from workers.tiny.families import ENDOFTEXT, IM_END, QWEN25_SYSTEM, build_family_model
 
 PROMPT, ANSWER, OBS = "FrozenLake: reach the goal G.", "<answer>Up || Left</answer>", "Reward: 0. State: P_G"
 

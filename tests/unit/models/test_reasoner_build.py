@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from workers.models.reasoner import MARKER, ReasonerSpec, build_reasoner
 from workers.tasks.chain import TraceStyle
+from workers.tiny.reasoner import MARKER, ReasonerSpec, build_reasoner
 
 SMALL = ReasonerSpec(sft_steps=4, batch=8, tokenizer_texts=300, warmup=2)
 

@@ -10,15 +10,17 @@ import shutil
 import pytest
 from transformers import AutoTokenizer
 
-from workers.models import families, loading, reasoner, tiny_agent
-from workers.models.families import build_family_model
+from workers.models import loading
 from workers.models.loading import (
     BUILT_HERE_MARKERS,
     build_tiny_model,
     built_here_tokenizer_class,
     load_tokenizer,
 )
-from workers.models.reasoner import ReasonerSpec, build_reasoner
+from workers.tiny import agent as tiny_agent
+from workers.tiny import families, reasoner
+from workers.tiny.families import build_family_model
+from workers.tiny.reasoner import ReasonerSpec, build_reasoner
 
 TEXTS = ["what is 3 + 4 ? the answer is 7 .", "  Up || Left  ünïcode ✓ 12345", ""]
 CHAT = [{"role": "user", "content": "FrozenLake: reach G."}, {"role": "assistant", "content": "<answer>Up</answer>"},

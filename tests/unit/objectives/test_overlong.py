@@ -1,5 +1,5 @@
 """rollout.overlong against hand-computed tables: DAPO's soft punishment (workers/objectives/overlong.py) and the
-masks / reward shifts it puts on a step's samples (orchestrator/trial/fill.py apply_overlong)."""
+masks / reward shifts it puts on a step's samples (orchestrator/trial/collect/fill.py apply_overlong)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.config.trial import RolloutConfig
-from orchestrator.trial.fill import apply_overlong
-from orchestrator.trial.sources import Rollouts
+from orchestrator.trial.collect.fill import apply_overlong
+from orchestrator.trial.collect.rollouts import Rollouts
 from workers.objectives.overlong import soft_overlong_penalty
 
 # limit 10, buffer 4, penalty 0.5: zero up to 10 - 4 = 6, then -0.5 x (len - 6) / 4

@@ -17,7 +17,7 @@ from orchestrator.preflight.doctor import (
     storage_check,
     wandb_check,
 )
-from workers.models.families import SIZE, build_family_model
+from workers.tiny.families import SIZE, build_family_model
 
 
 def test_a_node_with_another_ray_version_fails_naming_it():

@@ -9,7 +9,7 @@ from orchestrator.cli import main
 from orchestrator.config.errors import UserError
 from orchestrator.config.trial import ModelConfig
 from orchestrator.preflight.model_limits import check_model_limits, position_limit
-from workers.models.families import SIZE, build_family_model
+from workers.tiny.families import SIZE, build_family_model
 
 
 @pytest.fixture(scope="module")

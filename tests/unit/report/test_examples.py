@@ -12,7 +12,7 @@ import yaml
 
 from orchestrator.cli import main
 from orchestrator.report.sections import examples
-from orchestrator.trial.samples import SamplesWriter
+from orchestrator.trial.artifacts.samples import SamplesWriter
 
 TRIALS = [("C1_s0", "C1", 0), ("C1_s1", "C1", 1), ("C4_s0", "C4", 0), ("C4_s1", "C4", 1)]
 

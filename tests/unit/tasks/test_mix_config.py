@@ -82,6 +82,8 @@ def test_metric_names_per_member():
      "t.yaml: rollout.prompts_per_step: 4 conflicts with task.mix, whose groups add up to 5"),
     ([CHAIN], {"rollout": {"fill": {"groups": 5, "max_rounds": 2}}},
      "t.yaml: rollout.fill.groups: 5 can never be reached: task.mix samples 2 groups a round"),
+    ([CHAIN], {"rollout": {"fill": {"groups": 1, "max_rounds": 2}}},
+     "t.yaml: rollout.fill.groups: 1 differs from task.mix's groups (2): a mix refills each member to its own"),
 ])
 def test_errors_name_the_key_path(mix, extra, expected):
     msg = _message(mix, **extra)

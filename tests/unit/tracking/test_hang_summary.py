@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from orchestrator.config.trial import TrialConfig
 from orchestrator.tracking.run import TrialTracker
-from orchestrator.trial.calls import Hang
+from orchestrator.trial.actors.calls import Hang
 
 
 class FakeRun:

@@ -1,4 +1,4 @@
-"""Saved training batches (orchestrator/trial/batches.py) and their replay (orchestrator/trial/replay.py): the file
+"""Saved training batches (orchestrator/trial/artifacts/batches.py) and their replay (orchestrator/trial/artifacts/replay.py): the file
 round trip is exact, the file is plain numpy, a replayed step builds the very learner batch the run built, and
 `trial --replay` refuses what it cannot replay with one line before anything starts."""
 
@@ -14,11 +14,11 @@ from orchestrator.cli import main
 from orchestrator.config.placement import bundles, engines, worker_slots
 from orchestrator.config.trial import TrialConfig, sepa_settings
 from orchestrator.storage import BATCHES_DIR, TRIAL_CONFIG_FILE, batch_file
-from orchestrator.trial.batches import FORMAT, TrialBatches, decode, encode, header_of
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.replay import ReplaySource, check_replay, replay_source
-from orchestrator.trial.sources import Rollouts
-from orchestrator.trial.step import collect, prepare
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.artifacts.batches import FORMAT, TrialBatches, decode, encode, header_of
+from orchestrator.trial.artifacts.replay import ReplaySource, check_replay, replay_source
+from orchestrator.trial.collect.rollouts import Rollouts
+from orchestrator.trial.step.sequence import prepare
 from workers.credit import SepaController
 
 P, G = 3, 2
@@ -71,34 +71,34 @@ def test_without_optional_fields_they_stay_absent():
 
 def test_the_file_is_plain_numpy_with_a_json_header(tmp_path):
     cfg = TrialConfig(**BASE)
-    TrialBatches(cfg, str(tmp_path)).record(4, {"_rollouts": _roll()})
+    TrialBatches(cfg, str(tmp_path)).record(4, _roll())
     with np.load(tmp_path / BATCHES_DIR / batch_file(4), allow_pickle=False) as z:
         header = json.loads(str(z["header"]))
         ids = np.split(z["response_ids"], np.cumsum(z["response_ids_lens"])[:-1])
         assert header["step"] == 4 and [a.tolist() for a in ids] == [r for g in _roll().response_ids for r in g]
         assert z["rewards"].shape == (P * G,) and z["group_sizes"].tolist() == [G] * P
-    TrialBatches(TrialConfig(**{**BASE, "logging": {}}), str(tmp_path / "off")).record(0, {"_rollouts": _roll()})
+    TrialBatches(TrialConfig(**{**BASE, "logging": {}}), str(tmp_path / "off")).record(0, _roll())
     assert not (tmp_path / "off").exists()  # off by default
 
 
 def test_a_replayed_step_builds_the_run_s_learner_batch_and_row(tmp_path):
     cfg = TrialConfig(**BASE)
     roll = _roll()
-    TrialBatches(cfg, str(tmp_path)).record(0, {"_rollouts": roll})
+    TrialBatches(cfg, str(tmp_path)).record(0, roll)
     replay = cfg.model_copy(update={"replay": str(tmp_path)})
     ctx = TrialContext(replay, [], None, None, None)
     source = replay_source(ctx, inner=None)
     assert isinstance(source, ReplaySource)
-    again = collect(ctx, source, 0)
+    again = source.collect(0)
     assert again.versions == set() and "time/score_s" not in again.metrics and again.metrics["time/generate_s"] >= 0
-    row_a, batch_a, rate_a = prepare(ctx, 0, roll, SepaController(sepa_settings(cfg)), 2)
-    row_b, batch_b, rate_b = prepare(ctx, 0, again, SepaController(sepa_settings(cfg)), 2)
+    a, b = (prepare(ctx, 0, r, SepaController(sepa_settings(cfg)), 2) for r in (roll, again))
+    (row_a, batch_a, rate_a), (row_b, batch_b, rate_b) = (a.row, a.batch, a.correct_rate), (b.row, b.batch, b.correct_rate)
+    assert a.kept == b.kept
     assert batch_a == batch_b and rate_a == rate_b and batch_a is not None
     volatile = ("time/", "rollout/tokens_per_s")
     assert {k: v for k, v in row_a.items() if not k.startswith(volatile)} == {
         k: v for k, v in row_b.items() if not k.startswith(volatile)}
-    with pytest.raises(RuntimeError, match="samples nothing"):
-        source.collect(0)
+    assert source.collect(0).response_ids == again.response_ids  # an ordinary source: a step's collect is its saved batch
 
 
 def test_engines_only_for_a_replay_with_evaluation():
@@ -113,7 +113,7 @@ def test_engines_only_for_a_replay_with_evaluation():
 def _saved_run(tmp_path, steps: int = 2, **over) -> str:
     cfg = TrialConfig(**{**BASE, **over})
     for s in range(steps):
-        TrialBatches(cfg, str(tmp_path / "run")).record(s, {"_rollouts": _roll(s)})
+        TrialBatches(cfg, str(tmp_path / "run")).record(s, _roll(s))
     return str(tmp_path / "run")
 
 
@@ -182,7 +182,7 @@ def test_replay_refuses_the_same_model_name_holding_another_tokenizer(tmp_path, 
     cfg = TrialConfig(**{**BASE, "model": {"name": str(model)}})
     saved = tokenizer_fingerprint(load_tokenizer(str(model)))
     for s in range(2):
-        TrialBatches(cfg, str(tmp_path / "run"), saved).record(s, {"_rollouts": _roll(s)})
+        TrialBatches(cfg, str(tmp_path / "run"), saved).record(s, _roll(s))
     run = str(tmp_path / "run")
     assert check_replay(cfg, run, "t.yaml") == run  # the same files: replays
     assert ReplaySource(cfg.model_copy(update={"replay": run}), inner=None, tokenizer=saved).run == run

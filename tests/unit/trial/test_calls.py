@@ -1,4 +1,4 @@
-"""Deadlines of the trial loop's actor calls (orchestrator/trial/calls.py), without Ray: a fake `ray.wait` /
+"""Deadlines of the trial loop's actor calls (orchestrator/trial/actors/calls.py), without Ray: a fake `ray.wait` /
 `ray.get` over fake refs, so a late actor is a ref that never becomes ready. The real stack (a frozen engine core,
 a frozen learner rank): tests/integration/trial/test_faults.py, tests/integration/trial/test_full_mode.py."""
 
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import orchestrator.trial.calls as calls_mod
+import orchestrator.trial.actors.calls as calls_mod
 from orchestrator.config.sections import TimeoutsConfig
-from orchestrator.trial.calls import Calls, Deadlines, Hang, PhaseTimeout, check_health
+from orchestrator.trial.actors.calls import Calls, Deadlines, Hang, PhaseTimeout, check_health
 
 
 class Ref:

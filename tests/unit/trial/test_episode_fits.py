@@ -1,4 +1,4 @@
-"""The agentic first-turn check (orchestrator/trial/episodes.py: check_episode_fits) on the real tiny-agent
+"""The agentic first-turn check (orchestrator/trial/collect/episodes.py: check_episode_fits) on the real tiny-agent
 tokenizer, and the CLI refusing a trial whose first turn cannot fit before anything starts. (This file sorts
 late in the unit run: the tiny-agent model it reads is built in the background meanwhile, see the Makefile.)"""
 
@@ -27,8 +27,8 @@ def test_first_turn_that_does_not_fit_is_refused_before_launch(tmp_path):
 
 
 def test_check_episode_fits_measures_the_longest_first_prompt():
-    from orchestrator.trial.episodes import check_episode_fits
-    from orchestrator.trial.models import resolve_model
+    from orchestrator.trial.actors.models import resolve_model
+    from orchestrator.trial.collect.episodes import check_episode_fits
     from workers.envs.tokens import first_prompt_ids
     from workers.models.loading import load_tokenizer
     from workers.tasks import make_task

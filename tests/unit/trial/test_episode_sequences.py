@@ -8,11 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.trial import episodes as player
+from orchestrator.trial.collect import episodes as player
 from workers.envs import RagenProtocol, TextEpisode
 from workers.envs.sokoban import SokobanEnv
-from workers.models.families import ENDOFTEXT, IM_END, build_family_model
 from workers.models.loading import load_tokenizer
+from workers.rollout.output import Completion, Generation
+from workers.tiny.families import ENDOFTEXT, IM_END, build_family_model
 
 LAYOUT = ["######", "#P_X_#", "#___O#", "#____#", "#____#", "######"]
 ANSWERS = ["hm</think><answer>Jump</answer>", "go</think><answer>Right</answer>"]  # invalid, then valid
@@ -33,7 +34,7 @@ def _play(tok, monkeypatch, *, training_context="sampled", loss_mask="sampled", 
     def sample(ctx, prompts, *, n, temperature, seeds, floor, phase="generate"):
         histories.append(prompts[0])
         ids = turns[len(histories) - 1]
-        return [{"adapter_version": 0, "completions": [[{"token_ids": ids, "logprobs": [-0.5] * len(ids)}]]}]
+        return [Generation(0, [[Completion(ids, [-0.5] * len(ids), "stop")]], len(ids))]
 
     monkeypatch.setattr(player, "sample", sample)
     cfg = SimpleNamespace(rollout=SimpleNamespace(max_tokens=64), model=SimpleNamespace(max_model_len=4096),
@@ -41,7 +42,7 @@ def _play(tok, monkeypatch, *, training_context="sampled", loss_mask="sampled", 
                           learner=SimpleNamespace(loss_mask=loss_mask))
     ep = TextEpisode(SokobanEnv(layout=LAYOUT), dynamics_seed=0, max_actions_per_turn=2, max_actions_per_episode=10,
                      max_turns=2, protocol=RagenProtocol(max_tokens=64))
-    trajs, _ = player.play_episodes(SimpleNamespace(cfg=cfg, workers=[None], tokenizer=tok), [ep], seed=0, step=0,
+    trajs, _ = player.play_episodes(SimpleNamespace(cfg=cfg, workers=[None], engines=SimpleNamespace(count=1), tokenizer=tok), [ep], seed=0, step=0,
                                     temperature=1.0)
     return trajs[0], turns, histories
 

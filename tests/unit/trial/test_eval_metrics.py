@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.trial.evaluation import pass_at_k
+from orchestrator.trial.collect.evaluation import pass_at_k
 
 
 def _exact(n: int, c: int, k: int) -> Fraction:

@@ -1,4 +1,4 @@
-"""`eval.sets` in the trial loop (orchestrator/trial/eval_sets.py), with the sampler faked: each set is sampled
+"""`eval.sets` in the trial loop (orchestrator/trial/collect/eval_sets.py), with the sampler faked: each set is sampled
 with the held-out seeds and settings of the task's own set at that step (what `eval` reproduces offline), on its
 own problems, and logged under `eval/<set>/...` names the tracker knows."""
 
@@ -8,12 +8,13 @@ import pytest
 
 from orchestrator.config.trial import TrialConfig
 from orchestrator.tracking.names import logged_metrics
-from orchestrator.trial import sources
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.eval_sets import EvalSets, under_set
-from orchestrator.trial.models import resolve_model
-from orchestrator.trial.sampling import step_seed
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.actors.models import resolve_model
+from orchestrator.trial.collect import sources
+from orchestrator.trial.collect.eval_sets import EvalSets, under_set
+from orchestrator.trial.collect.sampling import step_seed
 from workers.models.loading import load_tokenizer
+from workers.rollout.output import Completion, Generation
 from workers.tasks import make_task
 
 CFG = TrialConfig(seed=3, model={"name": "tiny"}, task={"name": "arithmetic"}, rollout={"num_workers": 2},
@@ -29,8 +30,7 @@ def calls(monkeypatch) -> list[dict]:
     def fake_sample(ctx, prompt_ids, *, n, temperature, seeds, floor=True, phase="generate"):
         seen.append({"prompts": len(prompt_ids), "n": n, "temperature": temperature, "seeds": seeds,
                      "phase": phase, "task": ctx.task})
-        return [{"completions": [[{"token_ids": [1], "logprobs": [0.0], "finish_reason": "stop"}] * n
-                                 for _ in prompt_ids], "num_tokens": n * len(prompt_ids), "adapter_version": 1}]
+        return [Generation(1, [[Completion([1], [0.0], "stop")] * n for _ in prompt_ids], n * len(prompt_ids))]
 
     monkeypatch.setattr(sources, "sample", fake_sample)
     return seen
@@ -40,7 +40,7 @@ def test_each_set_is_sampled_with_the_held_out_seeds_of_the_step(calls):
     task = make_task(CFG.task, CFG.seed)
     ctx = TrialContext(CFG, [object(), object()], None, load_tokenizer(resolve_model(CFG.model)), task)
     sets = EvalSets(ctx)
-    own = sources.SingleTurnSource(ctx).evaluate(4)
+    own = sources.SingleTurnSource(ctx).evaluate(4).metrics
     row = sets.evaluate(4)
     want = [step_seed(CFG.seed + sources.EVAL_SEED_OFFSET, 4, j) for j in range(2)]
     assert [c["seeds"] for c in calls] == [want] * 3

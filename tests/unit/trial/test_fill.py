@@ -1,4 +1,4 @@
-"""The refill loop (orchestrator/trial/fill.py) on scripted reward streams: a fake source hands out groups whose
+"""The refill loop (orchestrator/trial/collect/fill.py) on scripted reward streams: a fake source hands out groups whose
 rewards come from a fixed stream, one group per prompt of a task cursor, so every expected count and choice below
 is read off the stream by hand."""
 
@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 from orchestrator.config.trial import TrialConfig
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.fill import gather
-from orchestrator.trial.sampling import step_seed
-from orchestrator.trial.sources import Rollouts, merge_metrics
-from orchestrator.trial.step import prepare
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.collect.fill import gather
+from orchestrator.trial.collect.rollouts import Rollouts, merge_metrics
+from orchestrator.trial.collect.sampling import step_seed
+from orchestrator.trial.step.sequence import prepare
 from workers.credit import SepaController
 from workers.credit.config import SepaConfig
+from workers.rollout.output import Completion, Generation
 
 P, G = 4, 2  # prompts per round, samples per group
 UNI, INF = [1.0, 1.0], [1.0, 0.0]  # a uniform and an informative group's rewards
@@ -64,7 +65,8 @@ def _trained(roll: Rollouts) -> list[int]:
 
 def _prepare(cfg, roll, step=0):
     ctx = TrialContext(cfg, [], None, None, None)
-    return prepare(ctx, step, roll, SepaController(SepaConfig(steps=0)), 0)
+    prep = prepare(ctx, step, roll, SepaController(SepaConfig(steps=0)), 0)
+    return prep.row, prep.batch, prep.correct_rate
 
 
 def test_all_uniform_for_every_round_runs_max_rounds_and_trains_nothing():
@@ -215,7 +217,7 @@ def test_single_turn_source_rounds_seeds_cursor_and_length_flags(tmp_path, monke
     them truncated; a restored cursor replays the refilled step exactly."""
     from types import SimpleNamespace
 
-    import orchestrator.trial.sources as sources
+    import orchestrator.trial.collect.sources as sources
     from workers.models.loading import build_tiny_model, load_tokenizer
     from workers.tasks import make_task
 
@@ -224,17 +226,14 @@ def test_single_turn_source_rounds_seeds_cursor_and_length_flags(tmp_path, monke
     def fake_sample(ctx, prompt_ids, *, n, temperature, seeds, floor=True, phase="generate"):
         seen.append((tuple(map(tuple, prompt_ids)), tuple(seeds)))
         rng = np.random.default_rng(seeds[0])
-        comps = [[{"token_ids": [int(t) for t in rng.integers(5, 9, size=int(rng.integers(1, 5)))],
-                   "logprobs": [-0.5] * 4, "finish_reason": "stop"} for _ in range(n)] for _ in prompt_ids]
-        for g in comps:
-            for c in g:
-                c["logprobs"] = c["logprobs"][: len(c["token_ids"])]
-                c["finish_reason"] = "length" if len(c["token_ids"]) == 4 else "stop"
-        return [{"completions": comps, "num_tokens": sum(len(c["token_ids"]) for g in comps for c in g),
-                 "adapter_version": None}]
+        comps = []
+        for _ in prompt_ids:
+            ids = [[int(t) for t in rng.integers(5, 9, size=int(rng.integers(1, 5)))] for _ in range(n)]
+            comps.append([Completion(c, [-0.5] * len(c), "length" if len(c) == 4 else "stop") for c in ids])
+        return [Generation(None, comps, sum(len(c.token_ids) for g in comps for c in g))]
 
     def fake_score(self, prob, group):  # reward: the first token is even
-        return SimpleNamespace(rewards=[float(c["token_ids"][0] % 2 == 0) for c in group], grader_errors=0,
+        return SimpleNamespace(rewards=[float(c.token_ids[0] % 2 == 0) for c in group], grader_errors=0,
                                grader_timeouts=0)
 
     monkeypatch.setattr(sources, "sample", fake_sample)

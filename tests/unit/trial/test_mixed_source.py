@@ -1,16 +1,16 @@
-"""The rollout source of a mixed task (orchestrator/trial/mixed.py) on scripted member sources: a step's groups
+"""The rollout source of a mixed task (orchestrator/trial/collect/mixed.py) on scripted member sources: a step's groups
 are the members' in the mix's order, a single-turn member's groups carry one turn each beside episodes, the
 metrics are per member beside the totals, and refill / skip_uninformative still work group by group."""
 
 from __future__ import annotations
 
+from orchestrator.config.members import member_trials
 from orchestrator.config.trial import TrialConfig
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.fill import gather
-from orchestrator.trial.mixed import MixedSource, as_turns
-from orchestrator.trial.samples import SampleGroup
-from orchestrator.trial.sources import Rollouts
-from orchestrator.trial.step import prepare
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.collect.fill import Refill, gather
+from orchestrator.trial.collect.mixed import MixedSource, as_turns
+from orchestrator.trial.collect.rollouts import HeldOut, Rollouts, SampleGroup
+from orchestrator.trial.step.sequence import prepare
 from workers.credit import SepaController
 from workers.credit.config import SepaConfig
 
@@ -42,13 +42,13 @@ class Member:
             truncated=[[False] * G for _ in ks], lengths=[[3] * G for _ in ks],
             groups_info=[{"problem": f"p{k}", "prompt": "x", "truncated": [False] * G} for k in ks])
 
-    def evaluate(self, step: int) -> dict:
+    def evaluate(self, step: int) -> HeldOut:
         n = 2 if self.episodes else 4
         out = {"eval/pass@1": 0.5 if self.episodes else 0.25, "eval/pass@k": 1.0, "eval/k": 2, "eval/problems": n,
-               "time/eval_s": 1.0, "_samples": [SampleGroup("p0", "x", [[1]], [1.0], [True], [False])]}
+               "time/eval_s": 1.0}
         if self.episodes:
             out.update({"eval/success": 0.5, "eval/return_mean": 0.1})
-        return out
+        return HeldOut(out, [SampleGroup("p0", "x", [[1]], [1.0], [True], [False])])
 
 
 def _cfg(**rollout) -> TrialConfig:
@@ -90,26 +90,72 @@ def test_prepare_builds_one_batch_with_turns_for_every_group():
     cfg = _cfg()
     roll = gather(cfg, MixedSource([("chain", Member("chain", 2, [INF, UNI])),
                                     ("lake", Member("lake", 1, [INF], episodes=True))]), step=0)
-    row, batch, _ = prepare(TrialContext(cfg, [], None, None, None), 0, roll, SepaController(SepaConfig(steps=0)), 0)
+    prep = prepare(TrialContext(cfg, [], None, None, None), 0, roll, SepaController(SepaConfig(steps=0)), 0)
+    row, batch = prep.row, prep.batch
     assert row["train/groups_sampled"] == 3 and row["train/groups_kept"] == 2  # the uniform chain group skipped
     assert row["train/chain/correct_rate"] == 0.75 and row["train/correct_rate"] == 4 / 6
     assert batch.turn_rewards == [[1.0], [0.0], [1.0], [0.0]] and batch.reward_positions == [[2]] * 4
 
 
-def test_refill_asks_every_member_again_and_picks_groups_in_order():
-    cfg = _cfg(fill={"groups": 4, "max_rounds": 3})
+def _filled(cfg: TrialConfig, members: dict[str, Member]) -> MixedSource:
+    """The mix as the trial builds it (mixed.py: task_source): each member refilled under its own config."""
+    cfgs = dict(member_trials(cfg))
+    return MixedSource([(label, Refill(cfgs[label], members[label])) for label in cfgs],
+                       {label: c.rollout.fill.groups for label, c in cfgs.items()})
+
+
+def _trained(roll: Rollouts) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for g, t in zip(roll.groups_info, roll.train, strict=True):
+        if t:
+            label, problem = g["problem"].split("/")
+            out.setdefault(label, []).append(problem)
+    return out
+
+
+def test_refill_fills_each_member_to_its_own_groups():
+    cfg = _cfg(fill={"groups": 3, "max_rounds": 3})
     chain, lake = Member("chain", 2, [UNI, UNI, INF, INF]), Member("lake", 1, [INF], episodes=True)
-    roll = gather(cfg, MixedSource([("chain", chain), ("lake", lake)]), step=1)
-    # round 0: chain UNI UNI, lake INF -> 1 usable; round 1: chain INF INF, lake INF -> 3 more
-    assert chain.calls == lake.calls == [(1, 0), (1, 1)]
-    assert roll.train == [False, False, True, True, True, True] and roll.metrics["train/fill_rounds"] == 2
+    roll = _filled(cfg, {"chain": chain, "lake": lake}).collect(1)
+    # chain: round 0 UNI UNI -> none usable, round 1 INF INF -> its 2; lake: round 0 INF -> its 1, asked no more
+    assert chain.calls == [(1, 0), (1, 1)] and lake.calls == [(1, 0)]
+    assert roll.train == [False, False, True, True, True] and roll.metrics["train/fill_rounds"] == 2
     assert roll.metrics["train/chain/correct_rate"] == (1.0 + 0.5) / 2  # its groups over both rounds
+    assert roll.metrics["train/chain/fill_short"] == roll.metrics["train/lake/fill_short"] == 0
+
+
+def _reversed(cfg: TrialConfig) -> TrialConfig:
+    mix = [m.model_dump() for m in cfg.task.mix]
+    return TrialConfig(model={"name": "tiny-agent"}, task={"mix": mix[::-1]}, rollout=cfg.rollout.model_dump())
+
+
+def test_a_mix_with_fill_trains_each_members_asked_groups_in_either_order():
+    """chain asks 2 groups, lake 1; whichever member comes first, each trains exactly its share, the same
+    groups (with one refill over the whole batch, the first member's usable groups crowded the other out)."""
+    cfg = _cfg(fill={"groups": 3, "max_rounds": 3})
+    got = []
+    for c in (cfg, _reversed(cfg)):
+        members = {"chain": Member("chain", 2, [INF, INF, INF]), "lake": Member("lake", 1, [UNI, UNI, INF])}
+        roll = _filled(c, members).collect(0)
+        got.append(_trained(roll))
+        assert {k: len(v) for k, v in got[-1].items()} == {"chain": 2, "lake": 1}
+        assert members["chain"].calls == [(0, 0)] and members["lake"].calls == [(0, 0), (0, 1), (0, 2)]
+        assert roll.metrics["train/fill_rounds"] == 3
+    assert got[0] == got[1] == {"chain": ["p0", "p1"], "lake": ["p2"]}
+
+
+def test_a_member_that_cannot_fill_is_reported_short():
+    cfg = _cfg(fill={"groups": 3, "max_rounds": 2})
+    roll = _filled(cfg, {"chain": Member("chain", 2, [INF]), "lake": Member("lake", 1, [UNI], episodes=True)}
+                   ).collect(0)
+    assert _trained(roll) == {"chain": ["p0", "p1"]} and roll.metrics["train/fill_rounds"] == 2
+    assert roll.metrics["train/chain/fill_short"] == 0 and roll.metrics["train/lake/fill_short"] == 1
 
 
 def test_evaluate_totals_over_every_member_and_each_members_own():
     out = MixedSource([("chain", Member("chain", 2, [INF])), ("lake", Member("lake", 1, [INF], episodes=True))]
                       ).evaluate(0)
-    samples = out.pop("_samples")
+    samples, out = out.samples, out.metrics
     assert [s.problem for s in samples] == ["chain/p0", "lake/p0"]
     assert out == {"eval/chain/pass@1": 0.25, "eval/lake/pass@1": 0.5, "eval/lake/success": 0.5,
                    "eval/lake/return_mean": 0.1, "eval/pass@1": (0.25 * 4 + 0.5 * 2) / 6, "eval/pass@k": 1.0,

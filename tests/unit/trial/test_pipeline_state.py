@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import math
 
-from orchestrator.trial.one_step_off import (
+from orchestrator.trial.collect.rollouts import Rollouts
+from orchestrator.trial.step.prefetch import (
     PREFETCH_FILE,
-    OneStepOff,
     load_pending,
     rollouts_from_json,
     rollouts_to_json,
 )
-from orchestrator.trial.sources import Rollouts
+from orchestrator.trial.step.sequence import TrainingStep
 
 
 def _roll() -> Rollouts:
@@ -35,11 +35,11 @@ def test_round_trip_is_exact():
 
 def test_save_and_load_pending(tmp_path):
     from orchestrator.config.trial import TrialConfig
-    from orchestrator.trial.context import TrialContext
-    from orchestrator.trial.sources import rollout_source
+    from orchestrator.trial.actors.context import TrialContext
+    from orchestrator.trial.collect.sources import rollout_source
 
     ctx = TrialContext(TrialConfig(), [], None, None, None, None)
-    pipe = OneStepOff(ctx, rollout_source(ctx))
+    pipe = TrainingStep(ctx, rollout_source(ctx), overlap=True)
     pipe.save(tmp_path)  # nothing prefetched (the last step): no file
     assert not (tmp_path / PREFETCH_FILE).exists() and load_pending(tmp_path) is None
     pipe.pending = (_roll(), 4)

@@ -9,10 +9,9 @@ import pytest
 from orchestrator.config.trial import TrialConfig
 from orchestrator.storage import gzip_jsonl as encode
 from orchestrator.storage import read_gzip_jsonl
-from orchestrator.trial.samples import (
+from orchestrator.trial.artifacts.samples import (
     ROW_KEYS,
     Credit,
-    SampleGroup,
     SamplesWriter,
     SampleText,
     TrialSamples,
@@ -20,6 +19,8 @@ from orchestrator.trial.samples import (
     runs,
     sample_rows,
 )
+from orchestrator.trial.collect.rollouts import SampleGroup
+from orchestrator.trial.step.sequence import StepOutcome
 
 
 class PieceTokenizer:
@@ -133,9 +134,10 @@ def test_record_follows_the_settings_and_pops_the_private_keys(tmp_path, every, 
     cfg = TrialConfig(logging={"samples": {"every": every, "per_step": per_step}})
     samples = TrialSamples(cfg, str(tmp_path), TOK)
     for step in range(3):
-        row = {"step": step, "rollout/adapter_version": step, "_rollouts": FakeRollouts(), "_kept": [1],
-               "_advantages": ([0.0, 0.0], [0.25, -0.25]), "_samples": groups()[:1] if step == 1 else None}
-        tables = samples.record(step, row, eval_version=step)
+        row = {"step": step, "rollout/adapter_version": step}
+        outcome = StepOutcome(row, FakeRollouts(), [1], step, advantages=([0.0, 0.0], [0.25, -0.25]),
+                              eval_samples=groups()[:1] if step == 1 else [])
+        tables = samples.record(step, outcome, eval_version=step)
         assert set(row) == {"step", "rollout/adapter_version"}
         assert ("samples/train" in tables) == (step in steps_written)
         assert ("samples/eval" in tables) == (step == 1)

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from orchestrator.config.trial import TrialConfig
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.sampling import sample, step_seed
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.collect.sampling import sample, step_seed
 from workers.envs import TextEpisode
 from workers.envs.tokens import (
     closing_length,
@@ -82,11 +82,20 @@ class Trajectory:
         return self.episode.done or self.truncated
 
 
+@dataclass(frozen=True)
+class Played:
+    """What playing a batch of episodes sampled: tokens, the policy versions that sampled them, turns played."""
+
+    num_tokens: int
+    versions: set
+    turns: int
+
+
 def play_episodes(ctx: TrialContext, episodes: list[TextEpisode], *, seed: int, step: int,
-                  temperature: float, round: int = 0, phase: str = "generate") -> tuple[list[Trajectory], dict]:
-    """Play `episodes` to the end (sampling seeds of refill round `round`); returns their trajectories and
-    {"num_tokens", "versions", "turns"}. Each turn's sampling waits under `phase`'s deadline (generate, or eval)."""
-    cfg, workers, tokenizer = ctx.cfg, ctx.workers, ctx.tokenizer
+                  temperature: float, round: int = 0, phase: str = "generate") -> tuple[list[Trajectory], Played]:
+    """Play `episodes` to the end (sampling seeds of refill round `round`); returns their trajectories and what
+    was sampled (`Played`). Each turn's sampling waits under `phase`'s deadline (generate, or eval)."""
+    cfg, engines, tokenizer = ctx.cfg, ctx.engines, ctx.tokenizer
     ro, limit = cfg.rollout, cfg.model.max_model_len
     segments = cfg.learner.loss_mask == "assistant_segments"
     ragen_context = getattr(cfg.task, "training_context", "sampled") == "ragen"  # a plugin env has no such key
@@ -98,16 +107,16 @@ def play_episodes(ctx: TrialContext, episodes: list[TextEpisode], *, seed: int, 
     num_tokens, versions, turn = 0, set(), 0
     while active := [t for t in trajs if not t.done]:
         histories = [t.prompt_ids + t.context_ids for t in active]
-        seeds = [step_seed(seed, step, j, turn, round) for j in range(len(workers))]
+        seeds = [step_seed(seed, step, j, turn, round) for j in range(engines.count)]
         results = sample(ctx, histories, n=1, temperature=temperature, seeds=seeds, floor=False, phase=phase)
-        versions |= {res["adapter_version"] for res in results}
-        samples = [group[0] for res in results for group in res["completions"]]
+        versions |= {res.adapter_version for res in results}
+        samples = [group[0] for res in results for group in res.completions]
         for t, s in zip(active, samples, strict=True):
-            ids = list(s["token_ids"])
+            ids = list(s.token_ids)
             num_tokens += len(ids)
-            t.extend(ids, loss=[True] * len(ids), sampled=True, logprobs=list(s["logprobs"]))
+            t.extend(ids, loss=[True] * len(ids), sampled=True, logprobs=list(s.logprobs))
             t.reward_positions.append(len(t.response_ids) - 1)
-            t.hit_max_tokens |= s.get("finish_reason") == "length"
+            t.hit_max_tokens |= s.truncated
             t.longest_turn = max(t.longest_turn, len(ids))
             out = t.episode.play(t.episode.prefill + tokenizer.decode(ids, skip_special_tokens=True))
             obs = None if out.done else observation_ids(tokenizer, out.observation, ids, prefill=t.episode.prefill)
@@ -123,7 +132,7 @@ def play_episodes(ctx: TrialContext, episodes: list[TextEpisode], *, seed: int, 
                      sampled=False, context=obs)
             t.observations.append(out.observation)
         turn += 1
-    return trajs, {"num_tokens": num_tokens, "versions": versions, "turns": turn}
+    return trajs, Played(num_tokens, versions, turn)
 
 
 def _start(tokenizer, ep: TextEpisode, segments: bool) -> Trajectory:

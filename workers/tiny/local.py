@@ -11,9 +11,9 @@ FAMILY_NAMES = ("tiny-qwen2-base", "tiny-qwen2-instruct", "tiny-qwen3", "tiny-qw
 # name -> (module, builder `build(out_dir, seed=) -> Path`)
 LOCAL_MODELS: dict[str, tuple[str, str]] = {
     "tiny": ("workers.models.loading", "build_tiny_model"),
-    "tiny-agent": ("workers.models.tiny_agent", "build_tiny_agent"),
-    "tiny-reasoner": ("workers.models.reasoner", "build_tiny_reasoner"),
-    **{name: ("workers.models.families", "family_builder") for name in FAMILY_NAMES},
+    "tiny-agent": ("workers.tiny.agent", "build_tiny_agent"),
+    "tiny-reasoner": ("workers.tiny.reasoner", "build_tiny_reasoner"),
+    **{name: ("workers.tiny.families", "family_builder") for name in FAMILY_NAMES},
 }
 # a rebuilt model of a new version gets its own cache directory: an older build in use is never replaced under it
 _VERSION_ATTR = {"tiny-agent": "TINY_AGENT_VERSION"}
@@ -37,14 +37,14 @@ def local_model_path(name: str, seed: int) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m workers.models.local NAME [NAME ...]`: build these local models (seed 0) now, one after another,
+    """`python -m workers.tiny.local NAME [NAME ...]`: build these local models (seed 0) now, one after another,
     so later trials and tests find them cached; prints each one's directory."""
     import sys
 
     names = sys.argv[1:] if argv is None else argv
     unknown = [n for n in names if n not in LOCAL_MODELS]
     if unknown or not names:
-        print(f"usage: python -m workers.models.local NAME [NAME ...]; names: {', '.join(LOCAL_MODELS)}"
+        print(f"usage: python -m workers.tiny.local NAME [NAME ...]; names: {', '.join(LOCAL_MODELS)}"
               + (f" (unknown: {', '.join(unknown)})" if unknown else ""), file=sys.stderr)
         return 2
     for name in names:

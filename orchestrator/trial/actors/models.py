@@ -1,10 +1,10 @@
 """The model a trial loads: a hub name or local path as given, or a tiny model built here (cached:
-workers/models/local.py). Light: importing it imports no torch, so the pre-launch checks can use it."""
+workers/tiny/local.py). Light: importing it imports no torch, so the pre-launch checks can use it."""
 
 from __future__ import annotations
 
 from orchestrator.config.trial import ModelConfig
-from workers.models.local import local_model_path
+from workers.tiny.local import local_model_path
 
 
 def resolve_model(cfg: ModelConfig) -> str:
@@ -27,7 +27,7 @@ def local_tokenizer(cfg: ModelConfig):
     downloaded here: what needs it is checked again where the trial runs). For the checks made before launch."""
     from pathlib import Path
 
-    from workers.models.local import is_local_model
+    from workers.tiny.local import is_local_model
 
     if is_local_model(cfg.name) or Path(cfg.name).expanduser().is_dir():
         from workers.models.loading import load_tokenizer

@@ -20,33 +20,15 @@ from dataclasses import dataclass
 
 from orchestrator import storage as store
 from orchestrator.storage import EVENTS_FILE, SAMPLES_DIR, gzip_jsonl, samples_file
+from orchestrator.trial.collect.rollouts import SampleGroup
 
 ROW_KEYS = ("step", "split", "group", "problem", "sample", "prompt", "completion", "turns", "reward", "correct",
             "episode_advantage", "token_advantage", "length", "truncated", "planning_spans", "adapter_version",
             "trained")
 
 
-@dataclass
-class SampleGroup:
-    """One prompt's (or level's) G completions as token ids, with their scores. `loss_mask[g]`: True on the
-    sampled ids (None: the whole response was sampled, the single-turn case)."""
-
-    problem: str
-    prompt: str
-    response_ids: list[list[int]]
-    rewards: list[float]
-    correct: list[bool]
-    truncated: list[bool]
-    loss_mask: list[list[bool]] | None = None
-
-
-def group_info(problem: str, prompt: str, truncated: list[bool]) -> dict:
-    """A rollout source's per-group metadata (`Rollouts.groups_info`): what the ids do not say."""
-    return {"problem": problem, "prompt": prompt, "truncated": list(truncated)}
-
-
 def train_groups(roll, count: int) -> list[SampleGroup]:
-    """The first `count` groups of a step's `Rollouts` (orchestrator/trial/sources.py) with their metadata."""
+    """The first `count` groups of a step's `Rollouts` (orchestrator/trial/collect/sources.py) with their metadata."""
     out = []
     for i, info in enumerate(roll.groups_info[:count]):
         out.append(SampleGroup(info["problem"], info["prompt"], roll.response_ids[i], roll.rewards[i],
@@ -165,8 +147,8 @@ def read_samples(trial_dir: str, step: int, split: str = "train") -> list[dict] 
 
 
 class TrialSamples:
-    """The trial loop's one call after each step (`record`): the step's private keys out of its row, its
-    samples files written, and the rows handed back for the W&B table."""
+    """The trial loop's one call after each step (`record`): the step's samples files written, and the rows
+    handed back for the W&B table."""
 
     def __init__(self, cfg, out_dir: str, tokenizer):
         from workers.credit import resolve_plugins
@@ -176,12 +158,12 @@ class TrialSamples:
                                resolve_plugins(cfg.credit).get("planning_detector"))
         self.writer = SamplesWriter(out_dir, self.settings.max_mb)
 
-    def record(self, step: int, row: dict, eval_version: int) -> dict[str, list[dict]]:
-        """Pops `_rollouts`, `_kept`, `_advantages` (orchestrator/trial/step.py) and `_samples` (the held-out
-        generations, sources.py) from `row`; writes what `logging.samples` asks for. Returns
-        {"samples/train" | "samples/eval": rows} of the files written."""
-        roll, kept = row.pop("_rollouts", None), row.pop("_kept", [])
-        advantages, held_out = row.pop("_advantages", None), row.pop("_samples", None)
+    def record(self, step: int, outcome, eval_version: int) -> dict[str, list[dict]]:
+        """Writes what `logging.samples` asks for of a step's outcome (orchestrator/trial/step/sequence.py: its rollouts,
+        kept groups and advantages, and the held-out generations). Returns {"samples/train" | "samples/eval":
+        rows} of the files written."""
+        roll, kept, row = outcome.rollouts, outcome.kept, outcome.row
+        advantages, held_out = outcome.advantages, outcome.eval_samples
         s, out = self.settings, {}
         if roll is not None and s.every and s.per_step and step % s.every == 0:
             credit = Credit(kept, *advantages) if advantages is not None else Credit(kept, None, None)

@@ -8,9 +8,10 @@ from __future__ import annotations
 import numpy as np
 
 from orchestrator.config.trial import TrialConfig
-from orchestrator.trial.context import TrialContext
+from orchestrator.trial.actors.context import TrialContext
 from workers.envs.tokens import stop_token_ids
-from workers.rollout.worker import SamplingRequest, shard
+from workers.rollout.output import Generation
+from workers.rollout.worker import SamplingRequest
 
 
 def step_seed(seed: int, step: int, shard_idx: int, turn: int = 0, round: int = 0) -> int:
@@ -36,19 +37,15 @@ def action_ids(cfg: TrialConfig, task, tokenizer) -> list[int] | None:
 
 
 def sample(ctx: TrialContext, prompt_ids: list[list[int]], *, n: int, temperature: float, seeds: list[int],
-           floor: bool = True, phase: str = "generate") -> list[dict]:
-    """Shard prompts over the workers and sample; one result dict per non-empty shard. `floor`: apply the
-    probability floor on the trial's action ids (`ctx.actions`; multi-turn episodes sample without it); `phase`:
-    whose deadline the wait is under (generate, or eval for held-out sampling)."""
-    cfg, workers, actions = ctx.cfg, ctx.workers, ctx.actions if floor else None
-    parts = shard(list(range(len(prompt_ids))), len(workers))
+           floor: bool = True, phase: str = "generate") -> list[Generation]:
+    """Shard prompts over the trial's engines (`ctx.engines`, shard j seeded `seeds[j]`) and sample; one
+    `Generation` per non-empty shard. `floor`: apply the probability floor on the trial's action ids
+    (`ctx.actions`; multi-turn episodes sample without it); `phase`: whose deadline the wait is under (generate,
+    or eval for held-out sampling)."""
+    cfg, actions = ctx.cfg, ctx.actions if floor else None
     floor_kw = {"action_token_ids": actions, "action_min_prob": cfg.interventions.probability_floor.min_prob} \
         if actions else {}
-    named = [(f"rollout[{j}]", w) for j, (w, idx) in enumerate(zip(workers, parts, strict=True)) if idx]
-    futures = [
-        w.generate.remote([prompt_ids[i] for i in idx], SamplingRequest(
-            n=n, temperature=temperature, top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_tokens,
-            seed=seeds[j], stop_token_ids=stop_token_ids(ctx.tokenizer), **floor_kw))
-        for j, (w, idx) in enumerate(zip(workers, parts, strict=True)) if idx
-    ]
-    return ctx.calls.get(futures, phase, named)
+    request = SamplingRequest(n=n, temperature=temperature, top_p=cfg.rollout.top_p,
+                              max_tokens=cfg.rollout.max_tokens, seed=seeds[0] if seeds else 0,
+                              stop_token_ids=stop_token_ids(ctx.tokenizer), **floor_kw)
+    return ctx.engines.generate(prompt_ids, request, seeds, phase)

@@ -1,13 +1,13 @@
 """Where a trial's samples come from: the rollout-source interface and its two implementations.
 
 A source turns the task into one step's groups of samples (`collect`) and measures the current policy on the
-task's held-out set (`evaluate`). The step loop (step.py, one_step_off.py) only asks a source for a batch and
+task's held-out set (`evaluate`). The step (orchestrator/trial/step/sequence.py) only asks a source for a batch and
 never branches on the kind of task; `rollout_source` picks the source once per trial. A new kind of task plugs
 in here: implement the two methods of `RolloutSource` and return it from `rollout_source`.
 
 - `SingleTurnSource`: prompts -> `rollout.n` completions each -> the task's rewards (a group shares a prompt).
 - `EpisodeSource` (agentic tasks): levels -> `rollout.n` multi-turn episodes each -> episode returns (a group
-  plays one level; orchestrator/trial/episodes.py plays them).
+  plays one level; orchestrator/trial/collect/episodes.py plays them).
 
 Both keep training's randomness a pure function of (seed, step, round): sampling seeds come from `step_seed`
 (round 0 keeps the seeds of runs without refill), the task cursor advances once per `collect` (one refill round),
@@ -16,106 +16,21 @@ and `evaluate` uses its own seeds and no cursor, so resumes stay equivalent.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.episodes import episode_metrics, play_episodes
-from orchestrator.trial.evaluation import pass_at_k
-from orchestrator.trial.samples import SampleGroup, group_info
-from orchestrator.trial.sampling import sample, step_seed
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.collect.episodes import episode_metrics, play_episodes
+from orchestrator.trial.collect.evaluation import pass_at_k
+from orchestrator.trial.collect.rollouts import HeldOut, Rollouts, SampleGroup, group_info
+from orchestrator.trial.collect.sampling import sample, step_seed
 from workers.envs.tokens import first_prompt_ids
+from workers.rollout.output import Completion
 
 EVAL_SEED_OFFSET = 104_729  # held-out sampling seeds: trial seed + this, never training's
-
-
-@dataclass
-class Rollouts:
-    """One step's samples in groups (group i shares a prompt or a level). Lists are `[N][G][*]` / `[N][G]`;
-    response ids, loss mask and log-probs are aligned (single-turn: the completion, all in the loss mask).
-
-    Every list field of length N is per group (`select` / `concat` carry it without naming it); an empty list
-    means "not recorded". `truncated` / `lengths` ([N][G]): the sample hit its length limit (single-turn: the
-    completion stopped at rollout.max_tokens; multi-turn: a turn did, or the episode ran out of context) and
-    the length rollout.overlong measures against max_tokens. `train` ([N]): the refill's choice of the groups
-    the learner trains on (orchestrator/trial/fill.py); empty: every usable group."""
-
-    prompt_ids: list[list[list[int]]]
-    response_ids: list[list[list[int]]]
-    loss_mask: list[list[list[bool]]]
-    logprobs: list[list[list[float]]]
-    rewards: list[list[float]]
-    correct: list[list[bool]]
-    num_tokens: int
-    versions: set
-    metrics: dict
-    extra: dict = field(default_factory=dict)  # per-sequence extras for the learner ([N][G][*] lists)
-    groups_info: list[dict] = field(default_factory=list)  # [N] per-group metadata (samples.py: group_info)
-    truncated: list[list[bool]] = field(default_factory=list)
-    lengths: list[list[int]] = field(default_factory=list)
-    train: list[bool] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.rewards)
-
-    def _group_fields(self) -> list[str]:
-        return [f.name for f in dataclasses.fields(self)
-                if isinstance(getattr(self, f.name), list) and len(getattr(self, f.name)) == len(self)]
-
-    def select(self, indices: list[int]) -> Rollouts:
-        """The groups at `indices`, in that order, with every per-group field and extra; `num_tokens` becomes the
-        selected groups' sampled (loss-mask) tokens, `metrics` is kept as is."""
-        picked = {name: [getattr(self, name)[i] for i in indices] for name in self._group_fields()}
-        extra = {k: [v[i] for i in indices] for k, v in self.extra.items()}
-        tokens = sum(sum(m) for i in indices for m in self.loss_mask[i])
-        return dataclasses.replace(self, **picked, extra=extra, num_tokens=tokens, metrics=dict(self.metrics))
-
-    @staticmethod
-    def concat(parts: list[Rollouts]) -> Rollouts:
-        """The groups of `parts` one after another (refill rounds): per-group fields and extras concatenated,
-        tokens summed, versions united, metrics merged by `merge_metrics`. A per-group field recorded in some
-        parts and not in others is an error."""
-        if len(parts) == 1:
-            return parts[0]
-        first, values = parts[0], {}
-        for f in dataclasses.fields(first):
-            if not isinstance(getattr(first, f.name), list):
-                continue
-            have = [len(getattr(p, f.name)) == len(p) and len(p) > 0 for p in parts]
-            if any(have) and not all(have):
-                raise ValueError(f"Rollouts.concat: per-group field {f.name!r} is missing in some parts")
-            values[f.name] = [x for p in parts for x in getattr(p, f.name)] if all(have) else []
-        keys = set(first.extra)
-        if any(set(p.extra) != keys for p in parts):
-            raise ValueError("Rollouts.concat: the parts carry different extras")
-        return dataclasses.replace(
-            first, **values, extra={k: [x for p in parts for x in p.extra[k]] for k in first.extra},
-            num_tokens=sum(p.num_tokens for p in parts), versions=set().union(*(p.versions for p in parts)),
-            metrics=merge_metrics([p.metrics for p in parts], [len(p) for p in parts]))
-
-
-def merge_metrics(rows: list[dict], weights: list[int]) -> dict:
-    """Refill rounds' metrics as one step's: `time/*` and counts (`*_errors`, `*_timeouts`, `*_masked`) summed,
-    `*min*` / `*max*` keys by min / max, everything else (rates, means) averaged weighted by groups."""
-    out: dict = {}
-    for key in dict.fromkeys(k for r in rows for k in r):
-        vals = [(r[key], w) for r, w in zip(rows, weights, strict=True) if key in r]
-        xs = [v for v, _ in vals]
-        if key.startswith("time/") or key.endswith(("_errors", "_timeouts", "_masked")):
-            out[key] = sum(xs)
-        elif "min" in key.rsplit("/", 1)[-1]:
-            out[key] = min(xs)
-        elif "max" in key.rsplit("/", 1)[-1]:
-            out[key] = max(xs)
-        else:
-            total = sum(w for _, w in vals)
-            out[key] = sum(v * w for v, w in vals) / total if total else xs[0]
-    return out
 
 
 class RolloutSource(Protocol):
@@ -129,10 +44,9 @@ class RolloutSource(Protocol):
         `truncated` / `lengths` say which samples hit the length limit."""
         ...
 
-    def evaluate(self, step: int) -> dict:
-        """Held-out metrics of the current policy (`eval/pass@1`, `eval/pass@k`, `eval/k`, `eval/problems`,
-        `time/eval_s`, ...) and its generations under `_samples` (a list of `SampleGroup`, popped by the loop);
-        {} when the task has no held-out set. Must not move the training task cursor."""
+    def evaluate(self, step: int) -> HeldOut:
+        """Held-out metrics of the current policy and its generations (`HeldOut`; empty when the task has no
+        held-out set). Must not move the training task cursor."""
         ...
 
 
@@ -158,19 +72,19 @@ class SingleTurnSource:
         under `phase`'s deadline)."""
         ctx = self.ctx
         prompt_ids = [first_prompt_ids(ctx.tokenizer, p.prompt, system=p.system) for p in problems]
-        seeds = [step_seed(seed, step, j, round=round) for j in range(len(ctx.workers))]
+        seeds = [step_seed(seed, step, j, round=round) for j in range(ctx.engines.count)]
         return prompt_ids, sample(ctx, prompt_ids, n=n, temperature=temperature, seeds=seeds, phase=phase)
 
-    def _score(self, prob, group: list[dict]):
-        texts = [self.ctx.tokenizer.decode(c["token_ids"], skip_special_tokens=True) for c in group]
+    def _score(self, prob, group: list[Completion]):
+        texts = [self.ctx.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in group]
         return self.ctx.task.score([prob] * len(group), texts)
 
     def collect(self, step: int, round: int = 0) -> Rollouts:
         cfg, ro = self.ctx.cfg, self.ctx.cfg.rollout
         problems = self.ctx.task.next_batch(ro.prompts_per_step)
         prompt_ids, results = self._completions(problems, step, cfg.seed, ro.n, ro.temperature, round=round)
-        groups = [g for res in results for g in res["completions"]]
-        sampler_floor = [math.exp(lp) for g in groups for c in g for lp in c.get("action_logprobs", {}).values()]
+        groups = [g for res in results for g in res.completions]
+        sampler_floor = [math.exp(lp) for g in groups for c in g for lp in (c.action_logprobs or {}).values()]
         t0 = time.perf_counter()
         rewards, errors, timeouts = [], 0, 0
         for prob, group in zip(problems, groups, strict=True):
@@ -183,38 +97,38 @@ class SingleTurnSource:
                    **({"floor/sampler_min_valid_prob": min(sampler_floor)} if sampler_floor else {})}
         return Rollouts(
             prompt_ids=[[p] * len(g) for p, g in zip(prompt_ids, groups, strict=True)],
-            response_ids=[[c["token_ids"] for c in g] for g in groups],
-            loss_mask=[[[True] * len(c["token_ids"]) for c in g] for g in groups],
-            logprobs=[[c["logprobs"] for c in g] for g in groups],
+            response_ids=[[c.token_ids for c in g] for g in groups],
+            loss_mask=[[[True] * len(c.token_ids) for c in g] for g in groups],
+            logprobs=[[c.logprobs for c in g] for g in groups],
             rewards=rewards, correct=[[r > 0.5 for r in g] for g in rewards],
-            num_tokens=sum(res["num_tokens"] for res in results),
-            versions={res["adapter_version"] for res in results}, metrics=metrics,
-            truncated=[[c.get("finish_reason") == "length" for c in g] for g in groups],
-            lengths=[[len(c["token_ids"]) for c in g] for g in groups],
+            num_tokens=sum(res.num_tokens for res in results),
+            versions={res.adapter_version for res in results}, metrics=metrics,
+            truncated=[[c.truncated for c in g] for g in groups],
+            lengths=[[len(c.token_ids) for c in g] for g in groups],
             groups_info=[group_info(p.id, p.prompt, _truncated(g)) for p, g in zip(problems, groups, strict=True)],
         )
 
-    def evaluate(self, step: int) -> dict:
+    def evaluate(self, step: int) -> HeldOut:
         """Held-out pass@1 / pass@k on the task's held-out problems."""
         cfg, ev = self.ctx.cfg, self.ctx.cfg.eval
         problems = self.ctx.task.heldout(ev.problems)
         if not problems:
-            return {}
+            return HeldOut()
         t0 = time.perf_counter()
         _, results = self._completions(problems, step, cfg.seed + EVAL_SEED_OFFSET, ev.n, ev.temperature,
                                        phase="eval")
-        groups = [g for res in results for g in res["completions"]]
+        groups = [g for res in results for g in res.completions]
         p1, pk, kept = [], [], []
         for prob, group in zip(problems, groups, strict=True):
             rewards = self._score(prob, group).rewards
             correct = sum(r > 0.5 for r in rewards)
             p1.append(correct / len(group))
             pk.append(pass_at_k(len(group), correct, ev.k))
-            kept.append(SampleGroup(prob.id, prob.prompt, [c["token_ids"] for c in group], list(rewards),
+            kept.append(SampleGroup(prob.id, prob.prompt, [c.token_ids for c in group], list(rewards),
                                     [r > 0.5 for r in rewards], _truncated(group)))
-        return {**per_source("eval", "pass@1", problems, p1),
-                "eval/pass@1": float(np.mean(p1)), "eval/pass@k": float(np.mean(pk)), "eval/k": ev.k,
-                "eval/problems": len(problems), "time/eval_s": time.perf_counter() - t0, "_samples": kept}
+        return HeldOut({**per_source("eval", "pass@1", problems, p1),
+                        "eval/pass@1": float(np.mean(p1)), "eval/pass@k": float(np.mean(pk)), "eval/k": ev.k,
+                        "eval/problems": len(problems), "time/eval_s": time.perf_counter() - t0}, kept)
 
 
 class EpisodeSource:
@@ -239,8 +153,8 @@ class EpisodeSource:
             prompt_ids=per_group(lambda t: t.prompt_ids), response_ids=per_group(lambda t: t.response_ids),
             loss_mask=per_group(lambda t: t.loss_mask), logprobs=per_group(lambda t: t.logprobs),
             rewards=per_group(lambda t: t.episode_return), correct=per_group(lambda t: t.success),
-            num_tokens=info["num_tokens"], versions=info["versions"],
-            metrics={**episode_metrics(trajs), "env/turns_max": info["turns"]},
+            num_tokens=info.num_tokens, versions=info.versions,
+            metrics={**episode_metrics(trajs), "env/turns_max": info.turns},
             extra={"turn_rewards": per_group(lambda t: t.turn_rewards),
                    "reward_positions": per_group(lambda t: t.reward_positions),
                    "sampled_mask": per_group(lambda t: t.sampled_mask)},
@@ -251,7 +165,7 @@ class EpisodeSource:
                          for lv, p, g in zip(levels, prompts, groups, strict=True)],
         )
 
-    def evaluate(self, step: int) -> dict:
+    def evaluate(self, step: int) -> HeldOut:
         """Validation success on a fixed set of validation levels that training never draws
         (`EnvTask.eval_levels`), `eval.n` episodes each, plus pass@k over them."""
         cfg, task, ev = self.ctx.cfg, self.ctx.task, self.ctx.cfg.eval
@@ -267,14 +181,14 @@ class EpisodeSource:
                             [t.success for t in g], [t.truncated for t in g], [t.loss_mask for t in g])
                 for lv, p, g in zip(levels, prompts, (trajs[i:i + ev.n] for i in range(0, len(trajs), ev.n)),
                                     strict=True)]
-        return {**metrics, "eval/pass@1": metrics["eval/success"],
-                "eval/pass@k": float(np.mean([pass_at_k(ev.n, c, ev.k) for c in wins])), "eval/k": ev.k,
-                "eval/problems": len(levels), "time/eval_s": time.perf_counter() - t0, "_samples": kept}
+        return HeldOut({**metrics, "eval/pass@1": metrics["eval/success"],
+                        "eval/pass@k": float(np.mean([pass_at_k(ev.n, c, ev.k) for c in wins])), "eval/k": ev.k,
+                        "eval/problems": len(levels), "time/eval_s": time.perf_counter() - t0}, kept)
 
 
-def _truncated(group: list[dict]) -> list[bool]:
+def _truncated(group: list[Completion]) -> list[bool]:
     """Which completions the token budget cut (vLLM's finish reason "length")."""
-    return [c.get("finish_reason") == "length" for c in group]
+    return [c.truncated for c in group]
 
 
 def rollout_source(ctx: TrialContext) -> RolloutSource:

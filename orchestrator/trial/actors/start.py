@@ -12,9 +12,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.config.placement import colocated, learner_slots, worker_slots
 from orchestrator.config.trial import ModelConfig, TrialConfig
-from orchestrator.trial.calls import Calls
-from orchestrator.trial.learner_group import LearnerGroup
-from orchestrator.trial.models import resolve_model
+from orchestrator.trial.actors.calls import Calls
+from orchestrator.trial.actors.learner_group import LearnerGroup
+from orchestrator.trial.actors.models import resolve_model
 from workers.learner.inputs import RunSettings
 from workers.learner.learner import Learner
 from workers.learner.ranks import Ranks, rendezvous_address
@@ -40,7 +40,7 @@ def engine_dtype(dtype: str) -> str:
 class TrialRolloutActor(RolloutWorker):
     """A rollout worker whose model is a trial's `model` config (resolved where the actor runs) and whose dtype
     may be "auto" (`engine_dtype`). `health` runs on its own thread: it answers while `generate` waits on a
-    frozen engine (orchestrator/trial/calls.py asks it after a missed deadline)."""
+    frozen engine (orchestrator/trial/actors/calls.py asks it after a missed deadline)."""
 
     def __init__(self, model_cfg: dict, settings: RolloutWorkerSettings, scratch: str | None = None):
         if scratch:  # before the engine (and its processes) exist: their temp files go under the trial's
@@ -60,7 +60,7 @@ class TrialRolloutActor(RolloutWorker):
 @ray.remote(concurrency_groups={"health": 1})
 class LearnerRankActor(Learner):
     """One learner rank. Built in two calls so the group's address (rank 0's node and a free port there) is known
-    before any rank joins: `rendezvous` on rank 0, then `start` on every rank (orchestrator/trial/learner_group.py)."""
+    before any rank joins: `rendezvous` on rank 0, then `start` on every rank (orchestrator/trial/actors/learner_group.py)."""
 
     def __init__(self, model_cfg: dict, rank: int = 0, world: int = 1, scratch: str | None = None, **kw):
         if scratch:

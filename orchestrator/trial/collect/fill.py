@@ -1,6 +1,7 @@
-"""Which groups of a step reach the learner, and the refill that keeps their number fixed (`rollout.fill`).
+"""Which groups of a step reach the learner, and the refill that keeps their number fixed (`rollout.fill`):
+`Refill`, a rollout source around any other, whose one `collect` is a whole step's rounds.
 
-`usable_groups` is the one rule (step.py's `prepare` and the refill both use it): a group is usable when its
+`usable_groups` is the one rule (step/sequence.py's `prepare` and the refill both use it): a group is usable when its
 rewards and sampled log-probs are finite, the RV filter keeps it, it still has a token in the loss, and (with
 rollout.skip_uninformative) its rewards are not all equal. `gather` runs the refill rounds: round r asks the
 source for `prompts_per_step` fresh groups (the task cursor moves once per round, so a checkpoint after the step
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from orchestrator.config.trial import RolloutConfig, TrialConfig
-from orchestrator.trial.sources import Rollouts, RolloutSource
+from orchestrator.trial.collect.rollouts import HeldOut, Rollouts
+from orchestrator.trial.collect.sources import RolloutSource
 from workers.objectives.filters import FiniteCheck, RVFilterResult, nonfinite_groups, rv_filter
 from workers.objectives.overlong import soft_overlong_penalty
 
@@ -95,3 +97,19 @@ def gather(cfg: TrialConfig, source: RolloutSource, step: int) -> Rollouts:
     roll.metrics["train/fill_rounds"] = len(parts)
     roll.metrics["time/generate_s"] = t_gen
     return roll
+
+
+class Refill:
+    """A rollout source that refills: `collect(step)` is `gather` over `inner`'s rounds (rollout.overlong
+    applied, `train` marking the refill's choice, `time/generate_s` and `train/fill_rounds` in its metrics); held
+    out, it is `inner`. `cfg`: whose `rollout` settings (fill, overlong) apply."""
+
+    def __init__(self, cfg: TrialConfig, inner: RolloutSource):
+        self.cfg, self.inner = cfg, inner
+
+    def collect(self, step: int, round: int = 0) -> Rollouts:
+        """Step `step`'s groups, every round of it (`round` is the refill's own business: always 0 here)."""
+        return gather(self.cfg, self.inner, step)
+
+    def evaluate(self, step: int) -> HeldOut:
+        return self.inner.evaluate(step)

@@ -1,7 +1,8 @@
 """`python -m orchestrator trial CONFIG --replay RUN_DIR`: train on a run's saved batches instead of sampling.
 
-A run with `logging: {batches: true}` saved every step's groups (orchestrator/trial/batches.py). A replay hands
-step t's saved groups to `step.prepare` where a sampled step's would go (the one hook: `step.collect`), so the
+A run with `logging: {batches: true}` saved every step's groups (orchestrator/trial/artifacts/batches.py). A replay is an
+ordinary rollout source whose `collect` of step t is the saved groups of step t, handed to `step.prepare` where a
+sampled step's would go, so the
 learner side runs under the replaying trial's own settings (credit, learner, interventions, the group filter
 and SEPA) on exactly the data the run trained on: two learner settings compared on identical batches, and the
 run's own config reproduces its metrics. The run's rollout settings shaped the data (refill, overlong, length);
@@ -30,9 +31,10 @@ from orchestrator import storage as store
 from orchestrator.config.errors import UserError
 from orchestrator.config.trial import TrialConfig
 from orchestrator.storage import BATCHES_DIR, TRIAL_CONFIG_FILE, batch_file
-from orchestrator.trial.batches import read_batch
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.sources import Rollouts, RolloutSource
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.artifacts.batches import read_batch
+from orchestrator.trial.collect.rollouts import HeldOut, Rollouts
+from orchestrator.trial.collect.sources import RolloutSource
 
 
 def run_location(run_dir: str) -> str:
@@ -76,7 +78,7 @@ def mismatches(cfg: TrialConfig, header: dict, tokenizer: str | None = None) -> 
 def _tokenizer_of(cfg: TrialConfig) -> str | None:
     """The replaying trial's tokenizer fingerprint, None where its tokenizer is not on this machine (a hub model
     not downloaded here: the trial checks it itself, `ReplaySource`)."""
-    from orchestrator.trial.models import local_tokenizer
+    from orchestrator.trial.actors.models import local_tokenizer
     from workers.models.loading import tokenizer_fingerprint
 
     tok = local_tokenizer(cfg.model)
@@ -109,8 +111,9 @@ def check_replay(cfg: TrialConfig, run_dir: str, where: str) -> str:
 
 
 class ReplaySource:
-    """A `RolloutSource` whose training groups are a run's saved batches (`saved`, called by `step.collect` in
-    place of the sampling rounds); held-out evaluation is the trial's own source's, on its engines."""
+    """A `RolloutSource` whose training groups are a run's saved batches (`saved`); held-out evaluation is the
+    trial's own source's, on its engines. Not wrapped in a `Refill`: the saved step holds every round the run
+    sampled."""
 
     def __init__(self, cfg: TrialConfig, inner: RolloutSource, tokenizer: str | None = None):
         self.run, self.inner = cfg.replay, inner
@@ -131,9 +134,10 @@ class ReplaySource:
         return dataclasses.replace(roll, versions=set(), metrics=metrics)
 
     def collect(self, step: int, round: int = 0) -> Rollouts:
-        raise RuntimeError("a replay samples nothing: its steps come from ReplaySource.saved (step.collect)")
+        """The saved step (every round the run sampled: `round` has nothing left to ask)."""
+        return self.saved(step)
 
-    def evaluate(self, step: int) -> dict:
+    def evaluate(self, step: int) -> HeldOut:
         return self.inner.evaluate(step)
 
 

@@ -1,6 +1,6 @@
 """The held-out evaluation's estimator: the unbiased pass@k.
 
-The evaluation itself is each rollout source's `evaluate` (orchestrator/trial/sources.py): single-turn tasks
+The evaluation itself is each rollout source's `evaluate` (orchestrator/trial/collect/sources.py): single-turn tasks
 score their held-out problems, agentic tasks a fixed set of validation levels that training never draws."""
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ import dataclasses
 from orchestrator.config.eval_sets import EvalSetConfig
 from orchestrator.config.sections import EvalConfig
 from orchestrator.tracking.names import eval_set_metric, eval_set_time
-from orchestrator.trial.context import TrialContext
-from orchestrator.trial.sampling import action_ids
-from orchestrator.trial.sources import rollout_source
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.collect.sampling import action_ids
+from orchestrator.trial.collect.sources import rollout_source
 from workers.tasks import make_task
 
 
@@ -41,7 +41,7 @@ def close_context(ctx: TrialContext, trial: TrialContext) -> None:
 
 def under_set(name: str, metrics: dict) -> dict:
     """A source's held-out metrics renamed for set `name`: `eval/x` -> `eval/<name>/x`, `time/eval_s` ->
-    `time/eval_<name>_s`; its generations (`_samples`) dropped."""
+    `time/eval_<name>_s`."""
     out = {}
     for key, value in metrics.items():
         if key == "time/eval_s":
@@ -62,7 +62,7 @@ class EvalSets:
     def evaluate(self, step: int) -> dict:
         row: dict = {}
         for name, ctx in self.sets:
-            row.update(under_set(name, rollout_source(ctx).evaluate(step)))
+            row.update(under_set(name, rollout_source(ctx).evaluate(step).metrics))
         return row
 
     def close(self) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from workers.models.loading import build_cached
-from workers.models.local import FAMILY_NAMES
+from workers.tiny.local import FAMILY_NAMES
 
 _MARKER = "tiny_family.json"
 VERSION = 1
@@ -85,7 +85,7 @@ FAMILIES: dict[str, dict] = {
     "tiny-qwen3": {"arch": "qwen3", "template": QWEN3_TEMPLATE, "eos": IM_END},
     "tiny-qwen3-2507": {"arch": "qwen3", "template": INSTRUCT_2507_TEMPLATE, "eos": IM_END},
 }
-assert tuple(FAMILIES) == FAMILY_NAMES, "workers/models/local.py lists the families by name"
+assert tuple(FAMILIES) == FAMILY_NAMES, "workers/tiny/local.py lists the families by name"
 SIZE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2,
         "num_key_value_heads": 1, "head_dim": 64, "max_position_embeddings": 2048}
 BPE_VOCAB = 1024
@@ -174,7 +174,7 @@ def build_family_model(name: str, out_dir: str | os.PathLike, seed: int = 0) -> 
 
 
 def family_builder(name: str):
-    """`build(out_dir, seed)` for one family (the signature workers/models/local.py's builders have)."""
+    """`build(out_dir, seed)` for one family (the signature workers/tiny/local.py's builders have)."""
     def build(out_dir: str | os.PathLike, seed: int = 0) -> Path:
         return build_family_model(name, out_dir, seed)
     return build

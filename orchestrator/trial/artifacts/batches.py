@@ -1,8 +1,8 @@
-"""Each step's training batch, saved for reading and for `trial --replay` (orchestrator/trial/replay.py).
+"""Each step's training batch, saved for reading and for `trial --replay` (orchestrator/trial/artifacts/replay.py).
 
 `logging.batches: true` writes, through the storage layer (a path or a bucket URI), after every step
     trials/<trial>/batches/step_<s>.npz
-the step's `Rollouts` (orchestrator/trial/sources.py) as the rollout side handed them to `step.prepare`: every
+the step's `Rollouts` (orchestrator/trial/collect/sources.py) as the rollout side handed them to `step.prepare`: every
 sampled group (the learner's filter runs again on replay, under the replaying trial's settings), after the
 refill's choice (`train`) and rollout.overlong. Everything the learner batch is built from is in it, so a replay
 trains exactly as the run did.
@@ -35,7 +35,7 @@ import numpy as np
 from orchestrator import storage as store
 from orchestrator.config.trial import TrialConfig
 from orchestrator.storage import BATCHES_DIR, batch_file
-from orchestrator.trial.sources import Rollouts
+from orchestrator.trial.collect.rollouts import Rollouts
 
 FORMAT = 1
 RAGGED = {"prompt_ids": np.int64, "response_ids": np.int64, "loss_mask": np.bool_, "logprobs": np.float64}
@@ -138,9 +138,9 @@ class TrialBatches:
     def __init__(self, cfg: TrialConfig, out_dir: str, tokenizer: str | None = None):
         self.cfg, self.out_dir, self.tokenizer = cfg, out_dir, tokenizer  # tokenizer: its fingerprint
 
-    def record(self, step: int, row: dict) -> None:
-        roll = row.get("_rollouts")
-        if not self.cfg.logging.batches or roll is None:
+    def record(self, step: int, roll: Rollouts) -> None:
+        """Step `step`'s groups into its file when `logging.batches` is on."""
+        if not self.cfg.logging.batches:
             return
         data = encode(roll, header_of(self.cfg, step, roll, self.tokenizer))
         store.write_bytes(store.join(self.out_dir, BATCHES_DIR, batch_file(step)), data)

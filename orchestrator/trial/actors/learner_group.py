@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import ray
 
-from orchestrator.trial.calls import Calls
+from orchestrator.trial.actors.calls import Calls
 from workers.learner.inputs import LearnerBatch, StepResult
-from workers.sync.policy import push
+from workers.sync.policy import PolicyUpdate
 
 
 class LearnerGroup:
-    """`ranks`: the learner actors (orchestrator/trial/actors.py:LearnerRankActor), rank order, built but not started; or
+    """The `Learner` interface (orchestrator/trial/actors/ports.py) over the trial's own rank actors. `ranks`: the learner actors (orchestrator/trial/actors/start.py:LearnerRankActor), rank order, built but not started; or
     `started`: any actors with the Learner's methods whose models are already built (one rank, in tests).
-    `calls`: the trial's deadlines (orchestrator/trial/calls.py); every wait on a rank goes through it."""
+    `calls`: the trial's deadlines (orchestrator/trial/actors/calls.py); every wait on a rank goes through it."""
 
     def __init__(self, ranks: list, full: bool, started: bool = False, calls: Calls | None = None):
         self.ranks, self.full = ranks, full
@@ -49,19 +49,14 @@ class LearnerGroup:
 
     def release_cache(self) -> None:
         """Every rank returns its cached, unused GPU memory to the device (colocated trials, before the engines
-        wake: orchestrator/trial/phases.py)."""
+        wake: orchestrator/trial/actors/phases.py)."""
         self.calls.get([r.release_cache.remote() for r in self.ranks], "sync", self.named)
 
-    # -- the policy on the rollout workers ------------------------------------------------------------
-    def push_policy(self, workers: list, version: int) -> int:
-        """The learner's policy as `version` on every worker (workers/sync/: the LoRA adapter, or the full
-        weights checked by checksum on each worker). Returns `version` once every worker holds it; with no
-        worker (a replay without evaluation: orchestrator/trial/replay.py) nothing is exported."""
-        if not workers:
-            return version
-        update = self.calls.get([r.export_policy.remote(version) for r in self.ranks], "sync", self.named)[0]
-        named = [(f"rollout[{i}]", w) for i, w in enumerate(workers)]
-        return push(workers, update, wait=lambda refs: self.calls.get(refs, "sync", named))
+    # -- the policy for the engines -------------------------------------------------------------------
+    def export_policy(self, version: int) -> PolicyUpdate:
+        """The learner's policy as `version` (workers/sync/: the LoRA adapter, or the full weights with their
+        checksum), gathered on rank 0 (every rank takes part: FSDP's collectives)."""
+        return self.calls.get([r.export_policy.remote(version) for r in self.ranks], "sync", self.named)[0]
 
     # -- checkpoints ----------------------------------------------------------------------------------
     def write_checkpoint(self, directory: str) -> list[str]:
@@ -90,7 +85,7 @@ class LearnerGroup:
 
     def shutdown(self) -> None:
         """Kill every rank actor (their models and process group go with them). Idempotent. Use
-        orchestrator/trial/actors.py:shutdown_actors to end a trial's actors together."""
+        orchestrator/trial/actors/start.py:shutdown_actors to end a trial's actors together."""
         for r in self.ranks:
             ray.kill(r)
 

@@ -2,7 +2,7 @@
 learner trains -> engines wake their weights -> weight sync -> engines wake their KV cache -> (evaluation, next
 step's generation). The sync's transfer buffers and the KV cache never hold GPU memory at the same time.
 
-Three calls in `one_step` (orchestrator/trial/step.py) drive it: `before_train` after the step's groups are
+Three calls in the step (orchestrator/trial/step/sequence.py: `TrainingStep.run`) drive it: `before_train` after the step's groups are
 collected, `before_sync` after the learner's update and `after_sync` once the new policy is loaded. Each phase
 boundary is one line in the trial's events.jsonl ({"event": "phase", "step", "phase", "time"}; phases
 "generated", "asleep", "trained", "weights_awake", "synced", "awake"), so the order can be read back. A
@@ -16,33 +16,32 @@ from __future__ import annotations
 import time
 
 from orchestrator import storage as store
-from orchestrator.trial.calls import Calls
+from orchestrator.trial.actors.ports import Engines, Learner
 
 
 class Phases:
-    """`workers`: the rollout actors to put to sleep; `learner`: the LearnerGroup whose cached GPU memory is
+    """`engines`: the `Engines` to put to sleep (ports.py); `learner`: the `Learner` whose cached GPU memory is
     released before the engines wake (None: not released); `events`: the events.jsonl location (None: not
     written); `level`: vLLM sleep level, 1 under LoRA (the frozen base stays in host memory and keeps the adapter
     buffers), 2 under full fine-tuning (the weights come back from the learner at the sync)."""
 
-    def __init__(self, workers: list, learner, events: str | None, level: int, enabled: bool = True):
-        self.workers, self.learner, self.events, self.level, self.enabled = workers, learner, events, level, enabled
+    def __init__(self, engines: Engines | None, learner: Learner | None, events: str | None, level: int,
+                 enabled: bool = True):
+        self.engines, self.learner, self.events, self.level, self.enabled = engines, learner, events, level, enabled
         self.asleep = False
-        self.calls = getattr(learner, "calls", None) or Calls()  # the trial's deadlines (orchestrator/trial/calls.py)
-        self.names = [(f"rollout[{i}]", w) for i, w in enumerate(workers)]
 
     @classmethod
     def off(cls) -> Phases:
-        return cls([], None, None, 1, enabled=False)
+        return cls(None, None, None, 1, enabled=False)
 
     @classmethod
-    def for_trial(cls, cfg, workers: list, learner, out_dir: str) -> Phases:
+    def for_trial(cls, cfg, engines: Engines, learner: Learner, out_dir: str) -> Phases:
         """Colocated trials sleep their engines; separate ones run as before."""
         if cfg.resources.placement != "colocated":
             return cls.off()
         from orchestrator.storage import EVENTS_FILE
 
-        return cls(workers, learner, store.join(out_dir, EVENTS_FILE), 1 if cfg.learner.mode == "lora" else 2)
+        return cls(engines, learner, store.join(out_dir, EVENTS_FILE), 1 if cfg.learner.mode == "lora" else 2)
 
     def _mark(self, step: int, phase: str) -> None:
         if self.events is not None:
@@ -56,7 +55,7 @@ class Phases:
             return {}
         self._mark(step, "generated")
         t0 = time.perf_counter()
-        self.calls.get([w.sleep.remote(self.level) for w in self.workers], "sync", self.names)
+        self.engines.sleep(self.level)
         self.asleep = True
         self._mark(step, "asleep")
         return {"time/sleep_s": time.perf_counter() - t0}
@@ -70,7 +69,7 @@ class Phases:
         t0 = time.perf_counter()
         if self.learner is not None:  # the step's activations leave the allocator's cache: the engine needs them
             self.learner.release_cache()
-        self.calls.get([w.wake_up.remote(["weights"]) for w in self.workers], "sync", self.names)
+        self.engines.wake(["weights"])
         self._mark(step, "weights_awake")
         return {"time/wake_s": time.perf_counter() - t0}
 
@@ -81,7 +80,7 @@ class Phases:
             return {}
         self._mark(step, "synced")
         t0 = time.perf_counter()
-        self.calls.get([w.wake_up.remote(["kv_cache"]) for w in self.workers], "sync", self.names)
+        self.engines.wake(["kv_cache"])
         self.asleep = False
         self._mark(step, "awake")
         return {"time/wake_kv_s": time.perf_counter() - t0}

@@ -16,7 +16,7 @@ The build runs on CPU with at most `spec.threads` torch threads (float reduction
 a fixed count keeps the weights the same across runs on a machine). `reasoner_dir(seed)` is the cache the trial
 loop uses; concurrent builders on one node take a file lock and the first one builds.
 
-Run `python -m workers.models.reasoner [--eval N]` to build (or find) the default model and measure it.
+Run `python -m workers.tiny.reasoner [--eval N]` to build (or find) the default model and measure it.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def reasoner_dir(seed: int = 0) -> Path:
 
 
 def build_tiny_reasoner(out_dir: str | os.PathLike | None = None, seed: int = 0) -> Path:
-    """The default reasoner of `seed` (the builder signature of workers/models/local.py)."""
+    """The default reasoner of `seed` (the builder signature of workers/tiny/local.py)."""
     return build_reasoner(out_dir if out_dir is not None else reasoner_dir(seed), ReasonerSpec(seed=seed))
 
 
