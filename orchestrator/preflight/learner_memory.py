@@ -16,7 +16,7 @@ the LoRA targets' shapes) counted. Per GPU, with N = resources.learner_ranks, as
   per token and decoder layer 10 hidden-sized and 3 intermediate-sized tensors kept for backward (with gradient
   checkpointing: the layer's input only, and one layer's full set while it is recomputed), the embedding output
   and the final hidden states, and the LM head's pass: the log-prob / entropy pass runs over chunks of
-  learner.optim.logits_chunk positions (workers/learner/token_stats.py), each recomputed in backward, so one
+  learner.optim.logits_chunk positions (workers/learner/passes/token_stats.py), each recomputed in backward, so one
   chunk's float32 logits exist at a time, about 6 copies of them (logits, the softmax and its product,
   their gradients). A sharded learner gets the bf16 logits of the whole micro-batch from its FSDP root (kept, a
   gathered copy and the gradient: 3 per token). Under checkpointing the head's backward ends before the layers

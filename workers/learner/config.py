@@ -43,7 +43,7 @@ class OptimConfig(_Strict):
         "micro_batch_size sequences; None = by count"))
     logits_chunk: int | None = Field(1024, ge=1, description=(
         "positions whose full-vocabulary float32 logits exist at once in the log-prob / entropy pass (each chunk "
-        "recomputed in backward: workers/learner/token_stats.py); None = the whole micro-batch at once"))
+        "recomputed in backward: workers/learner/passes/token_stats.py); None = the whole micro-batch at once"))
 
 
 class LossConfig(_Strict):

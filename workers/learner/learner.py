@@ -8,7 +8,7 @@ It trains on sequences with a loss mask: the response window after the prompt ho
 per-token quantity reads the loss mask; a single-turn completion is the case of one contiguous sampled run.
 `train_step` is split by concept: collate -> score (no grad) -> planning mask -> credit -> entropy floors ->
 optimise -> metrics. The parts it composes each get what they use: `PolicyForward` (forward passes,
-workers/learner/forward.py), `Scorer` (the scoring pass), `Updater` (the PPO updates), `PolicyExport` and
+workers/learner/passes/forward.py), `Scorer` (the scoring pass), `Updater` (the PPO updates), `PolicyExport` and
 `LearnerStateIO` (what leaves the learner: workers/learner/state.py).
 In a group of N ranks every rank gets the whole batch, scores and trains its token-balanced share of each
 (mini-)batch and gathers the scored tensors, so the credit stack runs on the whole batch, unchanged, on every rank;
@@ -32,15 +32,15 @@ from workers.learner.config import LearnerConfig
 from workers.learner.context import Layout, PolicyOptim, Scoring, UpdatePlan
 from workers.learner.critic import ADAPTER as CRITIC_ADAPTER
 from workers.learner.critic import FullCritic, LoraCritic
-from workers.learner.forward import PolicyForward
 from workers.learner.inputs import LearnerBatch, RunSettings, StepResult
 from workers.learner.metrics import critic_metrics, probe_metrics, step_metrics, token_samples
 from workers.learner.modules import frozen_copy, load_causal_lm, lora_config, shard
 from workers.learner.offload import StateOffload
+from workers.learner.passes.forward import PolicyForward
+from workers.learner.passes.scoring import Scorer
+from workers.learner.passes.token_stats import TokenStats
 from workers.learner.ranks import ONE_RANK, Ranks, join_group, rendezvous_address
-from workers.learner.scoring import Scorer
 from workers.learner.state import LearnerStateIO, PolicyExport, Progress
-from workers.learner.token_stats import TokenStats
 from workers.learner.update import Updater
 from workers.models.loading import head_is_linear, load_tokenizer, token_pieces
 from workers.objectives.interventions import InterventionsConfig, scoring_pass_needs

@@ -96,7 +96,7 @@ def response_source(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, idx
     Sharded: through the root module (FSDP gathers its own parameters in the root's forward hooks, so no
     sub-module may be called on its own), with the LM head on the span of positions any row needs
     (`logits_to_keep`): logits. Unsharded with a linear head: the decoder over the sequence, its hidden states at
-    the response positions and the head, which the caller applies per chunk (workers/learner/token_stats.py).
+    the response positions and the head, which the caller applies per chunk (workers/learner/passes/token_stats.py).
     Otherwise full logits, then gathered."""
     if sharded:
         lo, hi = int(idx.min()), int(idx.max()) + 1

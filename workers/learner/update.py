@@ -20,7 +20,7 @@ from workers.objectives.losses import aggregate, kl_penalty, ppo_token_loss
 
 if TYPE_CHECKING:
     from workers.learner.config import LearnerConfig
-    from workers.learner.forward import PolicyForward
+    from workers.learner.passes.forward import PolicyForward
 
 
 class Updater:

@@ -1,4 +1,4 @@
-"""The chunked log-prob / entropy pass (workers/learner/token_stats.py) equals the unchunked one, values and
+"""The chunked log-prob / entropy pass (workers/learner/passes/token_stats.py) equals the unchunked one, values and
 gradients, on random inputs: through an LM head (hidden states in) and from logits, at any chunk size. The
 reference is written here from the definitions (log_softmax, -sum p log p), on the whole [b, T, V] tensor; the
 KL terms read the log-probs, so they follow."""
@@ -9,7 +9,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from workers.learner.token_stats import token_stats
+from workers.learner.passes.token_stats import token_stats
 from workers.objectives.losses import kl_penalty
 
 

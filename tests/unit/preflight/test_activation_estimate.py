@@ -1,7 +1,7 @@
 """The learner memory estimate's activation term against torch's measured peak on CPU: real Qwen2 / Qwen3
 architectures (transformers' classes, random init, LoRA as the learner builds it) at two sizes and sequence
 lengths, with and without gradient checkpointing, one micro-batch's forward and backward through the learner's
-own pass (workers/learner/modules.py:response_source, workers/learner/token_stats.py) with the log-prob pass in
+own pass (workers/learner/modules.py:response_source, workers/learner/passes/token_stats.py) with the log-prob pass in
 chunks smaller than the response window. The peak is the highest running sum of the CPU allocator's
 allocations and frees that torch.profiler records during the step (the weights and the adapter's gradients exist
 before it). fp32 on CPU: the estimate is asked at 4 bytes per activation (bf16 on a GPU: 2)."""
@@ -61,7 +61,7 @@ def _peak_bytes(step) -> int:
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-h{c[1]}-s{c[6]}-{'ckpt' if c[-1] else 'plain'}")
 def test_activation_estimate_within_20_percent_of_the_measured_peak(case, tmp_path):
     from workers.learner.modules import response_source
-    from workers.learner.token_stats import token_stats
+    from workers.learner.passes.token_stats import token_stats
 
     family, h, i, layers, vocab, rows, seq, resp, chunk, ckpt = case
     model = _model(family, h, i, layers, vocab, ckpt, tmp_path)

@@ -1,5 +1,5 @@
 """The learner's forward passes: response-window log-probs under the policy or the frozen reference, and this
-rank's micro-batches of a (mini-)batch. Shared by the scoring pass (workers/learner/scoring.py) and the update
+rank's micro-batches of a (mini-)batch. Shared by the scoring pass (workers/learner/passes/scoring.py) and the update
 (workers/learner/update.py)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from torch import Tensor, nn
 
 from workers.learner.batch import Batch, micro_batches
 from workers.learner.modules import response_source
+from workers.learner.passes.token_stats import TokenStats, token_stats
 from workers.learner.ranks import pad_passes, split_rows
-from workers.learner.token_stats import TokenStats, token_stats
 from workers.objectives.probability_floor import floored_token_logprobs
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class PolicyForward:
 
         The decoder runs over the whole sequence and the LM head only at the response positions; the log-probs
         (log_softmax(z)[y] = z[y] - logsumexp(z)) and the entropy come from chunks of `optim.logits_chunk`
-        positions (workers/learner/token_stats.py): no `[b, comp_len, V]` float32 logits, in forward or backward.
+        positions (workers/learner/passes/token_stats.py): no `[b, comp_len, V]` float32 logits, in forward or backward.
         Under the probability floor the first response token (the action position) is scored under the floored
         distribution the sampler drew it from.
         """

@@ -16,7 +16,7 @@ from workers.objectives.probability_floor import floor_probs
 
 if TYPE_CHECKING:
     from workers.learner.context import Scoring
-    from workers.learner.forward import PolicyForward
+    from workers.learner.passes.forward import PolicyForward
 
 
 class Scorer:
