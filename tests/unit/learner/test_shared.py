@@ -6,6 +6,7 @@ in-process, no Ray). Equality is `torch.equal` / `==`, never a tolerance."""
 from __future__ import annotations
 
 import math
+import weakref
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ SETUPS = [
     (11, {}, {}, {}),
     (12, {"critic": {"lr": 1e-3}}, {"advantage_mode": "gae"}, {}),  # a LoRA critic: GAE, a second adapter + head
     (13, {"optim": {"mini_batch_size": 2}}, {"transform_mode": "gtpo"}, {"kl": {"coef": 0.1}}),
-    (14, {}, {"advantage_mode": "maxrl"}, {"entropy_bonus": {"coeff": 0.01}}),
+    (14, {"gradient_checkpointing": True}, {"advantage_mode": "maxrl"}, {"entropy_bonus": {"coeff": 0.01}}),
 ]
 TEXTS = ["7", "the answer is 7", "so 8", "let me check: 3 + 4 = 7.", "31", "wait, 36 - 5 = 31", "9", "B so it is"]
 
@@ -94,10 +95,15 @@ def _assert_same_result(a: StepResult, b: StepResult) -> None:
 
 
 def _alone(model: str, k: int, steps: int = STEPS) -> tuple[list[StepResult], dict]:
-    """Slot k's twin: a separate learner built and trained alone, its results and final state."""
+    """Slot k's twin: a separate learner built and trained alone, its results and final state (with the bytes
+    of the adapter it exports)."""
     learner = _separate(model, k)
     results = [learner.train_step(_batch(learner.tokenizer, k, s)) for s in range(steps)]
-    return results, _state(learner, SlotRng.capture())
+    return results, {**_state(learner, SlotRng.capture()), **_exported(learner.export_policy(steps).files)}
+
+
+def _exported(files: dict[str, bytes]) -> dict[str, torch.Tensor]:
+    return {f"export.{name}": torch.frombuffer(bytearray(data), dtype=torch.uint8) for name, data in files.items()}
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +123,8 @@ def test_four_interleaved_slots_equal_their_separate_twins(model, twins):
     for k, (want, state) in enumerate(twins):
         for got, ref in zip(results[k], want, strict=True):
             _assert_same_result(got, ref)
-        _assert_same_state(_state(pool.learner(k), pool.rng(k)), state)
+        _assert_same_state({**_state(pool.learner(k), pool.rng(k)),
+                            **_exported(pool.export_policy(k, STEPS).files)}, state)
     # the frozen base is one copy: every slot's base weights are the same tensors
     base = {id(t) for t in pool.base.tensors()}
     for k in range(len(SETUPS)):
@@ -138,14 +145,15 @@ def test_a_reused_slot_starts_like_a_fresh_learner(model):
     for s in range(2):
         pool.train_step(0, _batch(tok, 0, s))
         pool.train_step(1, _batch(tok, 1, s))
+    gone = weakref.ref(next(p for p in pool.learner(0).model.parameters() if p.requires_grad))
     pool.close(0)
     assert not pool.is_open(0) and pool.is_open(1)
-    pool.open(0, **_settings(2))
-    _assert_same_result(pool.train_step(0, _batch(tok, 2, 0)), want[0])
-    _assert_same_state(_state(pool.learner(0), pool.rng(0)), state)
-    pool.open(1, **_settings(2))  # no close first: open clears what the slot held
-    _assert_same_result(pool.train_step(1, _batch(tok, 2, 0)), want[0])
-    _assert_same_state(_state(pool.learner(1), pool.rng(1)), state)
+    assert gone() is None  # the closed trial's adapter is freed, not kept beside the new one
+    for k in (0, 1):  # slot 1: no close first, open clears what the slot held
+        pool.open(k, **_settings(2))
+        _assert_same_result(pool.train_step(k, _batch(tok, 2, 0)), want[0])
+        _assert_same_state({**_state(pool.learner(k), pool.rng(k)), **_exported(pool.export_policy(k, 1).files)},
+                           state)
 
 
 def test_checkpoints_move_between_a_slot_and_a_separate_learner(model, twins):
@@ -168,7 +176,8 @@ def test_checkpoints_move_between_a_slot_and_a_separate_learner(model, twins):
     pool.train_step(0, _batch(tok, 0, 1))
     want, state = twins[k]
     _assert_same_result(pool.train_step(1, _batch(tok, k, 2)), want[2])
-    _assert_same_state(_state(pool.learner(1), pool.rng(1)), state)
+    _assert_same_state({**_state(pool.learner(1), pool.rng(1)), **_exported(pool.export_policy(1, STEPS).files)},
+                       state)
 
     pool.open(1, **_settings(k))
     for s in range(2):
@@ -180,7 +189,8 @@ def test_checkpoints_move_between_a_slot_and_a_separate_learner(model, twins):
     resumed.train_step(_batch(tok, 3, 0))
     resumed.restore(saved_slot, "slot")
     _assert_same_result(resumed.train_step(_batch(tok, k, 2)), want[2])
-    _assert_same_state(_state(resumed, SlotRng.capture()), state)
+    _assert_same_state({**_state(resumed, SlotRng.capture()), **_exported(resumed.export_policy(STEPS).files)},
+                       state)
 
 
 def test_a_failed_or_nan_step_in_one_slot_leaves_the_others_untouched(model, twins):
@@ -204,6 +214,7 @@ def test_a_failed_or_nan_step_in_one_slot_leaves_the_others_untouched(model, twi
     want, state = twins[0]
     for got, ref in zip(results, want, strict=True):
         _assert_same_result(got, ref)
-    _assert_same_state(_state(pool.learner(0), pool.rng(0)), state)
+    _assert_same_state({**_state(pool.learner(0), pool.rng(0)), **_exported(pool.export_policy(0, STEPS).files)},
+                       state)
     now = SlotRng.capture()
     assert torch.equal(now.torch_cpu, outer.torch_cpu) and now.python == outer.python

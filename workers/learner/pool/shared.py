@@ -29,6 +29,7 @@ from workers.learner.inputs import LearnerBatch, RunSettings, StepResult
 from workers.learner.learner import Learner
 from workers.learner.pool.base import SharedBase, SlotRng, swapped_rng
 from workers.objectives.interventions import InterventionsConfig
+from workers.startup import imports_done
 from workers.sync.policy import PolicyUpdate
 
 
@@ -146,9 +147,14 @@ class SharedLearner:
         return slot
 
     def _drop(self, slot: int) -> None:
+        """Free the slot's learner. Every learner's build ends in `imports_done` (workers/startup.py), which
+        freezes what is alive for the collector, this learner included: unfrozen, collected (any reference cycle
+        of its module tree goes too) and what is left frozen again."""
         if self._slots[slot] is not None:
             self._slots[slot] = None
-            gc.collect()  # the dropped learner's module tree holds reference cycles (PEFT, hooks)
+            gc.unfreeze()
+            gc.collect()
+            imports_done()
 
     @contextmanager
     def _entered(self, slot: int):
