@@ -149,6 +149,9 @@ def test_a_reused_slot_starts_like_a_fresh_learner(model):
     pool.close(0)
     assert not pool.is_open(0) and pool.is_open(1)
     assert gone() is None  # the closed trial's adapter is freed, not kept beside the new one
+    with pytest.raises(ValueError, match="LoRA adapters only"):  # full fine-tuning would train the shared base
+        pool.open(0, **{**_settings(2), "learner": LearnerConfig(mode="full")})
+    assert not pool.is_open(0)
     for k in (0, 1):  # slot 1: no close first, open clears what the slot held
         pool.open(k, **_settings(2))
         _assert_same_result(pool.train_step(k, _batch(tok, 2, 0)), want[0])
