@@ -127,6 +127,12 @@ class Learner:
         weights = {POLICY: [self.model], MODELS: [self.reference, critic_module]} if self.full else {}
         return StateOffload(optimizers, weights, [self.model, critic_module])
 
+    def load_base(self, model_path: str, dtype: torch.dtype, gradient_checkpointing: bool):
+        """The transformers model the policy is built on: a fresh load. A slot of the shared learner
+        (workers/learner/pool/shared.py) overrides it with a module tree of its own over one shared copy of the
+        frozen tensors; everything else it runs is this class's."""
+        return load_causal_lm(model_path, dtype, self.device, gradient_checkpointing)
+
     def _build_models(self, model_path: str, weights_dtype: torch.dtype, cuda: bool, offload: bool) -> None:
         """Policy (+ the LoRA critic's adapter on it), the frozen reference (full mode, when KL reads it) and the
         full critic, each sharded as soon as it is built, so at most one unsharded model is in memory at a time."""
@@ -137,7 +143,7 @@ class Learner:
             return shard(m, ranks.world, cuda=cuda, cpu_offload=offload, param_dtype=self.dtype) \
                 if self.sharded else m
 
-        base = load_causal_lm(model_path, weights_dtype, self.device, grad_ckpt)
+        base = self.load_base(model_path, weights_dtype, grad_ckpt)
         self._head_only = head_is_linear(base)
         critic = learner.critic if self.credit.uses_critic else None
         critic_kind = (critic.model if critic is not None else None) or ("full" if self.full else "lora")

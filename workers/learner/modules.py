@@ -63,10 +63,15 @@ def load_causal_lm(path: str, dtype: torch.dtype, device: str, gradient_checkpoi
     from workers.models.loading import load_model
 
     model = load_model(path, dtype=dtype, device=device)
-    if gradient_checkpointing:  # activations recomputed in backward (train mode only)
-        model.config.use_cache = False
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if gradient_checkpointing:
+        checkpoint_activations(model)
     return model
+
+
+def checkpoint_activations(model: nn.Module) -> None:
+    """Activations recomputed in backward (train mode only)."""
+    model.config.use_cache = False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def lora_config(settings: LoraSettings):
