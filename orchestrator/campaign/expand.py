@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from orchestrator import storage as store
 from orchestrator.campaign.schema import Campaign, CampaignConfig, ExpandedTrial
 from orchestrator.campaign.sections import CONTRAST, MEASURE
+from orchestrator.campaign.shared import check_shared_base
 from orchestrator.config.errors import UserError, first_error, format_validation
 from orchestrator.config.files import load_yaml
 from orchestrator.config.task_check import check_eval_sets, check_task_plugin
@@ -244,6 +245,7 @@ def load_campaign(path: str | Path) -> Campaign:
     # every trial carries the paths; validating it puts them on sys.path before its task plugin is imported
     trials = expand(cfg, source, directory, plugin_paths(cfg, Path(path).resolve().parent))
     check_schedule(cfg, trials, source)
+    check_shared_base(cfg, trials, source)
     return Campaign(cfg, source, directory, storage, trials)
 
 
