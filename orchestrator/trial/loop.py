@@ -29,6 +29,7 @@ from orchestrator.trial.actors.engines import RolloutEngines
 from orchestrator.trial.actors.learner_group import LearnerGroup
 from orchestrator.trial.actors.models import resolve_model
 from orchestrator.trial.actors.phases import Phases
+from orchestrator.trial.actors.shared import PoolClients, connect, pool_record
 from orchestrator.trial.actors.start import (
     placement_record,
     rollout_names,
@@ -153,16 +154,30 @@ def _run(cfg: TrialConfig) -> None:
     out_dir = cfg.output_dir or tempfile.mkdtemp(prefix=f"trial-{cfg.name}-")
     metrics_loc = store.join(out_dir, METRICS_FILE)
     resume = _resume(cfg, out_dir)
-    version, rows = resume.version, resume.rows
     store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "start", "from_step": resume.start,
                                                          "time": time.time()})
-    store.write_text(metrics_loc, "".join(json.dumps(r) + "\n" for r in rows))
+    store.write_text(metrics_loc, "".join(json.dumps(r) + "\n" for r in resume.rows))
     if resume.start >= cfg.steps:
         return  # restored from the final checkpoint: nothing left to run
 
     pg = get_current_placement_group()
     calls = Calls(Deadlines(cfg.timeouts))
-    workers, learner = start_actors(cfg, pg, calls)
+    if cfg.resources.shared_base is None:
+        workers, learner = start_actors(cfg, pg, calls)
+        engines, pool = RolloutEngines(workers, calls), None  # the step's Engines (trial/actors/ports.py)
+    else:  # the campaign's shared pool: a slot of its own, opened fresh (orchestrator/trial/actors/shared.py)
+        pool = connect(cfg, calls)
+        workers, learner, engines = [], pool.learner, pool.engines
+    try:
+        _steps(cfg, out_dir, resume, pg, calls, workers, learner, engines, pool)
+    finally:
+        if pool is not None:
+            pool.release(cfg.name)
+
+
+def _steps(cfg: TrialConfig, out_dir: str, resume: Resume, pg, calls: Calls, workers: list, learner, engines,
+           pool: PoolClients | None) -> None:
+    metrics_loc, version, rows = store.join(out_dir, METRICS_FILE), resume.version, resume.rows
     trackers: list[TrialTracker] = []  # the W&B run, once it exists, hears of a hang too
     calls.on_hang = _hang_handler(cfg, out_dir, workers, learner, trackers)
     tokenizer = load_tokenizer(resolve_model(cfg.model))
@@ -174,12 +189,15 @@ def _run(cfg: TrialConfig) -> None:
     task = make_task(cfg.task, cfg.seed)
     sepa = SepaController(sepa_settings(cfg))
     learner.ready()
-    engines = RolloutEngines(workers, calls)  # the step's Engines (orchestrator/trial/actors/ports.py)
     _restore_actors(resume, learner, engines, task, sepa, f"{out_dir} checkpoint of step {resume.start - 1}")
-    calls.get([w.ready.remote() for w in workers], "setup", rollout_names(workers))
-    health = check_health(calls, rollout_names(workers))  # also: the engines' pids, for the placement record
-    store.write_text(store.join(out_dir, PLACEMENT_FILE),
-                     json.dumps(placement_record(pg, workers, learner, health, cfg.resources.placement)))
+    if pool is None:
+        calls.get([w.ready.remote() for w in workers], "setup", rollout_names(workers))
+        health = check_health(calls, rollout_names(workers))  # also: the engines' pids, for the placement record
+        record = placement_record(pg, workers, learner, health, cfg.resources.placement)
+    else:  # the pool's processes, the same in every trial of the campaign (tests check the sharing with them)
+        shared = pool_record(pool, check_health(calls, pool.engines.names))
+        record = {**placement_record(pg, [], learner, [], "shared"), "workers": shared["workers"], "pool": shared}
+    store.write_text(store.join(out_dir, PLACEMENT_FILE), json.dumps(record))
     tracker = TrialTracker(cfg)
     trackers.append(tracker)
     for row in rows:  # steps before the checkpoint that no earlier attempt got written (killed writer)
