@@ -1,4 +1,4 @@
-"""The pool's Ray actors: the shared learner (workers/learner/shared.py:SharedLearner, every slot's adapter on one
+"""The pool's Ray actors: the shared learner (workers/learner/pool/shared.py:SharedLearner, every slot's adapter on one
 copy of the base) and the shared rollout engines (workers/rollout/shared.py:SharedRolloutWorker, one vLLM engine
 serving every slot's adapter), each told where it runs (placement.json of every shared trial records them)."""
 
@@ -11,7 +11,7 @@ import ray
 from orchestrator.config.trial import ModelConfig
 from orchestrator.trial.actors.models import resolve_model
 from orchestrator.trial.actors.start import engine_dtype, where_am_i
-from workers.learner.shared import SharedLearner
+from workers.learner.pool.shared import SharedLearner
 from workers.models.gpu_runtime import check_gpu_runtime
 from workers.rollout.shared import SharedRolloutWorker
 from workers.rollout.worker import RolloutWorkerSettings, process_health
@@ -38,11 +38,11 @@ class PoolLearnerActor(SharedLearner):
     """The pool's learner: every slot's adapter, optimizer and RNG on one copy of the base model. Calls run one at a
     time (a slot's train step, export, checkpoint); `health` answers on its own thread meanwhile."""
 
-    def __init__(self, model_cfg: dict, slots: int, dtype: str, scratch: str | None = None):
+    def __init__(self, model_cfg: dict, slots: int, scratch: str | None = None):
         if scratch:
             enter_scratch(scratch, "pool-learner")
         check_gpu_runtime()
-        super().__init__(resolve_model(ModelConfig(**model_cfg)), slots=slots, dtype=dtype)
+        super().__init__(resolve_model(ModelConfig(**model_cfg)), slots)
 
     def placement(self) -> dict:
         return where_am_i()

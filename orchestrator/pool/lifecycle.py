@@ -66,7 +66,7 @@ def start_pool(cfg: TrialConfig) -> Pool:
                                          num_gpus=r.worker_gpus, **bundle(i)).remote(model_cfg, slots, settings)
                     for i in range(k)]
     learner = PoolLearnerActor.options(name=LEARNER, num_cpus=r.learner_cpus, num_gpus=r.learner_gpus,
-                                       **bundle(k)).remote(model_cfg, slots, cfg.model.dtype)
+                                       **bundle(k)).remote(model_cfg, slots)
     registry = SlotRegistry.options(name=SLOTS).remote(slots, k)
     pool = Pool(group, learner, pool_engines, registry)
     try:

@@ -26,9 +26,9 @@ from orchestrator.tracking.run import TrialTracker
 from orchestrator.trial.actors.calls import Calls, Deadlines, Hang, check_health
 from orchestrator.trial.actors.context import TrialContext
 from orchestrator.trial.actors.engines import RolloutEngines
-from orchestrator.trial.actors.learner_group import LearnerGroup
 from orchestrator.trial.actors.models import resolve_model
 from orchestrator.trial.actors.phases import Phases
+from orchestrator.trial.actors.ports import Engines, Learner
 from orchestrator.trial.actors.shared import PoolClients, connect, pool_record
 from orchestrator.trial.actors.start import (
     placement_record,
@@ -92,7 +92,7 @@ def _resume(cfg: TrialConfig, out_dir: str) -> Resume:
     return Resume(state["step"] + 1, state["adapter_version"], state, files, restored.rows, pending)
 
 
-def _hang_handler(cfg: TrialConfig, out_dir: str, workers: list, learner: LearnerGroup, trackers: list):
+def _hang_handler(cfg: TrialConfig, out_dir: str, workers: list, learner: Learner, trackers: list):
     """What a missed deadline does before the trial fails (orchestrator/trial/actors/calls.py raises after it): record
     the phase and the actors in events.jsonl and the W&B run, and kill this trial's actors (only them), whose
     GPUs would otherwise stay held by a frozen process; Tune then retries from the newest checkpoint."""
@@ -108,7 +108,7 @@ def _hang_handler(cfg: TrialConfig, out_dir: str, workers: list, learner: Learne
     return handle
 
 
-def _restore_actors(resume: Resume, learner: LearnerGroup, engines: RolloutEngines, task, sepa: SepaController,
+def _restore_actors(resume: Resume, learner: Learner, engines: Engines, task, sepa: SepaController,
                     source: str) -> None:
     """Put the checkpoint's learner state (saved by a group of any size), task cursor, SEPA controller and
     policy back."""
@@ -164,20 +164,30 @@ def _run(cfg: TrialConfig) -> None:
     calls = Calls(Deadlines(cfg.timeouts))
     if cfg.resources.shared_base is None:
         workers, learner = start_actors(cfg, pg, calls)
-        engines, pool = RolloutEngines(workers, calls), None  # the step's Engines (trial/actors/ports.py)
+        actors = _Actors(workers, learner, RolloutEngines(workers, calls))  # the step's Engines (actors/ports.py)
     else:  # the campaign's shared pool: a slot of its own, opened fresh (orchestrator/trial/actors/shared.py)
         pool = connect(cfg, calls)
-        workers, learner, engines = [], pool.learner, pool.engines
+        actors = _Actors([], pool.learner, pool.engines, pool)
     try:
-        _steps(cfg, out_dir, resume, pg, calls, workers, learner, engines, pool)
+        _steps(cfg, out_dir, resume, pg, calls, actors)
     finally:
-        if pool is not None:
-            pool.release(cfg.name)
+        if actors.pool is not None:
+            actors.pool.release(cfg.name)
 
 
-def _steps(cfg: TrialConfig, out_dir: str, resume: Resume, pg, calls: Calls, workers: list, learner, engines,
-           pool: PoolClients | None) -> None:
+@dataclass
+class _Actors:
+    """What the trial's steps run on: its own rollout workers and learner group, or its slot of the pool."""
+
+    workers: list
+    learner: Learner
+    engines: Engines
+    pool: PoolClients | None = None
+
+
+def _steps(cfg: TrialConfig, out_dir: str, resume: Resume, pg, calls: Calls, actors: _Actors) -> None:
     metrics_loc, version, rows = store.join(out_dir, METRICS_FILE), resume.version, resume.rows
+    workers, learner, engines, pool = actors.workers, actors.learner, actors.engines, actors.pool
     trackers: list[TrialTracker] = []  # the W&B run, once it exists, hears of a hang too
     calls.on_hang = _hang_handler(cfg, out_dir, workers, learner, trackers)
     tokenizer = load_tokenizer(resolve_model(cfg.model))
