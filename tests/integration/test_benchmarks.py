@@ -37,6 +37,7 @@ SCRIPTS = {  # name: (script, smallest flags that still reach every part of it)
     "step": ("step.py", [*TINY, "--reps", "2", "--warmup", "0"]),  # 2 reps: both orders, an adapter load
     "async": ("async.py", [*TINY, "--steps", "1", "--blocks", "1"]),
     "colocate": ("colocate.py", [*TINY, "--steps", "1", "--blocks", "1"]),
+    "shared_learner": ("shared_learner.py", ["--k", "2", *LEARNER]),
 }
 
 

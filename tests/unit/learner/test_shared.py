@@ -125,3 +125,85 @@ def test_four_interleaved_slots_equal_their_separate_twins(model, twins):
         assert frozen and all(id(p) in base for p in frozen)
     ptrs = [{p.data_ptr() for p in pool.learner(k).model.parameters() if not p.requires_grad} for k in range(4)]
     assert ptrs[0] == ptrs[1] == ptrs[2] == ptrs[3]
+
+
+def test_a_reused_slot_starts_like_a_fresh_learner(model):
+    """A slot closed after its trial trained (moments, counters, RNG advanced) and opened for another trial gives
+    that trial's first update bit for bit as a fresh separate learner; so does `open` over a slot still held."""
+    want, state = _alone(model, 2, steps=1)
+    pool = SharedLearner(model, slots=2)
+    pool.open(0, **_settings(0))
+    pool.open(1, **_settings(1))
+    tok = pool.learner(0).tokenizer
+    for s in range(2):
+        pool.train_step(0, _batch(tok, 0, s))
+        pool.train_step(1, _batch(tok, 1, s))
+    pool.close(0)
+    assert not pool.is_open(0) and pool.is_open(1)
+    pool.open(0, **_settings(2))
+    _assert_same_result(pool.train_step(0, _batch(tok, 2, 0)), want[0])
+    _assert_same_state(_state(pool.learner(0), pool.rng(0)), state)
+    pool.open(1, **_settings(2))  # no close first: open clears what the slot held
+    _assert_same_result(pool.train_step(1, _batch(tok, 2, 0)), want[0])
+    _assert_same_state(_state(pool.learner(1), pool.rng(1)), state)
+
+
+def test_checkpoints_move_between_a_slot_and_a_separate_learner(model, twins):
+    """A separate learner's checkpoint after 2 steps restored into a slot (beside a busy neighbour) continues as
+    the separate learner does; a slot's checkpoint restored into a fresh separate learner likewise; the two
+    checkpoints are the same bytes. The slot's setup has a LoRA critic (its adapter, head and optimizer)."""
+    k = 1
+    separate = _separate(model, k)
+    tok = separate.tokenizer
+    for s in range(2):
+        separate.train_step(_batch(tok, k, s))
+    saved_separate = separate.checkpoint_files()
+
+    pool = SharedLearner(model, slots=2)
+    pool.open(0, **_settings(0))
+    pool.train_step(0, _batch(tok, 0, 0))
+    pool.open(1, **_settings(k))
+    pool.train_step(1, _batch(tok, 3, 0))  # a state of its own, which the restore replaces
+    pool.restore(1, saved_separate, "separate")
+    pool.train_step(0, _batch(tok, 0, 1))
+    want, state = twins[k]
+    _assert_same_result(pool.train_step(1, _batch(tok, k, 2)), want[2])
+    _assert_same_state(_state(pool.learner(1), pool.rng(1)), state)
+
+    pool.open(1, **_settings(k))
+    for s in range(2):
+        pool.train_step(1, _batch(tok, k, s))
+    saved_slot = pool.checkpoint_files(1)
+    assert saved_slot.keys() == saved_separate.keys() == {"learner.pt"}
+    assert saved_slot == saved_separate
+    resumed = _separate(model, k)
+    resumed.train_step(_batch(tok, 3, 0))
+    resumed.restore(saved_slot, "slot")
+    _assert_same_result(resumed.train_step(_batch(tok, k, 2)), want[2])
+    _assert_same_state(_state(resumed, SlotRng.capture()), state)
+
+
+def test_a_failed_or_nan_step_in_one_slot_leaves_the_others_untouched(model, twins):
+    """Slot 1's step raises (a malformed batch) and slot 2's loss is NaN (its adapter goes NaN, as a separate
+    learner's would); slot 0, stepping between them, ends equal to its separate twin, and the process's own
+    random streams are never moved by any slot's call."""
+    pool = SharedLearner(model, slots=3)
+    for k in range(3):
+        pool.open(k, **_settings(k))
+    tok = pool.learner(0).tokenizer
+    outer = SlotRng.capture()
+    results = []
+    for s in range(STEPS):
+        results.append(pool.train_step(0, _batch(tok, 0, s)))
+        good = _batch(tok, 1, s)
+        with pytest.raises(ValueError):
+            pool.train_step(1, LearnerBatch(**{**good.__dict__, "rewards": good.rewards[:1]}))
+        bad = pool.train_step(2, LearnerBatch(**{**_batch(tok, 2, s).__dict__, "loss_scale": float("nan")}))
+        assert math.isnan(bad.metrics["loss/total"] if "loss/total" in bad.metrics else bad.metrics["train/grad_norm"])
+    assert any(p.isnan().any() for p in pool.learner(2).model.parameters() if p.requires_grad)
+    want, state = twins[0]
+    for got, ref in zip(results, want, strict=True):
+        _assert_same_result(got, ref)
+    _assert_same_state(_state(pool.learner(0), pool.rng(0)), state)
+    now = SlotRng.capture()
+    assert torch.equal(now.torch_cpu, outer.torch_cpu) and now.python == outer.python
