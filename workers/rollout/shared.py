@@ -81,6 +81,7 @@ class SharedRolloutWorker:
         self._cond = threading.Condition()
         self._stats = {"engine_calls": 0, "batched_calls": 0, "max_batch_calls": 0}
         self._llm = None
+        self._gate = threading.Event()  # `hold` / `release`
         self.engine_kwargs: dict = {}
         self.in_process = False
         self._thread = threading.Thread(target=self._serve, name="shared-engine", daemon=True)
@@ -153,8 +154,7 @@ class SharedRolloutWorker:
     def hold(self) -> None:
         """Block the engine thread (after what it is doing) until `release`: calls made meanwhile queue up and the
         waiting generate calls go out as one batch. For tests and benchmarks that need a known batch."""
-        gate = threading.Event()
-        self._gate = gate
+        self._gate = gate = threading.Event()
         started = threading.Event()
         call = _Call(run=lambda: (started.set(), gate.wait()))
         with self._cond:
