@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.campaign.expand import expand
+from orchestrator.campaign.expand import expand, trial_table
 from orchestrator.campaign.schema import Campaign, CampaignConfig
 from orchestrator.config.placement import bundles, tune_bundles
 from orchestrator.pool.lifecycle import pool_bundles
@@ -64,6 +64,7 @@ def test_shared_trials_ask_tune_for_their_driver_only_and_at_most_slots_run():
     assert sum(b.get("GPU", 0) for b in pool_bundles(trial)) == 3
     assert concurrency_limit(campaign) == 3 and scheduling(campaign).max_concurrent == 3
     assert concurrency_limit(_campaign(max_concurrent_trials=2)) == 2
+    assert "shared: 1 bundles, 0.5 CPU, 0 GPU" in trial_table(campaign.trials)
     separate = _campaign(resources={"rollout_workers": 2})
     assert tune_bundles(separate.trials[0].trial) == bundles(separate.trials[0].trial)
     assert concurrency_limit(separate) is None
