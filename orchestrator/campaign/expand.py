@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from orchestrator import storage as store
 from orchestrator.campaign.schema import Campaign, CampaignConfig, ExpandedTrial
 from orchestrator.campaign.sections import CONTRAST, MEASURE
+from orchestrator.campaign.shared import check_shared_base
 from orchestrator.config.errors import UserError, first_error, format_validation
 from orchestrator.config.files import load_yaml
 from orchestrator.config.task_check import check_eval_sets, check_task_plugin
@@ -244,6 +245,7 @@ def load_campaign(path: str | Path) -> Campaign:
     # every trial carries the paths; validating it puts them on sys.path before its task plugin is imported
     trials = expand(cfg, source, directory, plugin_paths(cfg, Path(path).resolve().parent))
     check_schedule(cfg, trials, source)
+    check_shared_base(cfg, trials, source)
     return Campaign(cfg, source, directory, storage, trials)
 
 
@@ -319,16 +321,17 @@ def check_schedule(cfg: CampaignConfig, trials: list[ExpandedTrial], source: str
 
 def trial_table(trials: list[ExpandedTrial]) -> str:
     """The plain-text table `expand` prints."""
-    from orchestrator.config.placement import bundles
+    from orchestrator.config.placement import tune_bundles
 
     rows = [("trial", "condition", "seed", "sweep", "steps", "placement: bundles")]
     for t in trials:
         c = t.trial
-        b = bundles(c)
+        b = tune_bundles(c)  # a shared-base trial: its driver only (the pool holds the engines and learner)
         cpus, gpus = sum(x.get("CPU", 0) for x in b), sum(x.get("GPU", 0) for x in b)
         sweep = ", ".join(f"{k}={v}" for k, v in t.sweep.items()) or "-"
         rows.append((t.name, t.condition, str(t.seed), sweep, str(c.steps),
-                     f"{c.resources.placement}: {len(b)} bundles, {cpus:g} CPU, {gpus:g} GPU"))
+                     f"{'shared' if c.resources.shared_base else c.resources.placement}: {len(b)} bundles, "
+                     f"{cpus:g} CPU, {gpus:g} GPU"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -54,6 +54,15 @@ class CheckpointSettings(_Strict):
         return v
 
 
+class SharedBaseConfig(_Strict):
+    """One pool per campaign (orchestrator/pool/): the rollout engines (vLLM multi-LoRA) and one learner hold the
+    base model once; every trial is an adapter in a slot of its own. LoRA trials only, one learner rank."""
+
+    slots: int = Field(ge=1, description=(
+        "trials served at once (each its adapter, optimizer and RNG in a slot); Tune runs at most this many "
+        "trials at once, the rest queue"))
+
+
 class ResourcesConfig(_Strict):
     driver_cpus: float = Field(0.5, gt=0.0)
     worker_cpus: float = Field(1.0, gt=0.0)
@@ -71,6 +80,9 @@ class ResourcesConfig(_Strict):
         "node-local folder under which each trial keeps its temporary files (its engines' file store and sockets, "
         "policy files, checkpoint staging), removed when the trial ends or fails (workers/sync/scratch.py); "
         "None: each node's temp dir ($TMPDIR or /tmp)"))
+    shared_base: SharedBaseConfig | None = Field(None, description=(
+        "run every trial of a LoRA campaign as an adapter on one shared pool of engines and learner "
+        "(orchestrator/pool/); None: each trial starts its own engines and learner"))
 
     @field_validator("learner_gpus")
     @classmethod

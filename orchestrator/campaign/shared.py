@@ -1,0 +1,78 @@
+"""What a campaign on one shared base (`resources.shared_base`, orchestrator/pool/) refuses before launch: one line
+naming the key, the trial and what is allowed (exit 2). Every trial of such a campaign is a LoRA adapter on the same
+engines and one learner, so what the pool is built from must be the same in every trial."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.campaign.schema import CampaignConfig, ExpandedTrial
+from orchestrator.config.errors import UserError
+
+# what the pool's engines and learner are built from: one value for the whole campaign (the rest is the trial's)
+POOL_KEYS = ("model", "learner.lora.rank", "learner.lora.alpha", "learner.lora.target_modules", "rollout.engine",
+             "rollout.num_workers", "resources")
+
+
+def _get(data: dict, path: str) -> Any:
+    for part in path.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def _origin(cfg: CampaignConfig, trial: ExpandedTrial, path: str) -> str:
+    """The campaign file's key a trial's `path` came from: a sweep, its condition's override, the campaign's
+    `resources:`, or base."""
+    for key in trial.sweep:
+        if key == path or key.startswith(path + ".") or path.startswith(key + "."):
+            return f"sweep.{key}"
+    override = cfg.conditions[trial.condition]
+    parts = path.split(".")
+    for n in range(len(parts), 0, -1):
+        if _get(override, ".".join(parts[:n])) is not None:
+            return f"conditions.{trial.condition}.{path}"
+    if parts[0] == "resources" and cfg.resources is not None:
+        return path
+    return f"base.{path}"
+
+
+def _differs(a: Any, b: Any, path: str) -> str:
+    """The first leaf key under `path` where `a` and `b` differ, and both values."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return _differs(a.get(k), b.get(k), f"{path}.{k}")
+    return f"{path} {a!r} vs {b!r}"
+
+
+def check_shared_base(cfg: CampaignConfig, trials: list[ExpandedTrial], source: str) -> None:
+    """Refuse a shared-base campaign the pool cannot serve; nothing to check when no trial shares."""
+    shared = [t for t in trials if t.trial.resources.shared_base is not None]
+    if not shared:
+        return
+    first = shared[0]
+    for t in trials:
+        c, where = t.trial, f"(trial {t.name})"
+        if c.resources.shared_base is None:
+            raise UserError(f"{source}: {_origin(cfg, first, 'resources.shared_base')}: every trial of a shared-base "
+                            f"campaign shares it; trial {first.name} sets it, {t.name} does not: set it in base or the campaign's resources")
+        if c.learner.mode != "lora":
+            raise UserError(f"{source}: {_origin(cfg, t, 'learner.mode')}: resources.shared_base needs "
+                            f"learner.mode 'lora' (full fine-tuning trains the base itself, which trials cannot "
+                            f"share) {where}")
+        if c.learner.cpu_offload:
+            raise UserError(f"{source}: {_origin(cfg, t, 'learner.cpu_offload')}: resources.shared_base needs "
+                            f"cpu_offload off (it shards the learner with FSDP; a slot is one unsharded learner) "
+                            f"{where}")
+        if c.resources.learner_ranks != 1:
+            raise UserError(f"{source}: {_origin(cfg, t, 'resources.learner_ranks')}: resources.shared_base needs "
+                            f"learner_ranks 1 (one learner process holds every slot) {where}")
+        if c.resources.placement != "separate":
+            raise UserError(f"{source}: {_origin(cfg, t, 'resources.placement')}: resources.shared_base needs "
+                            f"placement 'separate' (the pool's engines serve other trials while one trains) {where}")
+        for key in POOL_KEYS:
+            a, b = _get(first.config, key), _get(t.config, key)
+            if a != b:
+                raise UserError(f"{source}: {_origin(cfg, t, key)}: trials of a shared-base campaign run on one "
+                                f"pool and must agree on {key} ({_differs(a, b, key)} in trials {first.name} and "
+                                f"{t.name}); run one campaign per value")
