@@ -11,14 +11,19 @@ from orchestrator.preflight.learner_memory import (
     learner_memory,
     model_counts,
 )
+from orchestrator.preflight.shared_memory import shared_lines
 
 
-def check_campaign_learners(campaign, local_only: bool = False, resolve=None) -> list[str]:
+def check_campaign_learners(campaign, local_only: bool = False, resolve=None,
+                            shared_slots: int | None = None) -> list[str]:
     """The pre-launch memory check of each distinct trial shape of the campaign (model, learner, resources,
     engine, the critic and KL): per shape the learner's line (`check_learner_memory`), the engine's share per GPU
-    (orchestrator/preflight/engine_memory.py) and, for a separate trial, what colocated would need. UserError for
-    the first that cannot fit; shapes whose model config cannot be read here are left out. `resolve`: model
-    settings -> the path its config is read from (default: the trial's own resolution)."""
+    (orchestrator/preflight/engine_memory.py), for a separate trial what colocated would need, and for a LoRA
+    trial the shared pool's GPUs (orchestrator/preflight/shared_memory.py): with the campaign's
+    resources.shared_base slots (refused when they do not fit), else with `shared_slots` when given (`plan`'s
+    other option, not refused). UserError for the first that cannot fit; shapes whose model config cannot be read
+    here are left out. `resolve`: model settings -> the path its config is read from (default: the trial's own
+    resolution)."""
     from orchestrator.trial.actors.models import resolve_model_quietly
 
     resolve = resolve or resolve_model_quietly
@@ -46,7 +51,11 @@ def check_campaign_learners(campaign, local_only: bool = False, resolve=None) ->
         have = gpu_memory_gib(c)
         if have is not None and (r.worker_gpus > 0 or r.placement == "colocated"):
             block.append("  " + engine_line(c, counts, have, campaign.source))
-            if r.placement == "separate" and r.learner_gpus > 0:
+            if r.placement == "separate" and r.learner_gpus > 0 and r.shared_base is None:
                 block.append("  " + colocated_variant(c, learner_memory(c, counts), have))
+            slots = r.shared_base.slots if r.shared_base is not None else shared_slots
+            if slots and c.learner.mode == "lora" and r.learner_gpus > 0 and r.worker_gpus > 0:
+                block += ["  " + x for x in shared_lines(c, counts, have, slots, campaign.source,
+                                                          refuse=r.shared_base is not None)]
         lines += block
     return lines
