@@ -13,6 +13,7 @@ it runs on CPU with gloo too (torch 2.13), so the CPU tests exercise the same co
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,6 +22,8 @@ from torch import nn
 if TYPE_CHECKING:
     from workers.learner.config import LoraSettings
 
+# (model_path, dtype, device, gradient_checkpointing) -> the transformers model a policy is built on
+BaseLoader = Callable[[str, torch.dtype, str, bool], nn.Module]
 DECODER_LAYER_SUFFIX = "DecoderLayer"  # LlamaDecoderLayer, Qwen2DecoderLayer, Qwen3DecoderLayer, ...
 
 
@@ -63,10 +66,15 @@ def load_causal_lm(path: str, dtype: torch.dtype, device: str, gradient_checkpoi
     from workers.models.loading import load_model
 
     model = load_model(path, dtype=dtype, device=device)
-    if gradient_checkpointing:  # activations recomputed in backward (train mode only)
-        model.config.use_cache = False
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if gradient_checkpointing:
+        checkpoint_activations(model)
     return model
+
+
+def checkpoint_activations(model: nn.Module) -> None:
+    """Activations recomputed in backward (train mode only)."""
+    model.config.use_cache = False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def lora_config(settings: LoraSettings):

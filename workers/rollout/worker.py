@@ -33,27 +33,12 @@ from workers.rollout.engine import (
     quiet_sampler_compile,
     use_engine_processes,
 )
-from workers.rollout.output import Completion, Generation
+from workers.rollout.output import Generation
+from workers.rollout.sampling import SamplingRequest, completions, sampling_params
 from workers.rollout.sleep import SleepState
 from workers.sync.adapter import AdapterSync
 from workers.sync.full_weights import FullWeightSync
 from workers.sync.policy import PolicySync, PolicyUpdate
-
-
-@dataclass(frozen=True)
-class SamplingRequest:
-    """One `generate` call's sampling: `n` completions per prompt at `temperature` / `top_p`, at most `max_tokens`
-    each, request i seeded `seed + i`, stopped at `stop_token_ids`; `action_token_ids` / `action_min_prob`: the
-    probability floor at the action position (checked by `generate`, which names what is wrong)."""
-
-    n: int
-    temperature: float
-    max_tokens: int
-    seed: int
-    top_p: float = 1.0
-    stop_token_ids: list[int] | None = None
-    action_token_ids: list[int] | None = None
-    action_min_prob: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -88,48 +73,59 @@ class RolloutWorkerSettings:
         return engine
 
 
+def open_engine(model: str, s: RolloutWorkerSettings, sync_args: dict[str, Any]) -> tuple[Any, dict, bool]:
+    """Build the `vllm.LLM` of a rollout engine (this worker's, or the pool's shared one in shared.py) with
+    `sync_args` (how its policy arrives: workers/sync/) and processed log-probs. Returns (the engine, the keyword
+    arguments it was built with (model path and processors left out), whether its engine core runs in this
+    process). Call it on the thread that will drive the engine."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; only read by the CPU backend
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+    from vllm import LLM
+
+    from workers.objectives.probability_floor import ProbabilityFloorLogitsProcessor
+    from workers.startup import imports_done
+
+    imports_done()  # before vLLM's engine build, whose gc.collect() calls would walk the imports again
+
+    engine = s.engine_dict()
+    cuda = torch.cuda.is_available()
+    in_process = engine_in_process(
+        engine, cuda=cuda, own_process=ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None)
+    use_engine_processes(in_process)
+    kwargs: dict[str, Any] = dict(
+        model=model, dtype=s.dtype, seed=s.seed, max_model_len=s.max_model_len, **sync_args,
+        logprobs_mode="processed_logprobs", **engine_settings(engine, cuda=cuda, in_process=in_process),
+    )
+    engine_kwargs = {k: v for k, v in kwargs.items() if k != "model"}  # what the engine was built with
+    extra = dict(s.engine_kwargs or {})
+    # the floor processor is inert for requests that don't ask for it; user processors are kept after it
+    kwargs["logits_processors"] = [ProbabilityFloorLogitsProcessor, *(extra.pop("logits_processors", None) or [])]
+    kwargs.update(extra)
+    if not cuda and kwargs["enforce_eager"]:
+        quiet_sampler_compile()
+    if s.sleep_mode and cuda:
+        kwargs["enable_sleep_mode"] = True  # vLLM's cumem allocator: sleep can hand the memory back
+    llm = LLM(**kwargs)
+    engine_kwargs.update({k: v for k, v in extra.items() if k != "logits_processors"})
+    return llm, engine_kwargs, in_process
+
+
 class RolloutWorker:
     """Owns one vllm.LLM with logprobs_mode="processed_logprobs", its policy updated through one `PolicySync`
     (workers/sync/): LoRA adapters (`enable_lora=True`) or full weights (`enable_lora=False`). Thin: no RL
     logic."""
 
     def __init__(self, model: str, settings: RolloutWorkerSettings | None = None):
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; only read by the CPU backend
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         import torch
-        from vllm import LLM
-
-        from workers.objectives.probability_floor import ProbabilityFloorLogitsProcessor
-        from workers.startup import imports_done
-
-        imports_done()  # before vLLM's engine build, whose gc.collect() calls would walk the imports again
 
         s = settings or RolloutWorkerSettings()
-        engine = s.engine_dict()
-        cuda = torch.cuda.is_available()
-        self.in_process = engine_in_process(
-            engine, cuda=cuda, own_process=ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None)
-        use_engine_processes(self.in_process)
         self.enable_lora = bool(s.enable_lora)
         self._root = Path(tempfile.mkdtemp(prefix="rollout_policy_"))
         self._sync: PolicySync = (AdapterSync(self._root, s.max_lora_rank) if self.enable_lora
                                   else FullWeightSync(self._root))
-        kwargs: dict[str, Any] = dict(
-            model=model, dtype=s.dtype, seed=s.seed, max_model_len=s.max_model_len, **self._sync.engine_args(),
-            logprobs_mode="processed_logprobs", **engine_settings(engine, cuda=cuda, in_process=self.in_process),
-        )
-        self.engine_kwargs = {k: v for k, v in kwargs.items() if k != "model"}  # what the engine was built with
-        extra = dict(s.engine_kwargs or {})
-        # the floor processor is inert for requests that don't ask for it; user processors are kept after it
-        kwargs["logits_processors"] = [ProbabilityFloorLogitsProcessor, *(extra.pop("logits_processors", None) or [])]
-        kwargs.update(extra)
-        if not cuda and kwargs["enforce_eager"]:
-            quiet_sampler_compile()
-        self._sleep = SleepState(real=bool(s.sleep_mode) and cuda)
-        if self._sleep.real:
-            kwargs["enable_sleep_mode"] = True  # vLLM's cumem allocator: sleep can hand the memory back
-        self._llm = LLM(**kwargs)
-        self.engine_kwargs.update({k: v for k, v in extra.items() if k != "logits_processors"})
+        self._sleep = SleepState(real=bool(s.sleep_mode) and torch.cuda.is_available())
+        self._llm, self.engine_kwargs, self.in_process = open_engine(model, s, self._sync.engine_args())
         self._version: int | None = None
         self._broken: str | None = None  # set by a failed load: generate raises until a load succeeds
 
@@ -184,52 +180,11 @@ class RolloutWorker:
         if self._broken is not None:
             what = "adapter" if self.enable_lora else "weights"
             raise RuntimeError(f"rollout worker unusable since a failed {what} load: {self._broken}")
-        from vllm import SamplingParams
-
-        from workers.envs.tokens import cut_at_stop
-        from workers.objectives.probability_floor import EXTRA_ARGS_KEY
-
-        n, temperature, top_p, max_tokens = request.n, request.temperature, request.top_p, request.max_tokens
-        seed, stop_token_ids = request.seed, request.stop_token_ids
-        action_token_ids, action_min_prob = request.action_token_ids, request.action_min_prob
-        floor: dict[str, Any] = {}
-        if action_token_ids is not None:
-            action_ids = [int(t) for t in action_token_ids]
-            if not action_ids or len(set(action_ids)) != len(action_ids) or min(action_ids) < 0:
-                raise ValueError(f"action_token_ids must be non-empty, distinct, >= 0: {action_token_ids}")
-            if not 0.0 <= action_min_prob < 1.0:
-                raise ValueError(f"action_min_prob must lie in [0, 1), got {action_min_prob}")
-            if temperature < 1e-5 or top_p != 1.0:
-                raise ValueError("the action floor needs temperature > 0 and top_p == 1")
-            floor = dict(logprobs=None, logprob_token_ids=action_ids,
-                         extra_args={EXTRA_ARGS_KEY: {"token_ids": action_ids, "min_prob": float(action_min_prob)}})
-        elif action_min_prob:
-            raise ValueError("action_min_prob needs action_token_ids")
-
+        prompts, params, action_ids = sampling_params(prompt_token_ids, request)
         t0 = time.perf_counter()
-        params = [
-            SamplingParams(
-                n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed + i,
-                stop_token_ids=list(stop_token_ids) if stop_token_ids else None,
-                **(floor or dict(logprobs=0)),
-            )
-            for i in range(len(prompt_token_ids))
-        ]
-        prompts = [{"prompt_token_ids": list(p)} for p in prompt_token_ids]
         outs = self._llm.generate(prompts, params, lora_request=self._sync.lora_request(), use_tqdm=False)
-        completions, num_tokens = [], 0
-        for out in outs:
-            group = []
-            for c in sorted(out.outputs, key=lambda c: c.index):
-                ids = list(c.token_ids)
-                lps = [step[t].logprob for step, t in zip(c.logprobs, ids, strict=True)]
-                if stop_token_ids:  # vLLM stops there already; a turn never runs past its end token
-                    ids, lps = cut_at_stop(ids, lps, list(stop_token_ids))
-                action = {t: c.logprobs[0][t].logprob for t in floor["logprob_token_ids"]} if floor else None
-                group.append(Completion(ids, lps, str(c.finish_reason), c.text or "", action))
-                num_tokens += len(ids)
-            completions.append(group)
-        return Generation(self._version, completions, num_tokens, time.perf_counter() - t0)
+        groups, num_tokens = completions(outs, request.stop_token_ids, action_ids)
+        return Generation(self._version, groups, num_tokens, time.perf_counter() - t0)
 
     # -------------------------------------------------------------------------------------------- the policy
     def apply_policy(self, update: PolicyUpdate) -> int:

@@ -4,11 +4,10 @@ tests run in file order and the adapter tests come last."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
+from tests.integration.rollout.adapters import make_adapter, max_lp_err
 from workers.rollout.worker import SamplingRequest, shard
 
 T = 0.7
@@ -75,46 +74,6 @@ def _gen(worker, prompt_ids, **kw):
     return ray.get(worker.generate.remote(prompt_ids, SamplingRequest(**args)), timeout=300)
 
 
-@torch.no_grad()
-def _hf_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
-    ids = torch.tensor([prompt + completion])
-    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-    lp = torch.log_softmax(logits / temperature, dim=-1)
-    return lp.gather(-1, torch.tensor(completion)[:, None])[:, 0]
-
-
-def _max_lp_err(model, prompt_ids, res, temperature=T) -> float:
-    err = 0.0
-    for prompt, group in zip(prompt_ids, res.completions, strict=True):
-        for c in group:
-            ref = _hf_logprobs(model, prompt, c.token_ids, temperature)
-            err = max(err, (ref - torch.tensor(c.logprobs)).abs().max().item())
-    return err
-
-
-def _make_adapter(tiny_model_dir, out_dir: Path, seed: int, std: float = 0.1):
-    """A PEFT LoRA (r=8, q/k/v/o) with seeded random lora_B so it changes outputs. Returns (model, files)."""
-    from peft import LoraConfig, get_peft_model
-
-    from workers.models.loading import load_model
-
-    torch.manual_seed(seed)  # lora_A init
-    pm = get_peft_model(
-        load_model(tiny_model_dir, dtype=torch.float32),
-        LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM",
-                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
-    )
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in pm.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * std)
-    pm.save_pretrained(out_dir)
-    files = {f.name: f.read_bytes() for f in Path(out_dir).iterdir() if f.is_file()}
-    assert "adapter_model.safetensors" in files and "adapter_config.json" in files
-    return pm.eval(), files
-
-
 # ------------------------------------------------------------------------------------------------ base model
 def test_generate_well_formed(worker, prompt_ids, tok):
     import ray
@@ -153,9 +112,9 @@ def test_stop_token_ids(worker, prompt_ids, tok):
 
 def test_base_logprobs_match_transformers(worker, prompt_ids, base_model):
     res = _gen(worker, prompt_ids, n=2, max_tokens=16)
-    assert _max_lp_err(base_model, prompt_ids, res) < TOL
+    assert max_lp_err(base_model, prompt_ids, res, T) < TOL
     res1 = _gen(worker, prompt_ids[:2], n=2, max_tokens=16, temperature=1.0, seed=7)
-    assert _max_lp_err(base_model, prompt_ids[:2], res1, temperature=1.0) < TOL
+    assert max_lp_err(base_model, prompt_ids[:2], res1, temperature=1.0) < TOL
 
 
 def test_seeding(worker, prompt_ids):
@@ -187,23 +146,23 @@ def test_the_cpu_default_runs_the_engine_inside_the_actor(worker):
 def test_lora_hot_swap(worker, prompt_ids, base_model, tiny_model_dir, tmp_path):
     import ray
 
-    pm1, files1 = _make_adapter(tiny_model_dir, tmp_path / "a1", seed=1)
-    pm2, files2 = _make_adapter(tiny_model_dir, tmp_path / "a2", seed=2)
+    pm1, files1 = make_adapter(tiny_model_dir, tmp_path / "a1", seed=1)
+    pm2, files2 = make_adapter(tiny_model_dir, tmp_path / "a2", seed=2)
 
     base = _gen(worker, prompt_ids, seed=11)
     assert ray.get(worker.load_adapter.remote(files1, version=1)) == 1
     assert ray.get(worker.adapter_version.remote()) == 1
     r1 = _gen(worker, prompt_ids, seed=11)
     assert r1.adapter_version == 1
-    assert _max_lp_err(pm1, prompt_ids, r1) < TOL
-    assert _max_lp_err(base_model, prompt_ids, r1) > 1e-2  # the adapter really changes the policy
+    assert max_lp_err(pm1, prompt_ids, r1, T) < TOL
+    assert max_lp_err(base_model, prompt_ids, r1, T) > 1e-2  # the adapter really changes the policy
     assert [g[0].token_ids for g in r1.completions] != [g[0].token_ids for g in base.completions]
 
     assert ray.get(worker.load_adapter.remote(files2, version=2)) == 2
     r2 = _gen(worker, prompt_ids, seed=11)
     assert r2.adapter_version == 2
-    assert _max_lp_err(pm2, prompt_ids, r2) < TOL
-    assert _max_lp_err(pm1, prompt_ids, r2) > 1e-2  # not the cached version 1
+    assert max_lp_err(pm2, prompt_ids, r2, T) < TOL
+    assert max_lp_err(pm1, prompt_ids, r2, T) > 1e-2  # not the cached version 1
     state = ray.get(worker.lora_state.remote())
     assert len(state["lora_ids"]) == 1 and len(state["dirs"]) == 1  # version 1 evicted, its dir deleted
     assert state["dirs"][0].startswith("v2_")
@@ -212,7 +171,7 @@ def test_lora_hot_swap(worker, prompt_ids, base_model, tiny_model_dir, tmp_path)
 def test_corrupt_adapter_raises_and_blocks_sampling(worker, prompt_ids, tiny_model_dir, tmp_path):
     import ray
 
-    pm3, files3 = _make_adapter(tiny_model_dir, tmp_path / "a3", seed=3)
+    pm3, files3 = make_adapter(tiny_model_dir, tmp_path / "a3", seed=3)
     assert ray.get(worker.load_adapter.remote(files3, version=3)) == 3
     assert _gen(worker, prompt_ids).adapter_version == 3
 
@@ -233,7 +192,7 @@ def test_corrupt_adapter_raises_and_blocks_sampling(worker, prompt_ids, tiny_mod
     assert ray.get(worker.load_adapter.remote(files3, version=6)) == 6
     r = _gen(worker, prompt_ids, seed=11)
     assert r.adapter_version == 6
-    assert _max_lp_err(pm3, prompt_ids, r) < TOL
+    assert max_lp_err(pm3, prompt_ids, r, T) < TOL
     assert ray.get(worker.broken.remote()) is None
 
 
@@ -254,5 +213,5 @@ def test_an_exported_adapter_loads_in_vllm(worker, prompt_ids, tiny_model_dir, t
     assert ray.get(worker.load_adapter.remote(files, version=9)) == 9
     res = _gen(worker, prompt_ids, seed=5)
     exported = PeftModel.from_pretrained(load_model(tiny_model_dir, dtype=torch.float32), str(out))
-    assert _max_lp_err(exported, prompt_ids, res) < TOL
-    assert _max_lp_err(load_model(tiny_model_dir, dtype=torch.float32), prompt_ids, res) > 1e-3  # not the base
+    assert max_lp_err(exported, prompt_ids, res, T) < TOL
+    assert max_lp_err(load_model(tiny_model_dir, dtype=torch.float32), prompt_ids, res, T) > 1e-3  # not the base

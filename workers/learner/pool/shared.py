@@ -1,0 +1,167 @@
+"""`SharedLearner`: the learner of a shared-base pool (issue 48). One process holds the base model's weights once
+and, per slot, one trial's LoRA learner: its adapter(s), optimizer and moments, LR schedule, step counters, critic
+(adapter + head + optimizer) and RNG state.
+
+A slot is a `workers.learner.learner.Learner`, the separate learner itself, built on a module tree that aliases the
+shared frozen tensors (workers/learner/pool/base.py) and called with its own random streams swapped in: a slot
+trained on batches B is the separate learner trained alone on B, bit for bit (tests/unit/learner/test_shared.py).
+One adapter per call: each call runs one trial's step on its own module tree, as the trials' steps arrive one at
+a time from their drivers; a grouped matmul over several adapters would only pay when steps of different trials
+were batched into one forward, which the pool's one-call-per-step interface does not do.
+
+Plain Python, no Ray (orchestrator/pool/ wraps it in an actor). Calls are serialised by a lock: the random streams
+they swap are the process's.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from workers.credit import CreditConfig
+from workers.learner.config import LearnerConfig
+from workers.learner.inputs import LearnerBatch, RunSettings, StepResult
+from workers.learner.learner import Learner
+from workers.learner.pool.base import SharedBase, SlotRng, swapped_rng
+from workers.objectives.interventions import InterventionsConfig
+from workers.sync.policy import PolicyUpdate
+
+
+@dataclass
+class _Slot:
+    learner: Learner
+    rng: SlotRng
+
+
+def shared_refusal(learner: LearnerConfig) -> str | None:
+    """Why a trial's learner settings cannot be a slot (None: they can). A slot is one unsharded LoRA learner:
+    full fine-tuning trains the base, and a sharded learner (FSDP, here cpu_offload on a GPU) shards it."""
+    if learner.mode != "lora":
+        return f"learner.mode is {learner.mode!r}; a shared base trains LoRA adapters only"
+    if learner.cpu_offload and torch.cuda.is_available():
+        return "learner.cpu_offload shards the model (FSDP); a shared base needs it off"
+    return None
+
+
+class SharedLearner:
+    """The base at `model_path` held once and up to `slots` trials' learners on it, addressed by slot index."""
+
+    def __init__(self, model_path: str, slots: int) -> None:
+        if slots < 1:
+            raise ValueError(f"a shared learner needs at least one slot, got {slots}")
+        self.model_path = model_path
+        self.base = SharedBase(model_path)
+        self._slots: list[_Slot | None] = [None] * slots
+        self._lock = threading.Lock()
+
+    # -- slot lifecycle -------------------------------------------------------------------------------
+    def open(self, slot: int, *, learner: LearnerConfig, credit: CreditConfig,
+             interventions: InterventionsConfig | None, run: RunSettings) -> None:
+        """A fresh learner in `slot` (whatever it held is dropped first): adapter, optimizer, schedule and
+        random streams a pure function of `run.seed`, as a separate learner's."""
+        self._index(slot)
+        if (why := shared_refusal(learner)) is not None:
+            raise ValueError(why)
+        with self._lock:
+            self._drop(slot)
+            with swapped_rng(None) as rng:  # the learner seeds the streams itself
+                built = Learner(self.model_path, learner=learner, credit=credit, interventions=interventions,
+                                run=run, load_base=self.base.load)
+            self._slots[slot] = _Slot(built, rng.state)
+
+    def close(self, slot: int) -> None:
+        """Drop the slot's learner (its adapter, optimizer state, RNG); the shared base stays."""
+        self._index(slot)
+        with self._lock:
+            self._drop(slot)
+
+    def is_open(self, slot: int) -> bool:
+        return self._slots[self._index(slot)] is not None
+
+    # -- the separate learner's calls, per slot ---------------------------------------------------------
+    def train_step(self, slot: int, batch: LearnerBatch) -> StepResult:
+        with self._entered(slot) as learner:
+            return learner.train_step(batch)
+
+    def export_policy(self, slot: int, version: int) -> PolicyUpdate:
+        with self._entered(slot) as learner:
+            return learner.export_policy(version)
+
+    def checkpoint_files(self, slot: int) -> dict[str, bytes]:
+        """The files a separate learner writes (learner.pt): a trial may resume shared from a separate
+        checkpoint and back."""
+        with self._entered(slot) as learner:
+            return learner.checkpoint_files()
+
+    def restore(self, slot: int, files, source: str = "checkpoint") -> None:
+        with self._entered(slot) as learner:
+            learner.restore(files, source)
+
+    def release_cache(self) -> None:
+        """Hand the allocator's cached GPU blocks back (nothing to do on CPU)."""
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    # -- what tests and the pool's memory report read ---------------------------------------------------
+    def learner(self, slot: int) -> Learner:
+        """The slot's learner (read it only between calls: its random streams are not swapped in)."""
+        held = self._slots[self._index(slot)]
+        if held is None:
+            raise KeyError(f"slot {slot} is not open")
+        return held.learner
+
+    def rng(self, slot: int) -> SlotRng:
+        held = self._slots[self._index(slot)]
+        if held is None:
+            raise KeyError(f"slot {slot} is not open")
+        return held.rng
+
+    def memory(self) -> dict[str, int]:
+        """Bytes: the shared base once, and per open slot its trainable weights and optimizer state."""
+        out = {"base": self.base.nbytes()}
+        for i, held in enumerate(self._slots):
+            if held is not None:
+                out[f"slot{i}"] = _slot_bytes(held.learner)
+        return out
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _index(self, slot: int) -> int:
+        if not 0 <= slot < len(self._slots):
+            raise IndexError(f"slot {slot} out of range: this shared learner has {len(self._slots)} slots")
+        return slot
+
+    def _drop(self, slot: int) -> None:
+        if self._slots[slot] is not None:
+            self._slots[slot] = None
+            gc.collect()  # the dropped learner's module tree holds reference cycles (PEFT, hooks)
+
+    @contextmanager
+    def _entered(self, slot: int):
+        """The slot's learner with its random streams swapped in, one call at a time; the streams it leaves
+        (also after a failed call) are the slot's from then on."""
+        self._index(slot)
+        with self._lock:
+            held = self._slots[slot]
+            if held is None:
+                raise KeyError(f"slot {slot} is not open")
+            try:
+                with swapped_rng(held.rng) as rng:
+                    yield held.learner
+            finally:
+                held.rng = rng.state
+
+
+def _slot_bytes(learner: Learner) -> int:
+    tensors = {id(p): p for p in learner.model.parameters() if p.requires_grad}
+    critic = learner.critic
+    optimizers = [learner.optimizer] + ([critic.optimizer] if critic is not None else [])
+    if critic is not None:
+        tensors.update({id(p): p for p in critic.params})
+    for opt in optimizers:
+        for state in opt.state.values():
+            tensors.update({id(v): v for v in state.values() if torch.is_tensor(v)})
+    return sum(t.numel() * t.element_size() for t in tensors.values())
