@@ -151,17 +151,17 @@ def compare_rows(plan, shared: SharedPlan | None, why: str | None, chosen: bool 
                  kv_tokens: int | None = None) -> list[str]:
     """The table `plan` prints for a LoRA campaign: separate (the plan's) and shared side by side; `chosen`: the
     campaign sets resources.shared_base."""
-    from orchestrator.preflight.plan import _fmt_h
+    from orchestrator.preflight.plan import fmt_hours
 
     rows = [("trials run", "GPUs", "trials at once", "step time", "GPU-hours", "makespan")]
     sep_step = max((t.step_s or math.nan) for t in plan.trials)
     rows.append(("separate" + ("" if chosen else " (chosen)"), f"{plan.at_once * max(t.gpus for t in plan.trials):g} ({max(t.gpus for t in plan.trials):g} a trial)",
-                 str(plan.at_once), _fmt_s(sep_step), f"{plan.gpu_hours:.1f}", _fmt_h(plan.makespan_h)))
+                 str(plan.at_once), _fmt_s(sep_step), f"{plan.gpu_hours:.1f}", fmt_hours(plan.makespan_h)))
     if shared is not None:
         rows.append((f"shared base, {shared.slots} slots" + (" (chosen)" if chosen else ""), f"{shared.gpus:g} (one pool)", str(shared.at_once),
                      f"{_fmt_s(shared.step_s)} ({_fmt_s(shared.step_overlapped_s)} overlapped)",
                      f"{shared.gpu_hours:.1f}",
-                     f"{_fmt_h(shared.makespan_h)} ({_fmt_h(shared.makespan_overlapped_h)} overlapped)"))
+                     f"{fmt_hours(shared.makespan_h)} ({fmt_hours(shared.makespan_overlapped_h)} overlapped)"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     table = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     out = ["", "shared base vs separate (LoRA):", table[0], "  ".join("-" * w for w in widths), *table[1:]]
@@ -186,7 +186,7 @@ def shared_section(campaign: Campaign, plan, slots: int, kind: str, chosen: bool
     """The lines `plan` prints for a LoRA campaign (none for a full fine-tuning one): separate (`plan`, the
     campaign without resources.shared_base) vs shared with `slots`; the pool's KV cache from the model's config
     when it is on this machine (`resolve`: as in memory_check)."""
-    from orchestrator.preflight.shared_memory import pool_kv_tokens
+    from orchestrator.preflight.memory_check import pool_kv_tokens
 
     if not any(t.trial.learner.mode == "lora" for t in campaign.trials):
         return []

@@ -13,15 +13,17 @@ from orchestrator import cli
 from orchestrator.campaign.expand import load_campaign
 from orchestrator.config.errors import UserError
 from orchestrator.preflight.cost_model import overhead_seconds, step_seconds
-from orchestrator.preflight.learner_memory import GIB, LearnerMemory, learner_memory, model_counts
-from orchestrator.preflight.memory_check import check_campaign_learners
-from orchestrator.preflight.plan import Cluster, make_plan
-from orchestrator.preflight.shared_memory import (
-    shared_engine,
+from orchestrator.preflight.engine_memory import shared_engine, slots_fitting_engine
+from orchestrator.preflight.learner_memory import (
+    GIB,
+    LearnerMemory,
+    learner_memory,
+    model_counts,
     shared_learner,
-    slots_fitting_engine,
     slots_fitting_learner,
 )
+from orchestrator.preflight.memory_check import check_campaign_learners
+from orchestrator.preflight.plan import Cluster, make_plan
 from orchestrator.preflight.shared_plan import (
     TRIAL_START_S,
     cycle_seconds,

@@ -97,7 +97,8 @@ def test_shipped_lora_campaign_fits_its_gpu_on_a_shared_base(path, model_dirs):
     LoRA shape, separate placement, one learner rank), and the pool's learner GPU (the base once + 8 adapters with
     gradients and Adam moments) and engine GPU (8 adapters, each slot's KV share holding a max_model_len sequence)
     fit the GPU it names."""
-    from orchestrator.preflight.shared_memory import pool_engine, shared_learner
+    from orchestrator.preflight.engine_memory import pool_engine
+    from orchestrator.preflight.learner_memory import shared_learner
     from orchestrator.preflight.shared_plan import with_shared_base
 
     campaign = load_campaign(path)
