@@ -168,3 +168,15 @@ def test_a_shared_campaign_plans_shared_as_chosen(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "shared base, 5 slots (chosen)" in out and "separate (chosen)" not in out
     assert "C1_s0  40     256" in out and "2     3.55" in out  # the per-trial table is the separate trial's
+
+
+def test_run_prints_the_shared_paragraph_before_launching(monkeypatch):
+    import orchestrator.preflight.plan as plan_mod
+
+    monkeypatch.setattr("ray.cluster_resources", lambda: {"GPU": 8.0, "CPU": 64.0})
+    campaign = load_campaign(LEAN)
+    shared = plan_shared(make_plan(campaign, cluster=Cluster(8, 64, "test")), 5, "H100")
+    text = plan_mod.run_paragraph(with_shared_base(campaign, 5))
+    assert text.startswith(f"plan: 20 trials on a shared base (5 slots): one pool of 2 GPU(s), about "
+                           f"{shared.gpu_hours:.1f} GPU-hours"), text
+    assert "Separate instead: 20 trials, 800 steps, about 71.0 GPU-hours" in text
