@@ -5,8 +5,10 @@ The cost model (the separate trial's terms, orchestrator/preflight/cost_model.py
 - generation batches across trials: the engine decodes every active trial's sequences in one batch, and a batch
   of k trials' sequences reaches k times the effective FLOP rate one trial's batch reaches
   (EFFICIENCY['generate']), up to a ceiling GENERATE_BATCHED (decode of one trial's batch is bound by reading the
-  weights and its KV cache; more sequences share the weight reads until the engine is compute bound). So k trials
-  generate in g x max(1, k x EFFICIENCY['generate'] / GENERATE_BATCHED), g one trial's generate time;
+  weights and its KV cache; more sequences share the weight reads until the engine is compute bound), and no
+  more sequences run at once than the pool's KV cache holds (when the model's config is on this machine; every
+  generation at max_tokens). Without that cap k trials generate in g x max(1, k x EFFICIENCY['generate'] /
+  GENERATE_BATCHED), g one trial's generate time; when one trial's batch already fills the KV cache, in k x g;
 - the learner trains one slot at a time: k trials' score + train take k x l, l one trial's;
 - a pool cycle (every active trial one step) is their sum: lock-step, the engine idle while the learner trains
   (an upper bound; trials that drift apart overlap one's generation with another's training, down to the larger
@@ -14,7 +16,8 @@ The cost model (the separate trial's terms, orchestrator/preflight/cost_model.py
 - the pool starts once (engines' build + the base's load, the separate trial's start-up); a trial's own start-up
   is its driver and a slot open (TRIAL_START_S); checkpoints are each trial's own, as separate;
 - the pool holds its GPUs (one trial's engines + one learner rank) for the whole campaign: GPU-hours = pool GPUs x
-  makespan; at most `slots` trials run at once, the rest queue (longest first).
+  makespan; at most `slots` trials run at once, the rest queue (longest first; lockstep rounds are not modelled
+  on this side).
 With --pilot the measured step time is split into generate and learn by the cost model's shares.
 """
 
@@ -155,7 +158,8 @@ def compare_rows(plan, shared: SharedPlan | None, why: str | None, chosen: bool 
 
     rows = [("trials run", "GPUs", "trials at once", "step time", "GPU-hours", "makespan")]
     sep_step = max((t.step_s or math.nan) for t in plan.trials)
-    rows.append(("separate" + ("" if chosen else " (chosen)"), f"{plan.at_once * max(t.gpus for t in plan.trials):g} ({max(t.gpus for t in plan.trials):g} a trial)",
+    per = max(t.gpus for t in plan.trials)
+    rows.append(("separate" + ("" if chosen else " (chosen)"), f"{plan.at_once * per:g} ({per:g} a trial)",
                  str(plan.at_once), _fmt_s(sep_step), f"{plan.gpu_hours:.1f}", fmt_hours(plan.makespan_h)))
     if shared is not None:
         rows.append((f"shared base, {shared.slots} slots" + (" (chosen)" if chosen else ""), f"{shared.gpus:g} (one pool)", str(shared.at_once),
