@@ -34,7 +34,7 @@ from workers.learner.critic import ADAPTER as CRITIC_ADAPTER
 from workers.learner.critic import FullCritic, LoraCritic
 from workers.learner.inputs import LearnerBatch, RunSettings, StepResult
 from workers.learner.metrics import critic_metrics, probe_metrics, step_metrics, token_samples
-from workers.learner.modules import BaseLoader, frozen_copy, load_causal_lm, lora_config, shard
+from workers.learner.modules import frozen_copy, load_causal_lm, lora_config, shard
 from workers.learner.offload import StateOffload
 from workers.learner.passes.forward import PolicyForward
 from workers.learner.passes.scoring import Scorer
@@ -61,10 +61,7 @@ class Learner:
 
     def __init__(self, model_path: str, *, learner: LearnerConfig, credit: CreditConfig, run: RunSettings,
                  interventions: InterventionsConfig | None = None, ranks: Ranks = ONE_RANK,
-                 init_method: str | None = None, load_base: BaseLoader = load_causal_lm) -> None:
-        """`load_base(model_path, dtype, device, gradient_checkpointing)` gives the transformers model the policy is
-        built on: a fresh load by default; the shared learner's (workers/learner/pool/) hands every slot a module
-        tree whose frozen tensors are one copy's (workers/learner/pool/base.py)."""
+                 init_method: str | None = None) -> None:
         from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
         cuda = torch.cuda.is_available()
@@ -90,7 +87,7 @@ class Learner:
         torch.manual_seed(run.seed)  # the same on every rank: FSDP shards identical initial weights
         random.seed(run.seed)
         self.tokenizer = load_tokenizer(model_path)
-        self._build_models(model_path, weights_dtype, cuda, offload, load_base)
+        self._build_models(model_path, weights_dtype, cuda, offload)
         opt = learner.optim
         self.params = [p for n, p in self.model.named_parameters()  # the policy's: never the critic adapter's
                        if p.requires_grad and f".{CRITIC_ADAPTER}." not in n]
@@ -130,8 +127,13 @@ class Learner:
         weights = {POLICY: [self.model], MODELS: [self.reference, critic_module]} if self.full else {}
         return StateOffload(optimizers, weights, [self.model, critic_module])
 
-    def _build_models(self, model_path: str, weights_dtype: torch.dtype, cuda: bool, offload: bool,
-                      load_base: BaseLoader = load_causal_lm) -> None:
+    def load_base(self, model_path: str, dtype: torch.dtype, gradient_checkpointing: bool):
+        """The transformers model the policy is built on: a fresh load. A slot of the shared learner
+        (workers/learner/pool/shared.py) overrides it with a module tree of its own over one shared copy of the
+        frozen tensors; everything else it runs is this class's."""
+        return load_causal_lm(model_path, dtype, self.device, gradient_checkpointing)
+
+    def _build_models(self, model_path: str, weights_dtype: torch.dtype, cuda: bool, offload: bool) -> None:
         """Policy (+ the LoRA critic's adapter on it), the frozen reference (full mode, when KL reads it) and the
         full critic, each sharded as soon as it is built, so at most one unsharded model is in memory at a time."""
         ranks, learner = self.ranks, self.cfg
@@ -141,7 +143,7 @@ class Learner:
             return shard(m, ranks.world, cuda=cuda, cpu_offload=offload, param_dtype=self.dtype) \
                 if self.sharded else m
 
-        base = load_base(model_path, weights_dtype, self.device, grad_ckpt)
+        base = self.load_base(model_path, weights_dtype, grad_ckpt)
         self._head_only = head_is_linear(base)
         critic = learner.critic if self.credit.uses_critic else None
         critic_kind = (critic.model if critic is not None else None) or ("full" if self.full else "lora")

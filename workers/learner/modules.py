@@ -13,7 +13,6 @@ it runs on CPU with gloo too (torch 2.13), so the CPU tests exercise the same co
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -22,8 +21,6 @@ from torch import nn
 if TYPE_CHECKING:
     from workers.learner.config import LoraSettings
 
-# (model_path, dtype, device, gradient_checkpointing) -> the transformers model a policy is built on
-BaseLoader = Callable[[str, torch.dtype, str, bool], nn.Module]
 DECODER_LAYER_SUFFIX = "DecoderLayer"  # LlamaDecoderLayer, Qwen2DecoderLayer, Qwen3DecoderLayer, ...
 
 

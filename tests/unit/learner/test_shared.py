@@ -6,6 +6,7 @@ in-process, no Ray). Equality is `torch.equal` / `==`, never a tolerance."""
 from __future__ import annotations
 
 import math
+import weakref
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ SETUPS = [
     (11, {}, {}, {}),
     (12, {"critic": {"lr": 1e-3}}, {"advantage_mode": "gae"}, {}),  # a LoRA critic: GAE, a second adapter + head
     (13, {"optim": {"mini_batch_size": 2}}, {"transform_mode": "gtpo"}, {"kl": {"coef": 0.1}}),
-    (14, {}, {"advantage_mode": "maxrl"}, {"entropy_bonus": {"coeff": 0.01}}),
+    (14, {"gradient_checkpointing": True}, {"advantage_mode": "maxrl"}, {"entropy_bonus": {"coeff": 0.01}}),
 ]
 TEXTS = ["7", "the answer is 7", "so 8", "let me check: 3 + 4 = 7.", "31", "wait, 36 - 5 = 31", "9", "B so it is"]
 
@@ -94,10 +95,15 @@ def _assert_same_result(a: StepResult, b: StepResult) -> None:
 
 
 def _alone(model: str, k: int, steps: int = STEPS) -> tuple[list[StepResult], dict]:
-    """Slot k's twin: a separate learner built and trained alone, its results and final state."""
+    """Slot k's twin: a separate learner built and trained alone, its results and final state (with the bytes
+    of the adapter it exports)."""
     learner = _separate(model, k)
     results = [learner.train_step(_batch(learner.tokenizer, k, s)) for s in range(steps)]
-    return results, _state(learner, SlotRng.capture())
+    return results, {**_state(learner, SlotRng.capture()), **_exported(learner.export_policy(steps).files)}
+
+
+def _exported(files: dict[str, bytes]) -> dict[str, torch.Tensor]:
+    return {f"export.{name}": torch.frombuffer(bytearray(data), dtype=torch.uint8) for name, data in files.items()}
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +123,8 @@ def test_four_interleaved_slots_equal_their_separate_twins(model, twins):
     for k, (want, state) in enumerate(twins):
         for got, ref in zip(results[k], want, strict=True):
             _assert_same_result(got, ref)
-        _assert_same_state(_state(pool.learner(k), pool.rng(k)), state)
+        _assert_same_state({**_state(pool.learner(k), pool.rng(k)),
+                            **_exported(pool.export_policy(k, STEPS).files)}, state)
     # the frozen base is one copy: every slot's base weights are the same tensors
     base = {id(t) for t in pool.base.tensors()}
     for k in range(len(SETUPS)):
@@ -125,3 +132,92 @@ def test_four_interleaved_slots_equal_their_separate_twins(model, twins):
         assert frozen and all(id(p) in base for p in frozen)
     ptrs = [{p.data_ptr() for p in pool.learner(k).model.parameters() if not p.requires_grad} for k in range(4)]
     assert ptrs[0] == ptrs[1] == ptrs[2] == ptrs[3]
+
+
+def test_a_reused_slot_starts_like_a_fresh_learner(model):
+    """A slot closed after its trial trained (moments, counters, RNG advanced) and opened for another trial gives
+    that trial's first update bit for bit as a fresh separate learner; so does `open` over a slot still held."""
+    want, state = _alone(model, 2, steps=1)
+    pool = SharedLearner(model, slots=2)
+    pool.open(0, **_settings(0))
+    pool.open(1, **_settings(1))
+    tok = pool.learner(0).tokenizer
+    for s in range(2):
+        pool.train_step(0, _batch(tok, 0, s))
+        pool.train_step(1, _batch(tok, 1, s))
+    gone = weakref.ref(next(p for p in pool.learner(0).model.parameters() if p.requires_grad))
+    pool.close(0)
+    assert not pool.is_open(0) and pool.is_open(1)
+    assert gone() is None  # the closed trial's adapter is freed, not kept beside the new one
+    with pytest.raises(ValueError, match="LoRA adapters only"):  # full fine-tuning would train the shared base
+        pool.open(0, **{**_settings(2), "learner": LearnerConfig(mode="full")})
+    assert not pool.is_open(0)
+    for k in (0, 1):  # slot 1: no close first, open clears what the slot held
+        pool.open(k, **_settings(2))
+        _assert_same_result(pool.train_step(k, _batch(tok, 2, 0)), want[0])
+        _assert_same_state({**_state(pool.learner(k), pool.rng(k)), **_exported(pool.export_policy(k, 1).files)},
+                           state)
+
+
+def test_checkpoints_move_between_a_slot_and_a_separate_learner(model, twins):
+    """A separate learner's checkpoint after 2 steps restored into a slot (beside a busy neighbour) continues as
+    the separate learner does; a slot's checkpoint restored into a fresh separate learner likewise; the two
+    checkpoints are the same bytes. The slot's setup has a LoRA critic (its adapter, head and optimizer)."""
+    k = 1
+    separate = _separate(model, k)
+    tok = separate.tokenizer
+    for s in range(2):
+        separate.train_step(_batch(tok, k, s))
+    saved_separate = separate.checkpoint_files()
+
+    pool = SharedLearner(model, slots=2)
+    pool.open(0, **_settings(0))
+    pool.train_step(0, _batch(tok, 0, 0))
+    pool.open(1, **_settings(k))
+    pool.train_step(1, _batch(tok, 3, 0))  # a state of its own, which the restore replaces
+    pool.restore(1, saved_separate, "separate")
+    pool.train_step(0, _batch(tok, 0, 1))
+    want, state = twins[k]
+    _assert_same_result(pool.train_step(1, _batch(tok, k, 2)), want[2])
+    _assert_same_state({**_state(pool.learner(1), pool.rng(1)), **_exported(pool.export_policy(1, STEPS).files)},
+                       state)
+
+    pool.open(1, **_settings(k))
+    for s in range(2):
+        pool.train_step(1, _batch(tok, k, s))
+    saved_slot = pool.checkpoint_files(1)
+    assert saved_slot.keys() == saved_separate.keys() == {"learner.pt"}
+    assert saved_slot == saved_separate
+    resumed = _separate(model, k)
+    resumed.train_step(_batch(tok, 3, 0))
+    resumed.restore(saved_slot, "slot")
+    _assert_same_result(resumed.train_step(_batch(tok, k, 2)), want[2])
+    _assert_same_state({**_state(resumed, SlotRng.capture()), **_exported(resumed.export_policy(STEPS).files)},
+                       state)
+
+
+def test_a_failed_or_nan_step_in_one_slot_leaves_the_others_untouched(model, twins):
+    """Slot 1's step raises (a malformed batch) and slot 2's loss is NaN (its adapter goes NaN, as a separate
+    learner's would); slot 0, stepping between them, ends equal to its separate twin, and the process's own
+    random streams are never moved by any slot's call."""
+    pool = SharedLearner(model, slots=3)
+    for k in range(3):
+        pool.open(k, **_settings(k))
+    tok = pool.learner(0).tokenizer
+    outer = SlotRng.capture()
+    results = []
+    for s in range(STEPS):
+        results.append(pool.train_step(0, _batch(tok, 0, s)))
+        good = _batch(tok, 1, s)
+        with pytest.raises(ValueError):
+            pool.train_step(1, LearnerBatch(**{**good.__dict__, "rewards": good.rewards[:1]}))
+        bad = pool.train_step(2, LearnerBatch(**{**_batch(tok, 2, s).__dict__, "loss_scale": float("nan")}))
+        assert math.isnan(bad.metrics["loss/total"] if "loss/total" in bad.metrics else bad.metrics["train/grad_norm"])
+    assert any(p.isnan().any() for p in pool.learner(2).model.parameters() if p.requires_grad)
+    want, state = twins[0]
+    for got, ref in zip(results, want, strict=True):
+        _assert_same_result(got, ref)
+    _assert_same_state({**_state(pool.learner(0), pool.rng(0)), **_exported(pool.export_policy(0, STEPS).files)},
+                       state)
+    now = SlotRng.capture()
+    assert torch.equal(now.torch_cpu, outer.torch_cpu) and now.python == outer.python

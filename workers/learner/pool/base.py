@@ -1,6 +1,6 @@
 """One frozen base model in memory for every slot of the shared learner, and the process-global RNGs a slot owns.
 
-`SharedBase.load` is a `BaseLoader` (workers/learner/modules.py): it loads the base on the first call and then
+`SharedBase.load` (what a slot's `Learner.load_base` calls) loads the base on the first call and then
 hands each caller its own module tree (`copy.deepcopy` with a memo that maps every base parameter and buffer to
 itself), so a slot's `Learner` builds its PEFT adapter, hooks, config and train/eval flags on its own modules while
 every frozen tensor is the one copy. A slot's learner therefore runs the separate learner's code unchanged.

@@ -2,8 +2,9 @@
 and, per slot, one trial's LoRA learner: its adapter(s), optimizer and moments, LR schedule, step counters, critic
 (adapter + head + optimizer) and RNG state.
 
-A slot is a `workers.learner.learner.Learner`, the separate learner itself, built on a module tree that aliases the
-shared frozen tensors (workers/learner/pool/base.py) and called with its own random streams swapped in: a slot
+A slot is a `SlotLearner`: the separate learner (workers.learner.learner.Learner) itself, whose one override builds
+it on a module tree that aliases the shared frozen tensors (workers/learner/pool/base.py), called with its own
+random streams swapped in: a slot
 trained on batches B is the separate learner trained alone on B, bit for bit (tests/unit/learner/test_shared.py).
 One adapter per call: each call runs one trial's step on its own module tree, as the trials' steps arrive one at
 a time from their drivers; a grouped matmul over several adapters would only pay when steps of different trials
@@ -28,7 +29,19 @@ from workers.learner.inputs import LearnerBatch, RunSettings, StepResult
 from workers.learner.learner import Learner
 from workers.learner.pool.base import SharedBase, SlotRng, swapped_rng
 from workers.objectives.interventions import InterventionsConfig
+from workers.startup import imports_done
 from workers.sync.policy import PolicyUpdate
+
+
+class SlotLearner(Learner):
+    """The separate learner, built on `base`'s shared frozen tensors (its one override)."""
+
+    def __init__(self, base: SharedBase, **settings) -> None:
+        self.shared_base = base
+        super().__init__(base.model_path, **settings)
+
+    def load_base(self, model_path: str, dtype: torch.dtype, gradient_checkpointing: bool):
+        return self.shared_base.load(model_path, dtype, self.device, gradient_checkpointing)
 
 
 @dataclass
@@ -69,8 +82,7 @@ class SharedLearner:
         with self._lock:
             self._drop(slot)
             with swapped_rng(None) as rng:  # the learner seeds the streams itself
-                built = Learner(self.model_path, learner=learner, credit=credit, interventions=interventions,
-                                run=run, load_base=self.base.load)
+                built = SlotLearner(self.base, learner=learner, credit=credit, interventions=interventions, run=run)
             self._slots[slot] = _Slot(built, rng.state)
 
     def close(self, slot: int) -> None:
@@ -135,9 +147,14 @@ class SharedLearner:
         return slot
 
     def _drop(self, slot: int) -> None:
+        """Free the slot's learner. Every learner's build ends in `imports_done` (workers/startup.py), which
+        freezes what is alive for the collector, this learner included: unfrozen, collected (any reference cycle
+        of its module tree goes too) and what is left frozen again."""
         if self._slots[slot] is not None:
             self._slots[slot] = None
-            gc.collect()  # the dropped learner's module tree holds reference cycles (PEFT, hooks)
+            gc.unfreeze()
+            gc.collect()
+            imports_done()
 
     @contextmanager
     def _entered(self, slot: int):
