@@ -60,6 +60,10 @@ def check_shared_base(cfg: CampaignConfig, trials: list[ExpandedTrial], source: 
             raise UserError(f"{source}: {_origin(cfg, t, 'learner.mode')}: resources.shared_base needs "
                             f"learner.mode 'lora' (full fine-tuning trains the base itself, which trials cannot "
                             f"share) {where}")
+        if c.learner.cpu_offload:
+            raise UserError(f"{source}: {_origin(cfg, t, 'learner.cpu_offload')}: resources.shared_base needs "
+                            f"cpu_offload off (it shards the learner with FSDP; a slot is one unsharded learner) "
+                            f"{where}")
         if c.resources.learner_ranks != 1:
             raise UserError(f"{source}: {_origin(cfg, t, 'resources.learner_ranks')}: resources.shared_base needs "
                             f"learner_ranks 1 (one learner process holds every slot) {where}")

@@ -58,6 +58,12 @@ def bundles(cfg: TrialConfig) -> list[dict[str, float]]:
         b(r.learner_cpus, r.learner_gpus)] * r.learner_ranks
 
 
+def tune_bundles(cfg: TrialConfig) -> list[dict[str, float]]:
+    """What the trial asks Tune for: its placement group's bundles, or only its driver's when its engines and
+    learner are the campaign's shared pool (`resources.shared_base`, orchestrator/pool/), which reserved them once."""
+    return bundles(cfg)[:1] if cfg.resources.shared_base is not None else bundles(cfg)
+
+
 def worker_slots(cfg: TrialConfig) -> list[ActorSlot]:
     """Rollout worker i's slot: its own bundle (separate) or learner rank i's bundle (colocated)."""
     r = cfg.resources

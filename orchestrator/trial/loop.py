@@ -26,9 +26,10 @@ from orchestrator.tracking.run import TrialTracker
 from orchestrator.trial.actors.calls import Calls, Deadlines, Hang, check_health
 from orchestrator.trial.actors.context import TrialContext
 from orchestrator.trial.actors.engines import RolloutEngines
-from orchestrator.trial.actors.learner_group import LearnerGroup
 from orchestrator.trial.actors.models import resolve_model
 from orchestrator.trial.actors.phases import Phases
+from orchestrator.trial.actors.ports import Engines, Learner
+from orchestrator.trial.actors.shared import PoolClients, connect, pool_record
 from orchestrator.trial.actors.start import (
     placement_record,
     rollout_names,
@@ -91,7 +92,7 @@ def _resume(cfg: TrialConfig, out_dir: str) -> Resume:
     return Resume(state["step"] + 1, state["adapter_version"], state, files, restored.rows, pending)
 
 
-def _hang_handler(cfg: TrialConfig, out_dir: str, workers: list, learner: LearnerGroup, trackers: list):
+def _hang_handler(cfg: TrialConfig, out_dir: str, workers: list, learner: Learner, trackers: list):
     """What a missed deadline does before the trial fails (orchestrator/trial/actors/calls.py raises after it): record
     the phase and the actors in events.jsonl and the W&B run, and kill this trial's actors (only them), whose
     GPUs would otherwise stay held by a frozen process; Tune then retries from the newest checkpoint."""
@@ -107,7 +108,7 @@ def _hang_handler(cfg: TrialConfig, out_dir: str, workers: list, learner: Learne
     return handle
 
 
-def _restore_actors(resume: Resume, learner: LearnerGroup, engines: RolloutEngines, task, sepa: SepaController,
+def _restore_actors(resume: Resume, learner: Learner, engines: Engines, task, sepa: SepaController,
                     source: str) -> None:
     """Put the checkpoint's learner state (saved by a group of any size), task cursor, SEPA controller and
     policy back."""
@@ -153,16 +154,40 @@ def _run(cfg: TrialConfig) -> None:
     out_dir = cfg.output_dir or tempfile.mkdtemp(prefix=f"trial-{cfg.name}-")
     metrics_loc = store.join(out_dir, METRICS_FILE)
     resume = _resume(cfg, out_dir)
-    version, rows = resume.version, resume.rows
     store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "start", "from_step": resume.start,
                                                          "time": time.time()})
-    store.write_text(metrics_loc, "".join(json.dumps(r) + "\n" for r in rows))
+    store.write_text(metrics_loc, "".join(json.dumps(r) + "\n" for r in resume.rows))
     if resume.start >= cfg.steps:
         return  # restored from the final checkpoint: nothing left to run
 
     pg = get_current_placement_group()
     calls = Calls(Deadlines(cfg.timeouts))
-    workers, learner = start_actors(cfg, pg, calls)
+    if cfg.resources.shared_base is None:
+        workers, learner = start_actors(cfg, pg, calls)
+        actors = _Actors(workers, learner, RolloutEngines(workers, calls))  # the step's Engines (actors/ports.py)
+    else:  # the campaign's shared pool: a slot of its own, opened fresh (orchestrator/trial/actors/shared.py)
+        pool = connect(cfg, calls)
+        actors = _Actors([], pool.learner, pool.engines, pool)
+    try:
+        _steps(cfg, out_dir, resume, pg, calls, actors)
+    finally:
+        if actors.pool is not None:
+            actors.pool.release(cfg.name)
+
+
+@dataclass
+class _Actors:
+    """What the trial's steps run on: its own rollout workers and learner group, or its slot of the pool."""
+
+    workers: list
+    learner: Learner
+    engines: Engines
+    pool: PoolClients | None = None
+
+
+def _steps(cfg: TrialConfig, out_dir: str, resume: Resume, pg, calls: Calls, actors: _Actors) -> None:
+    metrics_loc, version, rows = store.join(out_dir, METRICS_FILE), resume.version, resume.rows
+    workers, learner, engines, pool = actors.workers, actors.learner, actors.engines, actors.pool
     trackers: list[TrialTracker] = []  # the W&B run, once it exists, hears of a hang too
     calls.on_hang = _hang_handler(cfg, out_dir, workers, learner, trackers)
     tokenizer = load_tokenizer(resolve_model(cfg.model))
@@ -174,12 +199,15 @@ def _run(cfg: TrialConfig) -> None:
     task = make_task(cfg.task, cfg.seed)
     sepa = SepaController(sepa_settings(cfg))
     learner.ready()
-    engines = RolloutEngines(workers, calls)  # the step's Engines (orchestrator/trial/actors/ports.py)
     _restore_actors(resume, learner, engines, task, sepa, f"{out_dir} checkpoint of step {resume.start - 1}")
-    calls.get([w.ready.remote() for w in workers], "setup", rollout_names(workers))
-    health = check_health(calls, rollout_names(workers))  # also: the engines' pids, for the placement record
-    store.write_text(store.join(out_dir, PLACEMENT_FILE),
-                     json.dumps(placement_record(pg, workers, learner, health, cfg.resources.placement)))
+    if pool is None:
+        calls.get([w.ready.remote() for w in workers], "setup", rollout_names(workers))
+        health = check_health(calls, rollout_names(workers))  # also: the engines' pids, for the placement record
+        record = placement_record(pg, workers, learner, health, cfg.resources.placement)
+    else:  # the pool's processes, the same in every trial of the campaign (tests check the sharing with them)
+        shared = pool_record(pool, check_health(calls, pool.engines.names))
+        record = {**placement_record(pg, [], learner, [], "shared"), "workers": shared["workers"], "pool": shared}
+    store.write_text(store.join(out_dir, PLACEMENT_FILE), json.dumps(record))
     tracker = TrialTracker(cfg)
     trackers.append(tracker)
     for row in rows:  # steps before the checkpoint that no earlier attempt got written (killed writer)

@@ -43,7 +43,7 @@ class Exported:
 
 def hub_id(name: str) -> str | None:
     """`name` when it is a Hugging Face hub id (`org/model`), not a local path or one of our built local models."""
-    from workers.models.local import is_local_model
+    from workers.tiny.local import is_local_model
 
     if is_local_model(name) or not _HUB_ID.match(name) or Path(name).expanduser().exists():
         return None

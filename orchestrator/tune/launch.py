@@ -22,8 +22,9 @@ from orchestrator import imports_done
 from orchestrator import storage as store
 from orchestrator.campaign.schema import Campaign
 from orchestrator.config.errors import UserError
-from orchestrator.config.placement import bundles
+from orchestrator.config.placement import bundles, tune_bundles
 from orchestrator.config.trial import TrialConfig
+from orchestrator.pool.lifecycle import running_pool
 from orchestrator.preflight.checks import check_campaign_models, check_cluster, check_episodes
 from orchestrator.tracking.mode import wandb_mode, with_wandb_mode
 from orchestrator.trial.loop import run_trial
@@ -54,7 +55,7 @@ def _campaign_trial(config: dict, trials: dict[str, dict]) -> None:
 
 def _factory(trials: dict[str, dict]):
     def resources(config: dict) -> tune.PlacementGroupFactory:
-        return tune.PlacementGroupFactory(bundles(TrialConfig.model_validate(trials[config["trial"]])),
+        return tune.PlacementGroupFactory(tune_bundles(TrialConfig.model_validate(trials[config["trial"]])),
                                           strategy="PACK")
 
     return resources
@@ -189,6 +190,9 @@ def run_campaign(campaign: Campaign) -> int:
     imports_done()  # a driver that may run for days collects at the default thresholds: workers/startup.py
     campaign = with_wandb_mode(campaign, wandb_mode())  # $WANDB_MODE / --wandb-mode over the file
     need = max(sum(b.get("CPU", 0) for b in bundles(t.trial)) for t in campaign.trials)
+    shared = campaign.trials[0].trial.resources
+    if shared.shared_base is not None:  # the pool, and a driver per slot beside it
+        need += (shared.shared_base.slots - 1) * shared.driver_cpus
     ensure_ray(need)
     check_cluster(campaign)
     check_campaign_models(campaign)
@@ -210,7 +214,8 @@ def run_campaign(campaign: Campaign) -> int:
         plan = scheduling(campaign)
         tuner = _tuner(cfg.name, campaign.storage, {t.name: t.config for t in campaign.trials}, plan,
                        max_failures=cfg.max_failures, keep=keep, callbacks=[PendingOnAutoscaling(campaign.directory)])
-        results = tuner.fit()
+        with running_pool(campaign.trials[0].trial):  # resources.shared_base: one pool, before the Tuner
+            results = tuner.fit()
     failed = [r for r in results if r.error]
     ended = "stopped by the budget at a round boundary" if getattr(plan.scheduler, "stopped", False) else "finished"
     print(f"campaign {cfg.name}: {len(results) - len(failed)}/{len(results)} trials {ended}; "
@@ -253,7 +258,8 @@ def run_single_trial(cfg: TrialConfig, storage: Path, max_failures: int = 0):
     ensure_ray(sum(b.get("CPU", 0) for b in bundles(cfg)))
     tuner = _tuner(cfg.name, str(storage), {cfg.name: cfg.model_dump(mode="json")}, TuneScheduling(),
                    max_failures=max_failures, keep=cfg.checkpoint.keep)
-    result = tuner.fit()[0]
+    with running_pool(cfg):  # resources.shared_base: the trial on a pool of its own (one slot used)
+        result = tuner.fit()[0]
     if result.error:
         print(f"trial {cfg.name} failed: {failure_line(result.error)}")
         return None

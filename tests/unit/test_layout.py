@@ -31,7 +31,7 @@ ALLOWED = {
     "orchestrator.jobs": {"orchestrator.tune", "orchestrator.preflight", "orchestrator.tracking",
                           "orchestrator.campaign", "orchestrator.config", "orchestrator.stats",
                           "orchestrator.storage"},
-    "orchestrator.tune": {"orchestrator.preflight", "orchestrator.trial", "orchestrator.tracking",
+    "orchestrator.tune": {"orchestrator.preflight", "orchestrator.pool", "orchestrator.trial", "orchestrator.tracking",
                           "orchestrator.campaign", "orchestrator.config", "orchestrator.stats",
                           "orchestrator.storage"},
     "orchestrator.evaluate": {"orchestrator.preflight", "orchestrator.trial", "orchestrator.tracking",
@@ -41,6 +41,8 @@ ALLOWED = {
                                "orchestrator.stats", "orchestrator.storage", "workers.*"},
     "orchestrator.report": {"orchestrator.tracking", "orchestrator.campaign", "orchestrator.config",
                             "orchestrator.stats", "orchestrator.storage"},
+    # the shared pool: started by tune/, built from trial/actors' settings; trials reach it by their client only
+    "orchestrator.pool": {"orchestrator.trial", "orchestrator.config", "workers.*"},
     "orchestrator.trial": {"orchestrator.tracking", "orchestrator.campaign", "orchestrator.config",
                            "orchestrator.stats", "orchestrator.storage", "workers.*"},
     "orchestrator.tracking": {"orchestrator.campaign", "orchestrator.config", "orchestrator.stats",

@@ -23,7 +23,7 @@ from workers.rollout.worker import RolloutWorker, RolloutWorkerSettings, process
 from workers.sync.scratch import enter_scratch, scratch_root
 
 
-def _where() -> dict:
+def where_am_i() -> dict:
     ctx = ray.get_runtime_context()
     return {"placement_group": ctx.get_placement_group_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "pid": os.getpid()}
@@ -50,7 +50,7 @@ class TrialRolloutActor(RolloutWorker):
                          dataclasses.replace(settings, dtype=engine_dtype(settings.dtype)))
 
     def placement(self) -> dict:
-        return _where()
+        return where_am_i()
 
     @ray.method(concurrency_group="health")
     def health(self) -> dict:
@@ -77,7 +77,7 @@ class LearnerRankActor(Learner):
         super().__init__(resolve_model(ModelConfig(**model_cfg)), ranks=ranks, init_method=init_method, **kw)
 
     def placement(self) -> dict:
-        return _where()
+        return where_am_i()
 
     @ray.method(concurrency_group="health")
     def health(self) -> dict:
@@ -113,7 +113,7 @@ def placement_record(pg, workers, learner: LearnerGroup, health: list[dict], pla
     return {
         "placement": placement,
         "placement_group": pg.id.hex() if pg is not None else None,
-        "driver": _where(),
+        "driver": where_am_i(),
         "workers": [{**w, "engine_pids": [c["pid"] for c in h["children"]]}
                     for w, h in zip(where, health, strict=True)],
         "learner": ranks[0],

@@ -98,6 +98,8 @@ def _batched(pool, calls: list[tuple[int, list, SamplingRequest]]) -> tuple[list
         while ray.get(pool.waiting.remote()) < len(calls):
             assert time.monotonic() < deadline, "the calls never reached the engine's queue"
             time.sleep(0.05)
+        # every slot's call waits in the actor, and health still answers (max_concurrency = slots + 2)
+        assert ray.get(pool.health.remote(), timeout=60)["ok"]
         ray.get(pool.release.remote())
         outs = [f.result() for f in futs]
     return outs, ray.get(pool.stats.remote())["engine_calls"] - before

@@ -1,0 +1,55 @@
+"""The pool's Ray actors: the shared learner (workers/learner/pool/shared.py:SharedLearner, every slot's adapter on one
+copy of the base) and the shared rollout engines (workers/rollout/shared.py:SharedRolloutWorker, one vLLM engine
+serving every slot's adapter), each told where it runs (placement.json of every shared trial records them)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ray
+
+from orchestrator.config.trial import ModelConfig
+from orchestrator.trial.actors.models import resolve_model
+from orchestrator.trial.actors.start import engine_dtype, where_am_i
+from workers.learner.pool.shared import SharedLearner
+from workers.models.gpu_runtime import check_gpu_runtime
+from workers.rollout.shared import SharedRolloutWorker
+from workers.rollout.worker import RolloutWorkerSettings, process_health
+from workers.sync.scratch import enter_scratch
+
+
+class PoolEngine(SharedRolloutWorker):
+    """One engine of the pool; threaded by `start_pool` (max_concurrency = slots + 2: every slot's call reaches
+    the engine thread at once and is batched with the others)."""
+
+    def __init__(self, model_cfg: dict, slots: int, settings: RolloutWorkerSettings, scratch: str | None = None):
+        if scratch:
+            enter_scratch(scratch, "pool-engine")
+        check_gpu_runtime()
+        super().__init__(resolve_model(ModelConfig(**model_cfg)), slots,
+                         dataclasses.replace(settings, dtype=engine_dtype(settings.dtype)))
+
+    def placement(self) -> dict:
+        return where_am_i()
+
+
+@ray.remote(concurrency_groups={"health": 1})
+class PoolLearnerActor(SharedLearner):
+    """The pool's learner: every slot's adapter, optimizer and RNG on one copy of the base model. Calls run one at a
+    time (a slot's train step, export, checkpoint); `health` answers on its own thread meanwhile."""
+
+    def __init__(self, model_cfg: dict, slots: int, scratch: str | None = None):
+        if scratch:
+            enter_scratch(scratch, "pool-learner")
+        check_gpu_runtime()
+        super().__init__(resolve_model(ModelConfig(**model_cfg)), slots)
+
+    def placement(self) -> dict:
+        return where_am_i()
+
+    def ready(self) -> bool:
+        return True
+
+    @ray.method(concurrency_group="health")
+    def health(self) -> dict:
+        return process_health()

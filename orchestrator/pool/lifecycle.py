@@ -1,0 +1,94 @@
+"""The pool's life: started by the campaign before the Tuner, in a placement group of its own that reserves the
+learner's and the engines' bundles once (the bundles a separate trial of the campaign would take, less its
+driver's), its actors named in the campaign's Ray namespace (orchestrator/trial/actors/shared.py), waited on
+until every model is built, and stopped (actors killed, group removed) when the campaign ends or fails. A
+re-submitted campaign starts a new pool; its trials resume from their own checkpoints."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from orchestrator.config.placement import bundles, engines
+from orchestrator.config.trial import TrialConfig
+from orchestrator.trial.actors.shared import LEARNER, SLOTS, engine_name
+from orchestrator.trial.actors.start import rollout_settings
+
+
+@dataclass
+class Pool:
+    group: object
+    learner: object
+    engines: list
+    registry: object
+
+    def health(self, timeout: float) -> list[dict]:
+        """Every pool actor's health answer within `timeout` (raises when one is frozen or dead)."""
+        return ray.get([a.health.remote() for a in [self.learner, *self.engines]], timeout=timeout)
+
+    def stop(self) -> None:
+        for actor in [*self.engines, self.learner, self.registry]:
+            ray.kill(actor)
+        remove_placement_group(self.group)
+
+
+def pool_bundles(cfg: TrialConfig) -> list[dict[str, float]]:
+    """The engines' bundles then the learner's: a separate trial's, without its driver."""
+    return bundles(cfg)[1:]
+
+
+def start_pool(cfg: TrialConfig) -> Pool:
+    """The pool for trials shaped like `cfg` (every trial of a shared campaign agrees on what matters here:
+    orchestrator/campaign/shared.py), ready when this returns."""
+    from orchestrator.pool.actors import PoolEngine, PoolLearnerActor
+    from orchestrator.pool.slots import SlotRegistry
+
+    slots, r, k = cfg.resources.shared_base.slots, cfg.resources, engines(cfg)
+    group = placement_group(pool_bundles(cfg), strategy="PACK")
+    at = time.monotonic()
+    if not group.wait(timeout_seconds=cfg.timeouts.setup):
+        remove_placement_group(group)
+        raise RuntimeError(f"the shared pool's placement group ({pool_bundles(cfg)}) was not placed within "
+                           f"{cfg.timeouts.setup:g} s")
+
+    def bundle(i: int) -> dict:
+        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=group,
+                                                                        placement_group_bundle_index=i)}
+
+    model_cfg, settings = cfg.model.model_dump(), rollout_settings(cfg)
+    engine_actor = ray.remote(PoolEngine)
+    pool_engines = [engine_actor.options(name=engine_name(i), max_concurrency=slots + 2, num_cpus=r.worker_cpus,
+                                         num_gpus=r.worker_gpus, **bundle(i)).remote(model_cfg, slots, settings)
+                    for i in range(k)]
+    learner = PoolLearnerActor.options(name=LEARNER, num_cpus=r.learner_cpus, num_gpus=r.learner_gpus,
+                                       **bundle(k)).remote(model_cfg, slots)
+    registry = SlotRegistry.options(name=SLOTS).remote(slots, k)
+    pool = Pool(group, learner, pool_engines, registry)
+    try:
+        left = max(cfg.timeouts.setup - (time.monotonic() - at), 1.0)
+        ray.get([a.ready.remote() for a in [learner, *pool_engines]], timeout=left)
+        pool.health(cfg.timeouts.health)
+    except BaseException:
+        pool.stop()
+        raise
+    print(f"shared pool: {k} engine(s) and one learner for {slots} slots, ready in "
+          f"{time.monotonic() - at:.0f} s", flush=True)
+    return pool
+
+
+@contextmanager
+def running_pool(cfg: TrialConfig | None):
+    """A pool for the campaign's trials while the block runs (None: separate trials, no pool)."""
+    if cfg is None or cfg.resources.shared_base is None:
+        yield None
+        return
+    pool = start_pool(cfg)
+    try:
+        yield pool
+    finally:
+        pool.stop()

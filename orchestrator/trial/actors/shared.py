@@ -1,0 +1,155 @@
+"""A trial of a shared-base campaign (`resources.shared_base`) reaches the campaign's pool (orchestrator/pool/)
+through these two clients: `PoolEngines` and `PoolLearner` are the `Engines` / `Learner` ports (ports.py) over
+the pool's actors, every call naming the trial's slot and waited on under the trial's deadlines (calls.py), so
+the step does not know it shares. `connect` finds the pool's named actors, takes the trial's slot and opens it
+fresh (a new adapter from the trial's seed, zero optimizer moments; the engines drop whatever adapter the slot
+held); a resumed trial then restores its checkpoint into it as a separate one would.
+
+The pool's actors are named in the campaign's Ray namespace (the campaign driver and its trials' drivers are one
+Ray job); the names live here so that the pool (which imports this module) and the trial agree on them."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import ray
+
+from orchestrator.config.trial import TrialConfig
+from orchestrator.trial.actors.calls import Calls, check_health
+from workers.learner.inputs import LearnerBatch, RunSettings, StepResult
+from workers.rollout.output import Generation
+from workers.rollout.worker import SamplingRequest, shard
+from workers.sync.policy import PolicyUpdate
+
+POOL = "shared-base-pool"
+LEARNER, SLOTS = f"{POOL}/learner", f"{POOL}/slots"
+
+
+def engine_name(i: int) -> str:
+    return f"{POOL}/engine{i}"
+
+
+class PoolEngines:
+    """The `Engines` port over the pool's rollout engines, sampling under the trial's adapter (its `slot`)."""
+
+    def __init__(self, engines: list, slot: int, calls: Calls):
+        self.engines, self.slot, self.calls = list(engines), slot, calls
+        self.names = [(f"pool.engine[{i}]", e) for i, e in enumerate(self.engines)]
+
+    @property
+    def count(self) -> int:
+        return len(self.engines)
+
+    def generate(self, prompt_ids: list[list[int]], request: SamplingRequest, seeds: list[int],
+                 phase: str) -> list[Generation]:
+        parts = shard(list(range(len(prompt_ids))), len(self.engines))
+        named = [n for n, idx in zip(self.names, parts, strict=True) if idx]
+        futures = [e.generate.remote(self.slot, [prompt_ids[i] for i in idx],
+                                     dataclasses.replace(request, seed=seeds[j]))
+                   for j, (e, idx) in enumerate(zip(self.engines, parts, strict=True)) if idx]
+        return self.calls.get(futures, phase, named)
+
+    def load_policy(self, update: PolicyUpdate) -> int:
+        self.calls.get([e.load_policy.remote(self.slot, update) for e in self.engines], "sync", self.names)
+        return update.version
+
+    def drop(self) -> None:
+        """Evict whatever adapter the slot held (a trial that held it before, or this trial's earlier attempt)."""
+        self.calls.get([e.drop.remote(self.slot) for e in self.engines], "setup", self.names)
+
+    def health(self) -> None:
+        check_health(self.calls, self.names)
+
+    def sleep(self, level: int) -> None:  # never called: shared_base refuses colocated placement
+        raise NotImplementedError("a shared pool's engines do not sleep")
+
+    def wake(self, parts: list[str]) -> None:
+        raise NotImplementedError("a shared pool's engines do not sleep")
+
+
+class PoolLearner:
+    """The `Learner` port over the pool's learner, training the trial's adapter (its `slot`)."""
+
+    def __init__(self, learner, slot: int, calls: Calls):
+        self.learner, self.slot, self.calls = learner, slot, calls
+        self.named = [("pool.learner", learner)]
+
+    def open(self, cfg: TrialConfig) -> None:
+        """The slot as a fresh learner of this trial: a pure function of its seed (SharedLearner.open)."""
+        run = RunSettings(seed=cfg.seed, total_steps=cfg.steps, dtype=cfg.model.dtype,
+                          collective_timeout_s=cfg.timeouts.collective)
+        self.calls.get(self.learner.open.remote(self.slot, learner=cfg.learner, credit=cfg.credit,
+                                                interventions=cfg.interventions, run=run), "setup", self.named)
+
+    def ready(self) -> bool:
+        return True  # the pool waited for its learner before the Tuner started
+
+    def submit_train_step(self, batch: LearnerBatch) -> object:
+        return self.learner.train_step.remote(self.slot, batch)
+
+    def result(self, handle: object) -> StepResult:
+        return self.calls.get(handle, "train", self.named)
+
+    def export_policy(self, version: int) -> PolicyUpdate:
+        return self.calls.get(self.learner.export_policy.remote(self.slot, version), "sync", self.named)
+
+    def release_cache(self) -> None:
+        self.calls.get(self.learner.release_cache.remote(), "sync", self.named)
+
+    def write_checkpoint(self, directory: str) -> list[str]:
+        files = self.calls.get(self.learner.checkpoint_files.remote(self.slot), "checkpoint", self.named)
+        for name, data in files.items():
+            path = Path(directory) / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        return list(files)
+
+    def restore(self, files: dict[str, bytes], source: str) -> None:
+        self.calls.get(self.learner.restore.remote(self.slot, files, source), "checkpoint", self.named)
+
+    def placements(self) -> list[dict]:
+        return [self.calls.get(self.learner.placement.remote(), "setup", self.named)]
+
+    def shutdown(self) -> None:
+        """Nothing to kill: the learner is the pool's (a hang fails this trial only; the pool's health check and
+        the campaign decide about the pool)."""
+
+
+@dataclasses.dataclass
+class PoolClients:
+    slot: int
+    engines: PoolEngines
+    learner: PoolLearner
+    registry: object
+
+    def release(self, trial: str) -> None:
+        """Give the slot back (the trial ended or failed); the registry opens it fresh for the next holder."""
+        try:
+            ray.get(self.registry.release.remote(trial), timeout=30)
+        except Exception:  # noqa: BLE001 - a pool already stopped (the campaign ending) has nothing to release
+            pass
+
+
+def connect(cfg: TrialConfig, calls: Calls) -> PoolClients:
+    """The trial's slot in the running pool (the same slot again for a retried trial that still holds one),
+    opened fresh: the engines drop the slot's adapter, the learner builds this trial's from its seed."""
+    registry = ray.get_actor(SLOTS)
+    slot = calls.get(registry.acquire.remote(cfg.name, ray.get_runtime_context().get_actor_id()), "setup",
+                     [("pool.slots", registry)])
+    count = calls.get(registry.engines.remote(), "setup", [("pool.slots", registry)])
+    engines = PoolEngines([ray.get_actor(engine_name(i)) for i in range(count)], slot, calls)
+    learner = PoolLearner(ray.get_actor(LEARNER), slot, calls)
+    engines.drop()
+    learner.open(cfg)
+    return PoolClients(slot, engines, learner, registry)
+
+
+def pool_record(clients: PoolClients, health: list[dict]) -> dict:
+    """The pool's part of a shared trial's placement.json: the slot, the learner's and each engine's process
+    (pid, node, placement group) and the engines' child processes: the same for every trial of the campaign."""
+    where = clients.learner.calls.get([e.placement.remote() for e in clients.engines.engines], "setup",
+                                      clients.engines.names)
+    return {"slot": clients.slot, "learner": clients.learner.placements()[0],
+            "workers": [{**w, "engine_pids": [c["pid"] for c in h.get("children", [])]}
+                        for w, h in zip(where, health, strict=True)]}

@@ -1,0 +1,69 @@
+"""The pool's slot table and what a shared campaign asks Tune for (no Ray, no engine)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.campaign.expand import expand
+from orchestrator.campaign.schema import Campaign, CampaignConfig
+from orchestrator.config.placement import bundles, tune_bundles
+from orchestrator.pool.lifecycle import pool_bundles
+from orchestrator.pool.slots import SlotTable
+from orchestrator.tune.scheduling import concurrency_limit, scheduling
+
+
+def test_a_trial_gets_its_slot_back_and_a_released_slot_goes_to_the_next():
+    dead: set[str] = set()
+    table = SlotTable(2, lambda driver: driver not in dead)
+    assert table.acquire("a", "d1") == 0 and table.acquire("b", "d2") == 1
+    assert table.acquire("a", "d3") == 0  # a retried trial (a new driver) that still holds its slot
+    with pytest.raises(RuntimeError, match="no free slot for trial c"):
+        table.acquire("c", "d4")
+    table.release("b")
+    assert table.acquire("c", "d4") == 1 and table.held() == {"a": 0, "c": 1}
+    dead.add("d3")  # a's driver SIGKILLed: no release; its slot goes to the next trial that finds none free
+    assert table.acquire("d", "d5") == 0 and table.held() == {"d": 0, "c": 1}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 5)), max_size=40), st.integers(1, 4))
+def test_never_two_live_holders_of_one_slot(ops, slots):
+    """Against a reference: a dict of holders. A live trial keeps its slot; no two trials hold one slot."""
+    table = SlotTable(slots, lambda driver: True)
+    ref: dict[str, int] = {}
+    for acquire, k in ops:
+        name = f"t{k}"
+        if acquire:
+            if name in ref or len(ref) < slots:
+                slot = table.acquire(name, name)
+                assert ref.setdefault(name, slot) == slot
+            else:
+                with pytest.raises(RuntimeError):
+                    table.acquire(name, name)
+        else:
+            table.release(name)
+            ref.pop(name, None)
+        assert table.held() == ref and len(set(ref.values())) == len(ref)
+
+
+def _campaign(**extra) -> Campaign:
+    cfg = CampaignConfig.model_validate({
+        "name": "c", "seeds": [0, 1], "conditions": {"A": {}, "B": {"credit": {"advantage_mode": "maxrl"}}},
+        "resources": {"rollout_workers": 2, "worker_gpus": 1, "learner_gpus": 1, "shared_base": {"slots": 3}},
+        **extra})
+    return Campaign(cfg, "c.yaml", "/tmp/c", "/tmp", expand(cfg, "c.yaml"))
+
+
+def test_shared_trials_ask_tune_for_their_driver_only_and_at_most_slots_run():
+    campaign = _campaign()
+    trial = campaign.trials[0].trial
+    assert tune_bundles(trial) == bundles(trial)[:1] == [{"CPU": trial.resources.driver_cpus}]
+    assert pool_bundles(trial) == bundles(trial)[1:]  # the engines' and learner's GPUs, reserved once
+    assert sum(b.get("GPU", 0) for b in pool_bundles(trial)) == 3
+    assert concurrency_limit(campaign) == 3 and scheduling(campaign).max_concurrent == 3
+    assert concurrency_limit(_campaign(max_concurrent_trials=2)) == 2
+    separate = _campaign(resources={"rollout_workers": 2})
+    assert tune_bundles(separate.trials[0].trial) == bundles(separate.trials[0].trial)
+    assert concurrency_limit(separate) is None
