@@ -281,24 +281,6 @@ def _size(c: Cluster) -> str:
     return f"{c.gpus:g} GPUs, " + (f"{c.cpus:g} CPUs" if math.isfinite(c.cpus) else "CPUs not counted")
 
 
-def run_paragraph(campaign: Campaign) -> str:
-    """`run`'s plan, against the Ray cluster it is connected to (cost model step times)."""
-    import ray
-
-    from orchestrator.preflight.shared_plan import plan_shared, with_shared_base
-
-    total = ray.cluster_resources()
-    cluster = Cluster(total.get("GPU", 0.0), total.get("CPU", 0.0), "the Ray cluster")
-    shared = campaign.trials[0].trial.resources.shared_base
-    if shared is None:
-        return paragraph(make_plan(campaign, cluster=cluster))
-    plan = make_plan(with_shared_base(campaign, None), cluster=cluster)  # the trials as separate ones
-    pool = plan_shared(plan, shared.slots, device_kind(None))
-    return (f"plan: {len(plan.trials)} trials on a shared base ({shared.slots} slots): one pool of {pool.gpus:g} "
-            f"GPU(s), about {pool.gpu_hours:.1f} GPU-hours, makespan about {fmt_hours(pool.makespan_h)} (cost model, "
-            f"lock-step; `plan` for both sides). Separate instead: " + paragraph(plan).removeprefix("plan: "))
-
-
 def render(plan: Plan) -> str:
     cfg = plan.campaign.config
     rows = [("trial", "steps", "gens/step", "gen tokens/step", "train tokens/step", "step time", "source",

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 from orchestrator.campaign.schema import Campaign
 from orchestrator.config.errors import UserError
-from orchestrator.preflight.cost_model import EFFICIENCY, overhead_seconds, step_seconds
+from orchestrator.preflight.cost_model import EFFICIENCY, device_kind, overhead_seconds, step_seconds
+from orchestrator.preflight.plan import Cluster, fmt_hours, make_plan, makespan, paragraph
 
 GENERATE_BATCHED = 0.20  # effective share of the dense peak a large multi-trial decode batch reaches (assumed)
 TRIAL_START_S = 10.0  # a shared trial's own start-up: its driver process and a slot open, no engine, no model load
@@ -123,8 +124,6 @@ def plan_shared(plan, slots: int, kind: str, kv_tokens: int | None = None) -> Sh
     """The shared pool's plan of the campaign of `plan` (orchestrator/preflight/plan.py:Plan, its trials' step times
     and cluster), with `slots` slots; `kv_tokens`: what the pool's engine's KV cache holds (None: not known here,
     not a limit)."""
-    from orchestrator.preflight.plan import makespan
-
     cfgs = [t.trial.trial for t in plan.trials]
     gpus = pool_gpus(cfgs[0])
     fits = plan.cluster.gpus >= gpus if gpus else True
@@ -154,8 +153,6 @@ def compare_rows(plan, shared: SharedPlan | None, why: str | None, chosen: bool 
                  kv_tokens: int | None = None) -> list[str]:
     """The table `plan` prints for a LoRA campaign: separate (the plan's) and shared side by side; `chosen`: the
     campaign sets resources.shared_base."""
-    from orchestrator.preflight.plan import fmt_hours
-
     rows = [("trials run", "GPUs", "trials at once", "step time", "GPU-hours", "makespan")]
     sep_step = max((t.step_s or math.nan) for t in plan.trials)
     per = max(t.gpus for t in plan.trials)
@@ -201,3 +198,19 @@ def shared_section(campaign: Campaign, plan, slots: int, kind: str, chosen: bool
     cfg = campaign.trials[0].trial
     kv = pool_kv_tokens(cfg, slots, resolve) if pool_gpus(cfg) else None
     return compare_rows(plan, plan_shared(plan, slots, kind, kv), None, chosen, kv)
+
+
+def run_paragraph(campaign: Campaign) -> str:
+    """`run`'s plan, against the Ray cluster it is connected to (cost model step times)."""
+    import ray
+
+    total = ray.cluster_resources()
+    cluster = Cluster(total.get("GPU", 0.0), total.get("CPU", 0.0), "the Ray cluster")
+    shared = campaign.trials[0].trial.resources.shared_base
+    if shared is None:
+        return paragraph(make_plan(campaign, cluster=cluster))
+    plan = make_plan(with_shared_base(campaign, None), cluster=cluster)  # the trials as separate ones
+    pool = plan_shared(plan, shared.slots, device_kind(None))
+    return (f"plan: {len(plan.trials)} trials on a shared base ({shared.slots} slots): one pool of {pool.gpus:g} "
+            f"GPU(s), about {pool.gpu_hours:.1f} GPU-hours, makespan about {fmt_hours(pool.makespan_h)} (cost model, "
+            f"lock-step; `plan` for both sides). Separate instead: " + paragraph(plan).removeprefix("plan: "))

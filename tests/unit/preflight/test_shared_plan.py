@@ -171,12 +171,12 @@ def test_a_shared_campaign_plans_shared_as_chosen(tmp_path, capsys):
 
 
 def test_run_prints_the_shared_paragraph_before_launching(monkeypatch):
-    import orchestrator.preflight.plan as plan_mod
+    from orchestrator.preflight.shared_plan import run_paragraph
 
     monkeypatch.setattr("ray.cluster_resources", lambda: {"GPU": 8.0, "CPU": 64.0})
     campaign = load_campaign(LEAN)
     shared = plan_shared(make_plan(campaign, cluster=Cluster(8, 64, "test")), 5, "H100")
-    text = plan_mod.run_paragraph(with_shared_base(campaign, 5))
+    text = run_paragraph(with_shared_base(campaign, 5))
     assert text.startswith(f"plan: 20 trials on a shared base (5 slots): one pool of 2 GPU(s), about "
                            f"{shared.gpu_hours:.1f} GPU-hours"), text
     assert "Separate instead: 20 trials, 800 steps, about 71.0 GPU-hours" in text
