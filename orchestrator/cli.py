@@ -84,22 +84,29 @@ def _run(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from orchestrator.campaign.expand import load_campaign
+    from orchestrator.preflight.cost_model import device_kind
     from orchestrator.preflight.memory_check import check_campaign_learners
     from orchestrator.preflight.plan import PlanRequest, make_plan, render
+    from orchestrator.preflight.shared_plan import planned_slots, shared_section, with_shared_base
 
     campaign = load_campaign(args.file)
     request = PlanRequest(pilot=args.pilot, effect=args.effect, gpus=args.gpus, cpus=args.cpus,
                           device=args.device, measure=args.measure, metric=args.metric)
-    plan = make_plan(campaign, request)
+    shares = campaign.trials[0].trial.resources.shared_base is not None
+    separate = with_shared_base(campaign, None) if shares else campaign  # the table: each trial on its own GPUs
+    plan = make_plan(separate, request)
     print(render(plan))
     if args.compare_placement:
         from orchestrator.preflight.plan import compare_lines, other_placement
 
-        other = other_placement(campaign)
+        other = other_placement(separate)
         print("\n".join(compare_lines(plan, other and make_plan(other, request, cluster=plan.cluster))))
-    # per distinct trial shape: learner and engine memory per GPU against the named GPU; refuses (exit 2) one
-    # that cannot fit. Planning reads model configs already on this machine only (a path or the hub cache)
-    lines = check_campaign_learners(campaign, local_only=True)
+    slots = planned_slots(campaign, args.slots)
+    print("\n".join(shared_section(separate, plan, slots, device_kind(args.device), chosen=shares)))
+    # per distinct trial shape: learner and engine memory per GPU against the named GPU (and the shared pool's);
+    # refuses (exit 2) one that cannot fit. Planning reads model configs already on this machine only (a path or
+    # the hub cache)
+    lines = check_campaign_learners(campaign, local_only=True, shared_slots=slots)
     if not any(t.gpus for t in plan.trials):
         return 0
     print("\nmemory per GPU (pre-launch estimate, orchestrator/preflight/learner_memory.py):" if lines else
@@ -292,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--metric", help="metric of the measure (default: the report's)")
     pl.add_argument("--compare-placement", action="store_true",
                     help="also plan every trial under the other resources.placement (colocated / separate)")
+    pl.add_argument("--slots", type=int, help="slots of the shared-base plan printed for a LoRA campaign "
+                    "(default: its resources.shared_base.slots, else min(trials, 8))")
     pl.set_defaults(fn=_plan)
     r = sub.add_parser("report", help="statistical report of a campaign (tables, CSVs, PNGs)")
     r.add_argument("file", help="campaign YAML")

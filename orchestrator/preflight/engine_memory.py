@@ -2,7 +2,12 @@
 device, holds the model's weights (bf16, split over tensor_parallel_size GPUs) and fills the rest with KV cache;
 an engine whose share cannot hold one `model.max_model_len` sequence beside its weights fails at start. The share
 vLLM also keeps for its own activations and CUDA graphs is not counted (a few GiB at most: an upper bound on the
-KV cache, not a lower one). And, for a trial placed `separate`, what `colocated` would need on the same GPU."""
+KV cache, not a lower one). And, for a trial placed `separate`, what `colocated` would need on the same GPU.
+
+A shared-base pool's engine (`resources.shared_base: {slots: N}`, `SharedEngineMemory`): the same share holds the
+base once, vLLM's LoRA buffers for `max_loras` = N adapters in the engine's dtype (allocated up front), and a KV
+cache the N trials' sequences share; each slot's share of it must hold one `model.max_model_len` sequence, else a
+trial's longest sequence could wait behind the others' forever. vLLM's punica buffers are not counted either."""
 
 from __future__ import annotations
 
@@ -61,3 +66,45 @@ def colocated_variant(cfg: TrialConfig, need: LearnerMemory, have_gib: float) ->
     if fit.train <= fit.usable and fit.max_utilization >= 0.05:
         return head + f": fits with rollout.engine.gpu_memory_utilization {int(fit.max_utilization * 100) / 100:.2f}"
     return head + ": does not fit"
+
+
+@dataclass(frozen=True)
+class SharedEngineMemory:
+    share: float  # bytes vLLM takes
+    weights: float
+    adapters: float  # N adapters in the engine's dtype
+    kv_tokens: int  # tokens the rest holds, for all slots together
+    slots: int
+
+    @property
+    def kv_per_slot(self) -> int:
+        return self.kv_tokens // max(self.slots, 1)
+
+    def describe(self) -> str:
+        kv = self.share - self.weights - self.adapters
+        return (f"{self.share / GIB:.1f} GiB (weights {self.weights / GIB:.1f} once, {self.slots} adapter(s) "
+                f"{self.adapters / GIB:.2f}, KV cache {kv / GIB:.1f} for about {self.kv_tokens:,} tokens: "
+                f"{self.kv_per_slot:,} a slot)")
+
+
+def shared_engine(share: float, weights: float, adapter: float, kv_per_token: float, slots: int) -> SharedEngineMemory:
+    """One engine GPU of the pool: `share` bytes for vLLM, `weights` the base on this GPU, `adapter` one adapter's
+    bytes, `kv_per_token` the KV cache's bytes a token on this GPU."""
+    adapters = slots * adapter
+    kv = max(int((share - weights - adapters) // max(kv_per_token, 1)), 0)
+    return SharedEngineMemory(share, weights, adapters, kv, slots)
+
+
+def slots_fitting_engine(share: float, weights: float, adapter: float, kv_per_token: float, context: int) -> int:
+    """The most slots whose engine holds, beside the base and their adapters, one `context` sequence each."""
+    per_slot = adapter + context * max(kv_per_token, 1)
+    room = share - weights
+    return max(int(room // per_slot), 0)
+
+
+def pool_engine(cfg, counts, have_gib: float, slots: int) -> SharedEngineMemory:
+    """One engine GPU of the pool of `slots` trials of `cfg`'s shape on a `have_gib` GPU."""
+    one = engine_memory(cfg, counts, have_gib)
+    tp = cfg.rollout.engine.tensor_parallel_size
+    adapter = counts.lora * (4 if cfg.model.dtype == "float32" else 2) / tp
+    return shared_engine(one.share, one.weights, adapter, counts.kv_per_token / tp, slots)

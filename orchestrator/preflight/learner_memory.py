@@ -27,6 +27,12 @@ the LoRA targets' shapes) counted. Per GPU, with N = resources.learner_ranks, as
   holds while a colocated engine is awake (`resident`) loses the gradients and Adam moments, and under full mode
   every weight but the policy's, which the weight sync reads back while the engine is awake.
 Approximate are the activation constants and what the allocator fragments: the check keeps 10% of the GPU free.
+
+A shared-base pool's learner (`resources.shared_base: {slots: N}`, `SharedLearnerMemory`) holds the frozen base
+ONCE and, per slot, one trial's trained parameters' fp32 weights, gradients and two Adam moments (16 bytes a
+parameter: the policy's adapter and a critic's head and adapter); the gradients are counted per slot, an upper
+bound (a slot's are freed after its step only when zero_grad drops them). The activations and gathered layers
+are ONE micro-batch's (the learner trains one slot per call), as in the separate estimate.
 """
 
 from __future__ import annotations
@@ -241,3 +247,35 @@ def _colocated(cfg: TrialConfig, need: LearnerMemory, have: float, source: str) 
         raise UserError(f"{source}: {why[0]}: resources.placement 'colocated' on a {have:.0f} GiB GPU: {why[1]}")
     return (f"colocated with an engine at {util:g}: generate phase {fit.generate:.1f} GiB, train phase "
             f"{fit.train:.1f} GiB of {fit.usable:.1f} usable")
+
+
+@dataclass(frozen=True)
+class SharedLearnerMemory:
+    base: float  # frozen base weights, once
+    per_slot: float  # one trial's adapter (+ critic) fp32 weights, gradients and Adam moments
+    working: float  # one micro-batch's activations + gathered layers (one slot trains at a time)
+    slots: int
+
+    @property
+    def total(self) -> float:
+        return self.base + self.slots * self.per_slot + self.working
+
+    def describe(self) -> str:
+        return (f"{self.total / GIB:.1f} GiB (base {self.base / GIB:.1f} once, {self.slots} slot(s) x "
+                f"{self.per_slot / GIB:.2f} adapter + grads + Adam, activations {self.working / GIB:.1f})")
+
+
+def shared_learner(mem: LearnerMemory, slots: int) -> SharedLearnerMemory:
+    """The pool's learner GPU from a separate trial's estimate: its trained weights' bytes equal its gradients'
+    (both 4 bytes a trained parameter), the rest of its weights is the frozen base."""
+    return SharedLearnerMemory(base=mem.weights - mem.grads, per_slot=2 * mem.grads + mem.optimizer,
+                               working=mem.gathered + mem.activations, slots=slots)
+
+
+def slots_fitting_learner(mem: LearnerMemory, usable: float) -> int:
+    """The most slots whose shared learner fits `usable` bytes (0: not even one)."""
+    one = shared_learner(mem, 0)
+    room = usable - one.total
+    if room < 0:
+        return 0
+    return int(room // one.per_slot) if one.per_slot > 0 else 10**6

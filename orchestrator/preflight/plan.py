@@ -265,13 +265,13 @@ def compare_lines(plan: Plan, other: Plan | None) -> list[str]:
     rows = [("placement", "GPUs per trial", "trials at once", "GPU-hours", "makespan")]
     for p, mark in ((plan, " (chosen)"), (other, "")):
         rows.append((placement_of(p) + mark, f"{max(t.gpus for t in p.trials):g}", str(p.at_once),
-                     f"{p.gpu_hours:.1f}", _fmt_h(p.makespan_h)))
+                     f"{p.gpu_hours:.1f}", fmt_hours(p.makespan_h)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     table = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return ["", "compare placement:", table[0], "  ".join("-" * w for w in widths), *table[1:]]
 
 
-def _fmt_h(h: float) -> str:
+def fmt_hours(h: float) -> str:
     if not math.isfinite(h):
         return "unknown"
     return f"{h * 60:.1f} min" if h < 1 else f"{h:.1f} h"
@@ -279,15 +279,6 @@ def _fmt_h(h: float) -> str:
 
 def _size(c: Cluster) -> str:
     return f"{c.gpus:g} GPUs, " + (f"{c.cpus:g} CPUs" if math.isfinite(c.cpus) else "CPUs not counted")
-
-
-def run_paragraph(campaign: Campaign) -> str:
-    """`run`'s plan, against the Ray cluster it is connected to (cost model step times)."""
-    import ray
-
-    total = ray.cluster_resources()
-    return paragraph(make_plan(campaign, cluster=Cluster(total.get("GPU", 0.0), total.get("CPU", 0.0),
-                                                         "the Ray cluster")))
 
 
 def render(plan: Plan) -> str:
@@ -318,7 +309,7 @@ def render(plan: Plan) -> str:
              _outside_line(plan),
              f"placement: {placement_of(plan)}, {max(t.gpus for t in plan.trials):g} GPU(s) per trial",
              f"cluster: {_size(plan.cluster)} ({plan.cluster.source}): "
-             f"{plan.at_once} trial(s) at once; makespan {_fmt_h(plan.makespan_h)}"
+             f"{plan.at_once} trial(s) at once; makespan {fmt_hours(plan.makespan_h)}"
              + (f" in lockstep rounds of {cfg.schedule.round_steps} steps (plus a restart per trial per round "
                 "when trials take turns)" if cfg.schedule.mode == "lockstep" else "")]
     if plan.at_once == 0:
@@ -351,7 +342,7 @@ def paragraph(plan: Plan) -> str:
     hours = (f"about {plan.gpu_hours:.1f} GPU-hours (step times from {source})" if math.isfinite(plan.gpu_hours)
              else "GPU-hours unknown (the model's size is not in its name: `plan --pilot DIR` measures it)")
     text = (f"plan: {len(plan.trials)} trials, {steps:,} steps, {hours}; {plan.at_once} trial(s) at once on "
-            f"{_size(plan.cluster)}, makespan about {_fmt_h(plan.makespan_h)}")
+            f"{_size(plan.cluster)}, makespan about {fmt_hours(plan.makespan_h)}")
     if cfg.schedule.mode == "lockstep":
         text += f"; lockstep rounds of {cfg.schedule.round_steps} steps"
     if cfg.budget is not None:

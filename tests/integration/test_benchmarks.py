@@ -37,6 +37,8 @@ SCRIPTS = {  # name: (script, smallest flags that still reach every part of it)
     "step": ("step.py", [*TINY, "--reps", "2", "--warmup", "0"]),  # 2 reps: both orders, an adapter load
     "async": ("async.py", [*TINY, "--steps", "1", "--blocks", "1"]),
     "colocate": ("colocate.py", [*TINY, "--steps", "1", "--blocks", "1"]),
+    # one pool of 1 slot vs 1 separate trial, one step: two processes of ~10 CPU-s each, no Ray
+    "shared": ("shared.py", ["--ks", "1", "--steps", "1", "--prompts", "2", "--n", "2", "--max-tokens", "4"]),
     "shared_learner": ("shared_learner.py", ["--k", "2", *LEARNER]),
 }
 

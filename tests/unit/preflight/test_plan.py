@@ -145,10 +145,10 @@ def test_multiplicity_lowers_the_planned_alpha(tmp_path, holm):
 
 
 def test_run_prints_the_paragraph_before_launching(monkeypatch):
-    import orchestrator.preflight.plan as plan_mod
+    from orchestrator.preflight.shared_plan import run_paragraph
 
     monkeypatch.setattr("ray.cluster_resources", lambda: {"GPU": 8.0, "CPU": 64.0})
-    text = plan_mod.run_paragraph(load_campaign(ROOT / "campaigns/sepa_lean.yaml"))
+    text = run_paragraph(load_campaign(ROOT / "campaigns/sepa_lean.yaml"))
     assert text.startswith("plan: 20 trials, 800 steps, about 71.0 GPU-hours (step times from cost model); "
                            "4 trial(s) at once on 8 GPUs, 64 CPUs, makespan about"), text
     launch = (ROOT / "orchestrator/tune/launch.py").read_text()

@@ -86,3 +86,30 @@ def test_shipped_campaign_passes_the_pre_launch_checks_on_its_gpu(path, model_di
         need = learner_memory(c, model_counts(model_dirs[c.model.name], c))
         assert need.total / GIB <= gpu_memory_gib(c) * (1 - RESERVE)
         break  # one per campaign here; the check above ran every shape
+
+
+SHARED_SLOTS = 8  # a sensible pool: 8 trials at once (each LoRA campaign here has at least 8 trials)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.relative_to(CAMPAIGNS).as_posix())
+def test_shipped_lora_campaign_fits_its_gpu_on_a_shared_base(path, model_dirs):
+    """Each shipped LoRA GPU campaign with resources.shared_base {slots: 8}: its trials can share (one model, one
+    LoRA shape, separate placement, one learner rank), and the pool's learner GPU (the base once + 8 adapters with
+    gradients and Adam moments) and engine GPU (8 adapters, each slot's KV share holding a max_model_len sequence)
+    fit the GPU it names."""
+    from orchestrator.preflight.engine_memory import pool_engine
+    from orchestrator.preflight.learner_memory import shared_learner
+    from orchestrator.preflight.shared_plan import with_shared_base
+
+    campaign = load_campaign(path)
+    c = campaign.trials[0].trial
+    if c.learner.mode != "lora" or not (c.resources.worker_gpus or c.resources.learner_gpus):
+        return
+    assert len(campaign.trials) >= SHARED_SLOTS
+    shared = with_shared_base(campaign, SHARED_SLOTS)  # the pre-launch refusal of what cannot share passes
+    lines = check_campaign_learners(shared, resolve=lambda m: model_dirs[m.name])  # refuses a pool that cannot fit
+    assert any(f"shared base, {SHARED_SLOTS} slot(s)" in x for x in lines), lines
+    counts = model_counts(model_dirs[c.model.name], c)
+    have = gpu_memory_gib(c)
+    assert shared_learner(learner_memory(c, counts), SHARED_SLOTS).total / GIB <= have * (1 - RESERVE)
+    assert pool_engine(c, counts, have, SHARED_SLOTS).kv_per_slot >= c.model.max_model_len
