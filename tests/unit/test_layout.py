@@ -265,3 +265,20 @@ def test_no_folder_holds_more_than_fifteen_modules():
             if p.name != "__init__.py":
                 counts[p.parent.relative_to(ROOT).as_posix()] += 1
     assert not sorted(f"{d}: {n}" for d, n in counts.items() if n > MAX_MODULES)
+
+
+def _handlers(tree: ast.AST) -> list[str]:
+    """The functions of a module that take an `argparse.Namespace` (a command's handler)."""
+    return [f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+            and any(a.annotation is not None and "Namespace" in ast.unparse(a.annotation) for a in f.args.args)]
+
+
+def test_the_handler_finder_finds_one():
+    assert _handlers(ast.parse("import argparse\ndef go(args: argparse.Namespace) -> int:\n    return 0\n")) == ["go"]
+
+
+def test_every_command_handler_lives_in_the_cli_folder():
+    """One place for the commands: a newcomer finds every handler in orchestrator/cli/."""
+    bad = [f"{name}.{h}" for name, path in _modules().items() if not name.startswith("orchestrator.cli")
+           for h in _handlers(ast.parse(path.read_text(), str(path)))]
+    assert not sorted(bad)
