@@ -61,18 +61,19 @@ def _most_at_once(spans: dict) -> int:
     return max(sum(start <= moment < end for start, end in spans.values()) for moment, _ in spans.values())
 
 
-def _kill_learner_after_first_checkpoint(campaign, name: str, done: list, errors: list) -> None:
-    """SIGKILL trial `name`'s learner rank (its pid in placement.json) as soon as its first checkpoint is sealed
-    (the trial is then in its next step)."""
+def _kill_after_first_checkpoint(campaign, name: str, role: str, done: list, errors: list) -> None:
+    """SIGKILL trial `name`'s `role` process ("learner": its learner rank, "driver": the trial's driver; its pid in
+    placement.json) as soon as its first checkpoint is sealed (the trial is then in its next step); `done` gets
+    (pid, the kill's time, the placement record the killed attempt wrote)."""
     try:
         deadline = time.time() + 600
         while not list((Path(campaign.directory) / name).glob("checkpoint_*/manifest.json")):
             if time.time() > deadline:
                 raise TimeoutError("no checkpoint was sealed")
             time.sleep(0.05)
-        pid = json.loads((_trial_dir(campaign, name) / "placement.json").read_text())["learner"]["pid"]
-        os.kill(pid, signal.SIGKILL)
-        done.append(pid)
+        record = json.loads((_trial_dir(campaign, name) / "placement.json").read_text())
+        os.kill(record[role]["pid"], signal.SIGKILL)
+        done.append((record[role]["pid"], time.time(), record))
     except BaseException as exc:  # surfaced by the test thread
         errors.append(exc)
 
@@ -105,8 +106,8 @@ def test_trials_pack_onto_logical_gpus_and_colocated_trials_match_separate_ones(
     killed, errors = [], []
     try:
         assert run_campaign(campaign) == 0
-        injector = threading.Thread(target=_kill_learner_after_first_checkpoint, daemon=True,
-                                    args=(together, "A_s0", killed, errors))
+        injector = threading.Thread(target=_kill_after_first_checkpoint, daemon=True,
+                                    args=(together, "A_s0", "learner", killed, errors))
         injector.start()
         assert run_campaign(together) == 0
         injector.join(timeout=5)
@@ -149,7 +150,7 @@ def test_trials_pack_onto_logical_gpus_and_colocated_trials_match_separate_ones(
         assert [w["gpu_ids"] for w in p["workers"]] == [r["gpu_ids"] for r in p["learner_ranks"]], name
         assert len(p["learner"]["gpu_ids"]) == 1, name
     _no_gpu_shared_while_overlapping(spans, placements)
-    assert placements["A_s0"]["learner"]["pid"] != killed[0]  # the retry's learner rank
+    assert placements["A_s0"]["learner"]["pid"] != killed[0][0]  # the retry's learner rank
 
     for t in together.trials:
         tdir = _trial_dir(together, t.name)
