@@ -8,11 +8,16 @@ path for every attempt of the trial, so a crash leaves its files in one findable
 the trial to start on that node removes the folders of processes that are gone (a killed attempt's). A process
 removes its own folder when it exits, and the driver the whole root when the trial ends or fails
 (orchestrator/trial/loop.py).
+
+Caches that every trial on a node shares stay in the node's temp dir (`node_temp_dir`): the locally built models
+(workers/tiny/) and torch's compiled kernels. Following `TMPDIR` into a trial's folder, they would be rebuilt by
+every process of every trial (a tiny model is about a CPU-minute, a kernel compile seconds).
 """
 
 from __future__ import annotations
 
 import atexit
+import getpass
 import hashlib
 import os
 import shutil
@@ -23,6 +28,12 @@ from pathlib import Path
 
 FOLDER = "co-scratch"
 SOCKET_ROOM = 107 - 37  # vLLM's engine sockets are <temp dir>/<uuid4>, and a Unix socket path holds 107 bytes
+NODE_TMP = "CO_NODE_TMPDIR"  # set by the first `enter_scratch` of a process, inherited by what it starts
+
+
+def node_temp_dir() -> str:
+    """This node's temp dir as it was before any trial's scratch folder replaced it (module docstring)."""
+    return os.environ.get(NODE_TMP) or tempfile.gettempdir()
 
 
 def scratch_root(base: str | None, trial: str, key: str) -> str:
@@ -45,6 +56,10 @@ def _alive(pid: int) -> bool:
 def enter_scratch(root: str, role: str) -> Path:
     """This process's folder under `root`, made its temp dir (`TMPDIR` and `tempfile`); first the folders of
     this trial's processes that are gone are removed."""
+    node = node_temp_dir()
+    os.environ.setdefault(NODE_TMP, node)
+    # torch's own default is <temp dir>/torchinductor_<user>: pinned to the node's before the temp dir moves
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(node) / f"torchinductor_{getpass.getuser()}"))
     here = Path(root)
     here.mkdir(parents=True, exist_ok=True)
     for old in here.iterdir():

@@ -4,8 +4,9 @@ temp dir by name and seed. Names only here (no torch): the builder module is imp
 from __future__ import annotations
 
 import importlib
-import tempfile
 from pathlib import Path
+
+from workers.sync.scratch import node_temp_dir
 
 FAMILY_NAMES = ("tiny-qwen2-base", "tiny-qwen2-instruct", "tiny-qwen3", "tiny-qwen3-2507")  # families.py: FAMILIES
 # name -> (module, builder `build(out_dir, seed=) -> Path`)
@@ -32,7 +33,7 @@ def local_model_path(name: str, seed: int) -> str | None:
     module = importlib.import_module(module_name)
     build = module.family_builder(name) if attr == "family_builder" else getattr(module, attr)
     tag = f"-v{getattr(module, _VERSION_ATTR[name])}" if name in _VERSION_ATTR else ""
-    root = Path(tempfile.gettempdir()) / f"credit-orchestrator-{name}-{seed}{tag}"
+    root = Path(node_temp_dir()) / f"credit-orchestrator-{name}-{seed}{tag}"
     return str(build(root, seed=seed))
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from workers.sync.scratch import node_temp_dir
 from workers.tasks.chain import (
     CORPUS_MIN_FRACTION,
     Chain,
@@ -84,7 +85,7 @@ class ReasonerSpec:
 def reasoner_dir(seed: int = 0) -> Path:
     """Where trials find the model of `model: {name: tiny-reasoner, tiny_seed: seed}` (the trial loop's cache
     for locally built models: `<tmp>/credit-orchestrator-<name>-<seed>`); rebuilt there when the spec changes."""
-    return Path(tempfile.gettempdir()) / f"credit-orchestrator-{NAME}-{seed}"
+    return Path(node_temp_dir()) / f"credit-orchestrator-{NAME}-{seed}"
 
 
 def build_tiny_reasoner(out_dir: str | os.PathLike | None = None, seed: int = 0) -> Path:

@@ -70,3 +70,31 @@ def test_the_driver_removes_the_trial_folder_when_it_ends_or_fails(tmp_path, fai
                 raise RuntimeError("step failed")
     assert list(tmp_path.iterdir()) == []  # the root and its parent folder are gone
     assert (tempfile.gettempdir(), os.environ.get("TMPDIR")) == before
+
+
+def test_caches_every_trial_shares_stay_in_the_node_temp_dir(tmp_path):
+    """The tiny models and torch's compiled kernels are found where they were before a process entered a trial's
+    scratch folder, in that process and in what it starts (nested scratch too): otherwise every process of every
+    trial rebuilds them (a fresh process: the environment is the test's to change)."""
+    code = """
+import os, subprocess, sys, tempfile
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+from workers.sync.scratch import enter_scratch, scratch_root
+from workers.tiny.local import local_model_path
+from workers.tiny.reasoner import reasoner_dir
+import workers.tiny.local as local
+seen = lambda: (str(reasoner_dir(0)), cache_dir())
+before = seen()
+enter_scratch(scratch_root(None, "t", "k"), "driver")
+assert tempfile.gettempdir() != os.path.dirname(before[0])  # the temp dir did move
+inner = enter_scratch(scratch_root(None, "t", "k2"), "rollout")  # a worker's root under the driver's temp dir
+print(before == seen(), end=" ")
+sys.stdout.flush()
+subprocess.run([sys.executable, "-c", "from workers.tiny.reasoner import reasoner_dir; "
+                "from torch._inductor.runtime.cache_dir_utils import cache_dir; "
+                f"print((str(reasoner_dir(0)), cache_dir()) == {before!r})"], check=True)
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("CO_NODE_TMPDIR", "TORCHINDUCTOR_CACHE_DIR")}
+    env["TMPDIR"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"], out.stderr
