@@ -5,6 +5,8 @@ serving every slot's adapter), each told where it runs (placement.json of every 
 from __future__ import annotations
 
 import dataclasses
+import os
+import threading
 
 import ray
 
@@ -31,6 +33,28 @@ class PoolEngine(SharedRolloutWorker):
 
     def placement(self) -> dict:
         return where_am_i()
+
+    def health(self) -> dict:
+        """`SharedRolloutWorker.health`; when the engine's own processes are stopped or gone (a killed engine
+        core), this actor exits once it has answered, so that Ray restarts it with a new engine (lifecycle.py)
+        instead of every trial's retry finding the same dead engine."""
+        answer = super().health()
+        if not answer["ok"]:
+            _exit_soon()
+        return answer
+
+    def generate(self, slot: int, prompt_ids: list[list[int]], request):
+        try:
+            return super().generate(slot, prompt_ids, request)
+        except Exception as e:
+            if type(e).__name__ == "EngineDeadError":  # vLLM's engine core died under this call
+                _exit_soon()
+            raise
+
+
+def _exit_soon(after_s: float = 1.0) -> None:
+    """Exit this process after `after_s` (the answer being sent first) as a crash, which Ray restarts."""
+    threading.Timer(after_s, os._exit, args=(70,)).start()
 
 
 @ray.remote(concurrency_groups={"health": 1})

@@ -2,7 +2,13 @@
 learner's and the engines' bundles once (the bundles a separate trial of the campaign would take, less its
 driver's), its actors named in the campaign's Ray namespace (orchestrator/trial/actors/shared.py), waited on
 until every model is built, and stopped (actors killed, group removed) when the campaign ends or fails. A
-re-submitted campaign starts a new pool; its trials resume from their own checkpoints."""
+re-submitted campaign starts a new pool; its trials resume from their own checkpoints.
+
+An engine or the learner that dies (its process killed, out of memory, its engine core gone: actors.py) is
+restarted by Ray in its bundle, up to `RESTARTS` times, with every slot empty: each trial's next call to it fails
+(a raised call, a slot the learner no longer holds, or a rollout under another adapter version than the trial
+pushed: orchestrator/trial/step/sequence.py), Tune retries that trial, and it reopens its slot and resumes from
+its newest checkpoint, as after its own driver's death."""
 
 from __future__ import annotations
 
@@ -18,6 +24,8 @@ from orchestrator.config.placement import bundles, engines
 from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.actors.shared import LEARNER, SLOTS, engine_name
 from orchestrator.trial.actors.start import rollout_settings
+
+RESTARTS = 3  # per pool actor and campaign run: a pool that keeps dying is a bug to see, not to retry forever
 
 
 @dataclass
@@ -63,10 +71,11 @@ def start_pool(cfg: TrialConfig) -> Pool:
     model_cfg, settings = cfg.model.model_dump(), rollout_settings(cfg)
     engine_actor = ray.remote(PoolEngine)
     pool_engines = [engine_actor.options(name=engine_name(i), max_concurrency=slots + 2, num_cpus=r.worker_cpus,
-                                         num_gpus=r.worker_gpus, **bundle(i)).remote(model_cfg, slots, settings)
+                                         num_gpus=r.worker_gpus, max_restarts=RESTARTS, **bundle(i))
+                    .remote(model_cfg, slots, settings)
                     for i in range(k)]
     learner = PoolLearnerActor.options(name=LEARNER, num_cpus=r.learner_cpus, num_gpus=r.learner_gpus,
-                                       **bundle(k)).remote(model_cfg, slots)
+                                       max_restarts=RESTARTS, **bundle(k)).remote(model_cfg, slots)
     registry = SlotRegistry.options(name=SLOTS).remote(slots, k)
     pool = Pool(group, learner, pool_engines, registry)
     try:

@@ -6,6 +6,7 @@ ranks.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -111,6 +112,10 @@ class Updater:
             probe.update(gather_rows(mine, {k: v[mine] for k, v in probe.items()}, b.size, self.ranks,
                                      fill=float("nan")))
         sums["grad_norm"] = clip_grad_norm(self.optim.params, self.cfg.optim.grad_clip)
+        if not math.isfinite(sums["grad_norm"]):  # before the step: the weights stay as they were
+            raise FloatingPointError(
+                f"step {plan.step}: the policy gradient's norm is {sums['grad_norm']} (a non-finite loss or "
+                f"gradient: learning rate, rewards or advantages); the update is not applied and the trial stops")
         self.optim.optimizer.step()
         return sums
 

@@ -4,11 +4,26 @@ on under its phase's deadline (calls.py)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from orchestrator.trial.actors.calls import Calls, check_health
 from workers.rollout.output import Generation
 from workers.rollout.worker import SamplingRequest, shard
 from workers.sync.policy import PolicyUpdate, push
+
+
+def fan_out(calls: Calls, names: list[tuple[str, object]], submit: Callable[[object, list, SamplingRequest], object],
+            prompt_ids: list[list[int]], request: SamplingRequest, seeds: list[int], phase: str) -> list[Generation]:
+    """The prompts split in order over the engines of `names` ((name, handle) pairs; one with no share gets no
+    call), engine j's share sent by `submit(handle, prompts, request)` with seed `seeds[j]`, waited on under
+    `phase`'s deadline: one `Generation` per engine called. A trial's own workers and a pool's engines alike."""
+    parts = shard(list(range(len(prompt_ids))), len(names))
+    futures, called = [], []
+    for j, ((name, handle), idx) in enumerate(zip(names, parts, strict=True)):
+        if idx:
+            futures.append(submit(handle, [prompt_ids[i] for i in idx], dataclasses.replace(request, seed=seeds[j])))
+            called.append((name, handle))
+    return calls.get(futures, phase, called)
 
 
 class RolloutEngines:
@@ -25,11 +40,8 @@ class RolloutEngines:
 
     def generate(self, prompt_ids: list[list[int]], request: SamplingRequest, seeds: list[int],
                  phase: str) -> list[Generation]:
-        parts = shard(list(range(len(prompt_ids))), len(self.workers))
-        named = [(name, w) for (name, w), idx in zip(self.names, parts, strict=True) if idx]
-        futures = [w.generate.remote([prompt_ids[i] for i in idx], dataclasses.replace(request, seed=seeds[j]))
-                   for j, (w, idx) in enumerate(zip(self.workers, parts, strict=True)) if idx]
-        return self.calls.get(futures, phase, named)
+        return fan_out(self.calls, self.names, lambda w, prompts, req: w.generate.remote(prompts, req),
+                       prompt_ids, request, seeds, phase)
 
     def load_policy(self, update: PolicyUpdate) -> int:
         if not self.workers:

@@ -17,9 +17,10 @@ import ray
 
 from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.actors.calls import Calls, check_health
+from orchestrator.trial.actors.engines import fan_out
 from workers.learner.inputs import LearnerBatch, RunSettings, StepResult
 from workers.rollout.output import Generation
-from workers.rollout.worker import SamplingRequest, shard
+from workers.rollout.worker import SamplingRequest
 from workers.sync.policy import PolicyUpdate
 
 POOL = "shared-base-pool"
@@ -43,12 +44,8 @@ class PoolEngines:
 
     def generate(self, prompt_ids: list[list[int]], request: SamplingRequest, seeds: list[int],
                  phase: str) -> list[Generation]:
-        parts = shard(list(range(len(prompt_ids))), len(self.engines))
-        named = [n for n, idx in zip(self.names, parts, strict=True) if idx]
-        futures = [e.generate.remote(self.slot, [prompt_ids[i] for i in idx],
-                                     dataclasses.replace(request, seed=seeds[j]))
-                   for j, (e, idx) in enumerate(zip(self.engines, parts, strict=True)) if idx]
-        return self.calls.get(futures, phase, named)
+        return fan_out(self.calls, self.names, lambda e, prompts, req: e.generate.remote(self.slot, prompts, req),
+                       prompt_ids, request, seeds, phase)
 
     def load_policy(self, update: PolicyUpdate) -> int:
         self.calls.get([e.load_policy.remote(self.slot, update) for e in self.engines], "sync", self.names)

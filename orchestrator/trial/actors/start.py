@@ -26,7 +26,7 @@ from workers.sync.scratch import enter_scratch, scratch_root
 def where_am_i() -> dict:
     ctx = ray.get_runtime_context()
     return {"placement_group": ctx.get_placement_group_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-            "pid": os.getpid()}
+            "pid": os.getpid(), "actor_id": ctx.get_actor_id()}  # a restarted actor: the same id, a new pid
 
 
 def engine_dtype(dtype: str) -> str:
