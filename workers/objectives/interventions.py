@@ -28,8 +28,16 @@ class EntropyBonusConfig(_Strict):
 
     coeff: float = Field(0.0, ge=0.0, description="entropy bonus coefficient (seed: entropy_coeff); 0 = off")
     chunk_size: int = Field(1024, ge=1, description=(
-        "positions per chunk of `entropy_from_logits` callers; the learner computes the entropy in its chunked "
-        "log-prob pass (learner.optim.logits_chunk) and reads not this"))
+        "no longer read: the learner computes the entropy in its chunked log-prob pass, sized by "
+        "learner.optim.logits_chunk; kept so configs written before still load, and only at its default"))
+
+    @field_validator("chunk_size")
+    @classmethod
+    def _unread(cls, v: int) -> int:
+        if v != 1024:
+            raise ValueError("is no longer read: the entropy is computed in the learner's chunked log-prob pass; "
+                             "set learner.optim.logits_chunk instead (or remove this key)")
+        return v
 
     @property
     def is_active(self) -> bool:

@@ -154,7 +154,7 @@ def test_reference_pass_only_when_kl_used_or_measured(tiny_model_dir, kl, passes
 
 # -- b. micro-batches reproduce the whole-batch gradient ---------------------------------------------------------
 FULL_IV = {
-    "entropy_bonus": {"coeff": 0.05, "chunk_size": 5},
+    "entropy_bonus": {"coeff": 0.05},
     "kl": {"coef": 0.3, "estimator": "low_var_kl"},
     "entropy_floor": {"all": {"floor": 10.0, "coef": 0.5}},  # above log(V): always binds
 }

@@ -293,6 +293,9 @@ def test_config_validation_errors():
         InterventionsConfig.model_validate({"entropy_bonus": {"coeff": float("nan")}})
     with pytest.raises(ValidationError):
         InterventionsConfig.model_validate({"entropy_bonus": {"chunk_size": 0}})
+    with pytest.raises(ValidationError, match="logits_chunk"):  # no longer read: only its default still loads
+        InterventionsConfig.model_validate({"entropy_bonus": {"chunk_size": 64}})
+    assert InterventionsConfig.model_validate({"entropy_bonus": {"chunk_size": 1024}}).entropy_bonus.chunk_size == 1024
     with pytest.raises(ValidationError):
         EntropyFloorConfig.model_validate({"reasoning": {"floor": 1.0, "coef": 1.0}})
 
