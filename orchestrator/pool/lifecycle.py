@@ -12,6 +12,7 @@ its newest checkpoint, as after its own driver's death."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,8 +23,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.config.placement import bundles, engines
 from orchestrator.config.trial import TrialConfig
-from orchestrator.trial.actors.shared import LEARNER, SLOTS, engine_name
+from orchestrator.trial.actors.shared import LEARNER, POOL, SLOTS, engine_name
 from orchestrator.trial.actors.start import rollout_settings
+from workers.sync.scratch import scratch_root
 
 RESTARTS = 3  # per pool actor and campaign run: a pool that keeps dying is a bug to see, not to retry forever
 
@@ -34,6 +36,7 @@ class Pool:
     learner: object
     engines: list
     registry: object
+    scratch: str  # the pool's scratch folder on this node (workers/sync/scratch.py), removed by `stop`
 
     def health(self, timeout: float) -> list[dict]:
         """Every pool actor's health answer within `timeout` (raises when one is frozen or dead)."""
@@ -43,6 +46,7 @@ class Pool:
         for actor in [*self.engines, self.learner, self.registry]:
             ray.kill(actor)
         remove_placement_group(self.group)
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def pool_bundles(cfg: TrialConfig) -> list[dict[str, float]]:
@@ -69,15 +73,17 @@ def start_pool(cfg: TrialConfig) -> Pool:
                                                                         placement_group_bundle_index=i)}
 
     model_cfg, settings = cfg.model.model_dump(), rollout_settings(cfg)
+    # the pool's temp files in one folder: a restarted actor removes its dead predecessor's, `stop` the rest
+    scratch = scratch_root(cfg.resources.scratch_dir, POOL, cfg.output_dir or cfg.name)
     engine_actor = ray.remote(PoolEngine)
     pool_engines = [engine_actor.options(name=engine_name(i), max_concurrency=slots + 2, num_cpus=r.worker_cpus,
                                          num_gpus=r.worker_gpus, max_restarts=RESTARTS, **bundle(i))
-                    .remote(model_cfg, slots, settings)
+                    .remote(model_cfg, slots, settings, scratch)
                     for i in range(k)]
     learner = PoolLearnerActor.options(name=LEARNER, num_cpus=r.learner_cpus, num_gpus=r.learner_gpus,
-                                       max_restarts=RESTARTS, **bundle(k)).remote(model_cfg, slots)
+                                       max_restarts=RESTARTS, **bundle(k)).remote(model_cfg, slots, scratch)
     registry = SlotRegistry.options(name=SLOTS).remote(slots, k)
-    pool = Pool(group, learner, pool_engines, registry)
+    pool = Pool(group, learner, pool_engines, registry, scratch)
     try:
         left = max(cfg.timeouts.setup - (time.monotonic() - at), 1.0)
         ray.get([a.ready.remote() for a in [learner, *pool_engines]], timeout=left)
