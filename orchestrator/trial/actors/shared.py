@@ -11,9 +11,11 @@ Ray job); the names live here so that the pool (which imports this module) and t
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import ray
+from ray.exceptions import ActorUnavailableError
 
 from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.actors.calls import Calls, check_health
@@ -128,15 +130,30 @@ class PoolClients:
             pass
 
 
+def await_restarts(actors: list, timeout_s: float, poll_s: float = 0.5) -> None:
+    """Return once every pool actor answers: one that Ray is restarting (it died: orchestrator/pool/lifecycle.py)
+    refuses calls meanwhile, and a trial retried after that death must not fail again on it."""
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get([a.ready.remote() for a in actors], timeout=max(end - time.monotonic(), 1.0))
+            return
+        except ActorUnavailableError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(poll_s)
+
+
 def connect(cfg: TrialConfig, calls: Calls) -> PoolClients:
     """The trial's slot in the running pool (the same slot again for a retried trial that still holds one),
     opened fresh: the engines drop the slot's adapter, the learner builds this trial's from its seed."""
     registry = ray.get_actor(SLOTS)
+    count = calls.get(registry.engines.remote(), "setup", [("pool.slots", registry)])
+    actors = [ray.get_actor(engine_name(i)) for i in range(count)], ray.get_actor(LEARNER)
+    await_restarts([*actors[0], actors[1]], cfg.timeouts.setup)
     slot = calls.get(registry.acquire.remote(cfg.name, ray.get_runtime_context().get_actor_id()), "setup",
                      [("pool.slots", registry)])
-    count = calls.get(registry.engines.remote(), "setup", [("pool.slots", registry)])
-    engines = PoolEngines([ray.get_actor(engine_name(i)) for i in range(count)], slot, calls)
-    learner = PoolLearner(ray.get_actor(LEARNER), slot, calls)
+    engines, learner = PoolEngines(actors[0], slot, calls), PoolLearner(actors[1], slot, calls)
     engines.drop()
     learner.open(cfg)
     return PoolClients(slot, engines, learner, registry)
