@@ -156,6 +156,10 @@ def connect(cfg: TrialConfig, calls: Calls) -> PoolClients:
     engines, learner = PoolEngines(actors[0], slot, calls), PoolLearner(actors[1], slot, calls)
     engines.drop()
     learner.open(cfg)
+    # the slot's initial adapter (B = 0: the base model's outputs) on the engines at once, so that no request of a
+    # shared engine goes without a LoRA: at 4 slots, a slot left on the bare base sampled some step-0 batches
+    # mixed with other slots' adapters with another adapter's weights (README, Shared base)
+    engines.load_policy(learner.export_policy(0))
     return PoolClients(slot, engines, learner, registry)
 
 

@@ -52,10 +52,10 @@ def prepare(ctx: TrialContext, step: int, roll: Rollouts, sepa: SepaController,
     row and learner batch (None when no group is kept)."""
     cfg, actions = ctx.cfg, ctx.actions
     ro = cfg.rollout
-    expected = version or None
-    if roll.versions - {expected}:
-        raise RuntimeError(f"a rollout worker sampled with adapter {sorted(roll.versions - {expected}, key=str)}, "
-                           f"expected {expected}")
+    expected = {version} if version else {None, 0}  # the initial policy: the bare base or its adapter v0 (B = 0)
+    if roll.versions - expected:
+        raise RuntimeError(f"a rollout worker sampled with adapter {sorted(roll.versions - expected, key=str)}, "
+                           f"expected {sorted(expected, key=str)}")
     usable = usable_groups(cfg, roll)  # over every sampled group; the refill's choice (roll.train) wins
     finite, filtered, uniform = usable.finite, usable.filtered, usable.uniform
     rewards = finite.rewards  # a dropped group's rewards count as 0 in the statistics below
