@@ -7,8 +7,9 @@ differs is that calls from several trial drivers arrive at once and are batched 
   files deleted (workers/sync/adapter.py: one `AdapterSync` per slot, ids from one counter). Other slots are
   untouched, and an adapter that did not change is never re-read (the CPU LoRA cache has room for every slot's
   adapter plus the one being loaded). A slot with no adapter (never loaded, or `drop`ped) samples the base model
-  and reports `adapter_version` None: a fresh trial's step 0 samples the base before its first update (its LoRA
-  B starts at zero), so a reused slot must serve the base after `drop`. A failed load breaks only its slot:
+  and reports `adapter_version` None. A trial's client loads its initial adapter (B = 0) right after `drop`
+  (orchestrator/trial/actors/shared.py:connect): at 4 slots a bare-base request batched with other slots'
+  adapters was sampled with another adapter's weights, so a pool never serves one. A failed load breaks only its slot:
   that slot refuses to sample until a later load succeeds (no fallback to the old adapter, as worker.py).
 - Batching: every engine call (build, generate, add/remove adapter) runs on one thread of this object's own.
   `generate` queues its request and waits; the engine thread takes every generate call waiting at that moment
