@@ -123,7 +123,7 @@ def child_shared(model: str, k: int, prompts, args) -> dict:
     stats = engine.stats()
     engine.close()
     return {"start_s": start_s, "steps_s": steps_s, "processes": procs, "rows": [r for t in trials for r in t.rows],
-            "engine_calls": stats["engine_calls"], "max_batch_calls": stats["max_batch_calls"],
+            "admissions": stats["admissions"], "max_in_flight": stats["max_in_flight"],
             "complete": all(len(t.rows) == args.steps for t in trials)}
 
 

@@ -32,6 +32,7 @@ def sampling_params(prompt_ids: list[list[int]], request: SamplingRequest) -> tu
     Prompt i is seeded `request.seed + i`: each request draws from its own generator, so what it samples does
     not depend on which other requests share the engine's batch. Raises ValueError naming a bad floor."""
     from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
 
     from workers.objectives.probability_floor import EXTRA_ARGS_KEY
 
@@ -54,6 +55,7 @@ def sampling_params(prompt_ids: list[list[int]], request: SamplingRequest) -> tu
         SamplingParams(
             n=r.n, temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens, seed=r.seed + i,
             stop_token_ids=list(r.stop_token_ids) if r.stop_token_ids else None,
+            output_kind=RequestOutputKind.FINAL_ONLY,  # what LLM.generate sets; the shared engine steps itself
             **(floor or dict(logprobs=0)),
         )
         for i in range(len(prompt_ids))

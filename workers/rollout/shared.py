@@ -11,12 +11,16 @@ differs is that calls from several trial drivers arrive at once and are batched 
   (orchestrator/trial/actors/shared.py:connect): at 4 slots a bare-base request batched with other slots'
   adapters was sampled with another adapter's weights, so a pool never serves one. A failed load breaks only its slot:
   that slot refuses to sample until a later load succeeds (no fallback to the old adapter, as worker.py).
-- Batching: every engine call (build, generate, add/remove adapter) runs on one thread of this object's own.
-  `generate` queues its request and waits; the engine thread takes every generate call waiting at that moment
-  and issues ONE `LLM.generate` over all their prompts, each prompt under its slot's `LoRARequest` and its own
-  `SamplingParams` (seeded per prompt, so its sampling does not depend on who shares the batch), then hands each
-  caller exactly its own outputs. Calls are served in arrival order; a load or drop is never reordered around a
-  generate. `LLM.generate` runs a batch to its end, so a call arriving meanwhile waits for the next batch.
+- Continuous batching: every engine call (build, step, add/remove adapter) runs on one thread of this object's
+  own. `generate` queues its call and waits; the engine thread adds each waiting call's prompts to the running
+  engine as requests (each under its slot's `LoRARequest` and its own `SamplingParams`, seeded per prompt, so its
+  sampling does not depend on who shares the batch) and steps the engine (`LLMEngine.step`, one forward pass over
+  every running request) until they finish, admitting calls that arrive meanwhile between two steps, then hands
+  each caller exactly its own outputs. So a trial's rollout joins the batch already running instead of waiting for
+  it to end, and a slot's adapter load runs between two steps while other slots decode.
+- Order: each slot's calls run in arrival order: a load or drop of slot s waits until s's requests in flight have
+  finished, and s's later calls wait behind it; other slots are not held up. A call of no slot (`hold`, the debug
+  views) waits for every call queued before it to start.
 - `SharedRolloutActor`: the Ray actor, threaded (max_concurrency = slots + 2: every slot's call, health and
   one spare), so concurrent calls from the trial drivers reach `generate` together.
 """
@@ -53,7 +57,8 @@ class _Slot:
 
 @dataclass
 class _Call:
-    """One queued engine call: a generate (`slot` set) joins a batch; anything else (`run`) runs alone."""
+    """One queued engine call: a generate (`prompts` set) joins the running batch; anything else (`run`) runs alone
+    on the engine thread between two steps. `slot` None: a call of no slot (it waits for all before it)."""
 
     future: Future = field(default_factory=Future)
     run: Callable[[], Any] | None = None
@@ -62,6 +67,11 @@ class _Call:
     params: list = field(default_factory=list)
     request: SamplingRequest | None = None
     action_ids: list[int] | None = None
+    # while in flight: one RequestOutput per prompt as each finishes, and when the call was admitted
+    outputs: list = field(default_factory=list)
+    left: int = 0
+    version: int | None = None
+    started: float = 0.0
 
 
 class SharedRolloutWorker:
@@ -80,7 +90,9 @@ class SharedRolloutWorker:
         self._slots = [_Slot(AdapterSync(self._root / f"slot{i}", s.max_lora_rank, ids)) for i in range(self.slots)]
         self._queue: deque[_Call] = deque()
         self._cond = threading.Condition()
-        self._stats = {"engine_calls": 0, "batched_calls": 0, "max_batch_calls": 0}
+        self._stats = {"admissions": 0, "served_calls": 0, "max_in_flight": 0, "engine_steps": 0}
+        self._running: dict[str, tuple[_Call, int]] = {}  # request id -> (its call, prompt index): in flight
+        self._request_ids = itertools.count()
         self._llm = None
         self._gate = threading.Event()  # `hold` / `release`
         self.engine_kwargs: dict = {}
@@ -109,13 +121,13 @@ class SharedRolloutWorker:
         self._check(slot)
         if update.kind != AdapterSync.kind:
             raise ValueError(f"a shared engine takes adapter updates only, got kind {update.kind!r}")
-        return self._call(lambda: self._load(slot, update))
+        return self._call(lambda: self._load(slot, update), slot)
 
     def drop(self, slot: int) -> None:
         """Evict `slot`'s adapter and delete its files (a finished trial's slot): the slot samples the base model
         again until its next `load_policy`. Other slots are untouched."""
         self._check(slot)
-        self._call(lambda: self._drop(slot))
+        self._call(lambda: self._drop(slot), slot)
 
     def adapter_version(self, slot: int) -> int | None:
         """The version `slot` samples with (None: the base model, or nothing after a failed load)."""
@@ -139,8 +151,9 @@ class SharedRolloutWorker:
         return dict(self.engine_kwargs)
 
     def stats(self) -> dict:
-        """engine_calls: `LLM.generate` calls made; batched_calls: generate calls served by them;
-        max_batch_calls: the most generate calls one engine call served."""
+        """admissions: times waiting generate calls were added to the engine (calls admitted together count once);
+        served_calls: generate calls answered; max_in_flight: the most generate calls in the engine at once;
+        engine_steps: engine steps (forward passes) run."""
         with self._cond:
             return dict(self._stats)
 
@@ -154,7 +167,7 @@ class SharedRolloutWorker:
 
     def hold(self) -> None:
         """Block the engine thread (after what it is doing) until `release`: calls made meanwhile queue up and the
-        waiting generate calls go out as one batch. For tests and benchmarks that need a known batch."""
+        waiting generate calls are admitted together. For tests and benchmarks that need a known batch."""
         self._gate = gate = threading.Event()
         started = threading.Event()
         call = _Call(run=lambda: (started.set(), gate.wait()))
@@ -189,8 +202,8 @@ class SharedRolloutWorker:
         if not (isinstance(slot, int) and 0 <= slot < self.slots):
             raise ValueError(f"slot must be an int in [0, {self.slots}), got {slot!r}")
 
-    def _call(self, fn: Callable[[], Any]) -> Any:
-        return self._submit(_Call(run=fn))
+    def _call(self, fn: Callable[[], Any], slot: int | None = None) -> Any:
+        return self._submit(_Call(run=fn, slot=slot))
 
     def _submit(self, call: _Call) -> Any:
         if not self._thread.is_alive():
@@ -203,58 +216,114 @@ class SharedRolloutWorker:
     def _serve(self) -> None:
         while True:
             with self._cond:
-                while not self._queue:
+                while not self._queue and not self._running:
                     self._cond.wait()
-                first = self._queue.popleft()
-                if first is None:
-                    return
-                batch = [first]
-                while first.run is None and self._queue and self._queue[0] is not None \
-                        and self._queue[0].run is None:
-                    batch.append(self._queue.popleft())
-            if first.run is not None:
+                admitted, stop = self._admissible()
+            if stop:
+                return
+            runs = [c for c in admitted if c.run is not None]
+            for c in runs:
                 try:
-                    first.future.set_result(first.run())
+                    c.future.set_result(c.run())
                 except BaseException as e:  # the caller raises it; the engine thread goes on
-                    first.future.set_exception(e)
-            else:
-                self._generate(batch)
+                    c.future.set_exception(e)
+            self._admit([c for c in admitted if c.run is None])
+            if self._running:
+                self._step()
 
-    def _generate(self, batch: list[_Call]) -> None:
-        """One `LLM.generate` for every call in `batch` (refused calls answered first), results split back."""
-        live = []
-        for c in batch:
-            broken = self._slots[c.slot].broken
-            if broken is not None:
-                c.future.set_exception(RuntimeError(f"slot {c.slot} unusable since a failed adapter load: {broken}"))
-            else:
-                live.append(c)
-        if not live:
-            return
-        prompts = [p for c in live for p in c.prompts]
-        params = [p for c in live for p in c.params]
-        loras = [self._slots[c.slot].sync.lora_request() for c in live for _ in c.prompts]
-        t0 = time.perf_counter()
-        try:
-            outs = self._llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
-        except BaseException as e:
-            for c in live:
-                c.future.set_exception(e)
-            return
-        elapsed = time.perf_counter() - t0
-        with self._cond:
-            self._stats["engine_calls"] += 1
-            self._stats["batched_calls"] += len(live)
-            self._stats["max_batch_calls"] = max(self._stats["max_batch_calls"], len(live))
-        start = 0
-        for c in live:
-            mine = outs[start:start + len(c.prompts)]
-            start += len(c.prompts)
+    def _admissible(self) -> tuple[list[_Call], bool]:
+        """Take from the queue, in order, the calls that may start now (module docstring, Order); (them, whether the
+        engine thread should stop). Called under the lock."""
+        busy = {c.slot for c, _ in self._running.values()}
+        taken, held, left = [], set(), deque()
+        for i, c in enumerate(self._queue):
+            if c is None or (c.run is not None and c.slot is None):  # close, or a call of no slot: in order
+                if i == 0 and c is None and not self._running:
+                    return [], True
+                if i == 0 and c is not None:
+                    taken.append(c)
+                    i += 1
+                left.extend(list(self._queue)[i:])
+                break
+            if c.slot in held or (c.run is not None and c.slot in busy):
+                held.add(c.slot)
+                left.append(c)
+                continue
+            taken.append(c)
+            if c.run is None:  # a later load or drop of this slot waits for this generate's requests
+                busy.add(c.slot)
+        self._queue = left
+        return taken, False
+
+    def _admit(self, calls: list[_Call]) -> None:
+        """Add each generate call's prompts to the engine under its slot's adapter (a broken slot's call refused)."""
+        fresh = 0
+        for c in calls:
+            sl = self._slots[c.slot]
+            if sl.broken is not None:
+                c.future.set_exception(RuntimeError(f"slot {c.slot} unusable since a failed adapter load: "
+                                                    f"{sl.broken}"))
+                continue
+            c.outputs, c.left, c.version, c.started = [None] * len(c.prompts), len(c.prompts), sl.version, \
+                time.perf_counter()
+            lora, added = sl.sync.lora_request(), []
             try:
-                groups, num_tokens = completions(mine, c.request.stop_token_ids, c.action_ids)
-                c.future.set_result(Generation(self._slots[c.slot].version, groups, num_tokens, elapsed))
-            except BaseException as e:
+                for i, (prompt, params) in enumerate(zip(c.prompts, c.params, strict=True)):
+                    rid = f"r{next(self._request_ids)}"
+                    self._llm.llm_engine.add_request(rid, prompt, params, lora_request=lora)
+                    self._running[rid] = (c, i)
+                    added.append(rid)
+            except BaseException as e:  # a request the engine refuses: this call fails, the others run on
+                self._abort(added)
                 c.future.set_exception(e)
+                continue
+            if not c.prompts:
+                self._finish(c)
+            fresh += 1
+        if fresh:
+            with self._cond:
+                self._stats["admissions"] += 1
+                in_flight = len({id(c) for c, _ in self._running.values()})
+                self._stats["max_in_flight"] = max(self._stats["max_in_flight"], in_flight)
+
+    def _abort(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self._running.pop(rid, None)
+        if request_ids:
+            try:
+                self._llm.llm_engine.abort_request(request_ids)
+            except Exception:  # noqa: BLE001 - a request the engine never took has nothing to abort
+                pass
+
+    def _step(self) -> None:
+        """One engine step; each call whose last request finished gets its Generation. A failed step fails every
+        call in flight (the engine's state is unknown after it)."""
+        try:
+            outs = self._llm.llm_engine.step()
+        except BaseException as e:
+            calls = {id(c): c for c, _ in self._running.values()}
+            self._abort(list(self._running))
+            for c in calls.values():
+                c.future.set_exception(e)
+            return
+        with self._cond:
+            self._stats["engine_steps"] += 1
+        for out in outs:
+            if not out.finished or out.request_id not in self._running:
+                continue
+            c, i = self._running.pop(out.request_id)
+            c.outputs[i], c.left = out, c.left - 1
+            if c.left == 0:
+                self._finish(c)
+
+    def _finish(self, c: _Call) -> None:
+        try:
+            groups, num_tokens = completions(c.outputs, c.request.stop_token_ids, c.action_ids)
+            c.future.set_result(Generation(c.version, groups, num_tokens, time.perf_counter() - c.started))
+        except BaseException as e:
+            c.future.set_exception(e)
+        with self._cond:
+            self._stats["served_calls"] += 1
 
     def _load(self, slot: int, update: PolicyUpdate) -> int:
         sl = self._slots[slot]

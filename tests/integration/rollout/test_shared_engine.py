@@ -87,10 +87,10 @@ def _gen(pool, slot: int, prompt_ids, request=REQUEST):
 
 def _batched(pool, calls: list[tuple[int, list, SamplingRequest]]) -> tuple[list, int]:
     """`calls` ((slot, prompts, request) each) from as many driver threads at once, held until all wait on the engine:
-    (their Generations in call order, how many engine calls served them)."""
+    (their Generations in call order, how many admissions into the engine served them)."""
     import ray
 
-    before = ray.get(pool.stats.remote())["engine_calls"]
+    before = ray.get(pool.stats.remote())["admissions"]
     ray.get(pool.hold.remote(), timeout=60)
     with ThreadPoolExecutor(len(calls)) as ex:
         futs = [ex.submit(_gen, pool, *call) for call in calls]
@@ -102,7 +102,7 @@ def _batched(pool, calls: list[tuple[int, list, SamplingRequest]]) -> tuple[list
         assert ray.get(pool.health.remote(), timeout=60)["ok"]
         ray.get(pool.release.remote())
         outs = [f.result() for f in futs]
-    return outs, ray.get(pool.stats.remote())["engine_calls"] - before
+    return outs, ray.get(pool.stats.remote())["admissions"] - before
 
 
 def _tokens(gen) -> list[list[int]]:
@@ -139,17 +139,17 @@ def test_each_slot_samples_under_its_own_adapter(pool, adapters, base_model, pro
     assert [len(s["dirs"]) for s in state["slots"]] == [1, 1, 0]
 
 
-def test_concurrent_callers_share_one_engine_call_and_get_their_own_results(pool, adapters, base_model, prompt_ids):
+def test_concurrent_callers_share_one_batch_and_get_their_own_results(pool, adapters, base_model, prompt_ids):
     """Three threads (slots 0, 1, 2; different prompt counts, n, lengths, seeds) held until all three wait: one
-    engine call serves them, each gets its prompts' completions under its own adapter (checked against
+    admission serves them (one batch), each gets its prompts' completions under its own adapter (checked against
     transformers, which no batch composition can fool). Batch invariance: each slot's completions in the shared
     batch equal those it gets alone BIT FOR BIT on vLLM-CPU (measured: all tokens identical, max |delta
     log-prob| 0.0; the numbers are printed)."""
     models = (adapters[1][0], adapters[2][0], base_model)
     calls = [(s, prompt_ids[:k], req) for s, (k, req) in enumerate(MIXED)]
     solo = [_gen(pool, *call) for call in calls]
-    mixed, engine_calls = _batched(pool, calls)
-    assert engine_calls == 1
+    mixed, admissions = _batched(pool, calls)
+    assert admissions == 1
     for (s, prompts, req), model, gen in zip(calls, models, mixed, strict=True):
         assert len(gen.completions) == len(prompts) and all(len(g) == req.n for g in gen.completions)
         assert gen.adapter_version == (1, 5, None)[s]

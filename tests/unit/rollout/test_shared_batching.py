@@ -1,8 +1,9 @@
-"""SharedRolloutWorker's batching and slot bookkeeping (workers/rollout/shared.py) against a fake engine: calls
-waiting together go out as ONE engine call with each prompt under its own slot's adapter and its own params, each
-caller gets exactly its own outputs, a load or drop is never reordered around a generate, LoRA ids are never
-reused, a reload or drop evicts only its slot's adapter, a failed load breaks only its slot. The real engine:
-tests/integration/rollout/test_shared_engine.py."""
+"""SharedRolloutWorker's continuous batching and slot bookkeeping (workers/rollout/shared.py) against a fake engine
+that steps: calls waiting together are admitted into one batch with each prompt under its own slot's adapter and
+its own params, each caller gets exactly its own outputs, a call arriving while others decode joins the running
+batch (and a load of another slot runs between two steps), a load or drop of a slot is never reordered around that
+slot's generate, LoRA ids are never reused, a reload or drop evicts only its slot's adapter, a failed load breaks
+only its slot. The real engine: tests/integration/rollout/test_shared_engine.py."""
 
 from __future__ import annotations
 
@@ -26,8 +27,15 @@ class FakeLoRARequest:
 
 
 class FakeEngineCore:
+    """vLLM's LLMEngine as the shared engine drives it: requests added by id, `step` advancing every running request
+    by one token; a request whose prompt starts with token t runs `durations.get(t, 1)` steps. `on_step(k)` runs
+    inside step k (from 1): a test's hook to act while requests are in flight."""
+
     def __init__(self, log: list):
         self.log, self.loaded, self.fail = log, set(), False
+        self.running: dict[str, list] = {}  # id -> [steps left, (first token, LoRA id, seed)]
+        self.durations: dict[int, int] = {}
+        self.steps, self.on_step = 0, None
 
     def add_lora(self, req) -> bool:
         self.log.append(("add", req.lora_int_id))
@@ -44,6 +52,34 @@ class FakeEngineCore:
     def list_loras(self) -> set[int]:
         return set(self.loaded)
 
+    def add_request(self, request_id, prompt, params, lora_request=None):
+        key = (prompt["prompt_token_ids"][0], getattr(lora_request, "lora_int_id", 0), params)
+        self.log.append(("request", key))
+        self.running[request_id] = [self.durations.get(key[0], 1), key]
+
+    def abort_request(self, request_ids):
+        for rid in request_ids:
+            self.running.pop(rid, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running)
+
+    def step(self):
+        self.steps += 1
+        if self.on_step is not None:
+            self.on_step(self.steps)
+        self.log.append(("step", sorted(k[0] for _, k in self.running.values())))
+        outs = []
+        for rid, entry in list(self.running.items()):
+            entry[0] -= 1
+            if entry[0] == 0:
+                del self.running[rid]
+                ids = list(entry[1])
+                lps = [{t: SimpleNamespace(logprob=-float(t))} for t in ids]
+                outs.append(SimpleNamespace(request_id=rid, finished=True, outputs=[SimpleNamespace(
+                    index=0, token_ids=ids, logprobs=lps, finish_reason="length", text="")]))
+        return outs
+
 
 class FakeLLM:
     """Answers each prompt with one completion whose tokens are (the prompt's first token, its LoRA id, seed)."""
@@ -51,18 +87,6 @@ class FakeLLM:
     def __init__(self):
         self.log: list = []
         self.llm_engine = FakeEngineCore(self.log)
-
-    def generate(self, prompts, params, lora_request, use_tqdm):
-        assert len(prompts) == len(params) == len(lora_request)
-        self.log.append(("generate", [(p["prompt_token_ids"][0], getattr(r, "lora_int_id", 0), s)
-                                      for p, s, r in zip(prompts, params, lora_request, strict=True)]))
-        outs = []
-        for p, seed, r in zip(prompts, params, lora_request, strict=True):
-            ids = [p["prompt_token_ids"][0], getattr(r, "lora_int_id", 0), seed]
-            lps = [{t: SimpleNamespace(logprob=-float(t))} for t in ids]
-            outs.append(SimpleNamespace(outputs=[SimpleNamespace(index=0, token_ids=ids, logprobs=lps,
-                                                                 finish_reason="length", text="")]))
-        return outs
 
 
 @pytest.fixture
@@ -123,7 +147,7 @@ def test_the_engine_args_give_every_slot_a_place_and_one_more(worker):
     assert (s["enable_lora"], s["max_loras"], s["max_cpu_loras"]) == (True, 3, 4)
 
 
-def test_waiting_calls_go_out_as_one_engine_call_each_caller_its_own(worker):
+def test_waiting_calls_are_admitted_into_one_batch_each_caller_its_own(worker):
     w, llm = worker
     w.load_policy(0, _update(1))
     w.load_policy(1, _update(1))
@@ -133,13 +157,47 @@ def test_waiting_calls_go_out_as_one_engine_call_each_caller_its_own(worker):
         lambda w: w.generate(1, [[20]], _req(200)),
         lambda w: w.generate(2, [[30], [31], [32]], _req(300)),
     ])
-    calls = [e for e in llm.log if e[0] == "generate"]
-    assert len(calls) == 1 and w.stats() == {"engine_calls": 1, "batched_calls": 3, "max_batch_calls": 3}
-    sent = sorted(calls[0][1])
+    sent = sorted(k for kind, k in llm.log if kind == "request")
     assert sent == sorted([(10, 1, 100), (11, 1, 101), (20, 2, 200), (30, 0, 300), (31, 0, 301), (32, 0, 302)])
+    assert [e for e in llm.log if e[0] == "step"] == [("step", [10, 11, 20, 30, 31, 32])]  # one batch
+    assert w.stats() == {"admissions": 1, "served_calls": 3, "max_in_flight": 3, "engine_steps": 1}
     got = [[c.token_ids for g in gen.completions for c in g] for gen in outs]
     assert got == [[[10, 1, 100], [11, 1, 101]], [[20, 2, 200]], [[30, 0, 300], [31, 0, 301], [32, 0, 302]]]
     assert [gen.adapter_version for gen in outs] == [1, 1, None]
+
+
+def test_a_call_arriving_mid_batch_joins_it_and_another_slots_load_runs_between_steps(worker):
+    """Slot 0 decodes for 6 steps. At its step 2, three calls arrive: a load of slot 1, a generate on slot 1 (2 steps)
+    and a reload of slot 0. Slot 1's load and generate run while slot 0 still decodes (its answer comes first);
+    slot 0's reload waits for slot 0's requests to finish."""
+    w, llm = worker
+    w.load_policy(0, _update(1))
+    eng, results, threads = llm.llm_engine, {}, []
+    eng.durations = {1: 6, 2: 2}
+
+    def mid_batch(k):
+        if k != 2:
+            return
+        for name, fn in [("load1", lambda: w.load_policy(1, _update(3))),
+                         ("gen1", lambda: w.generate(1, [[2]], _req(7))),
+                         ("reload0", lambda: w.load_policy(0, _update(2)))]:
+            threads.append(threading.Thread(target=lambda n=name, f=fn: results.setdefault(n, (f(), time.monotonic()))))
+            threads[-1].start()
+            _wait_queued(w, len(threads))
+
+    eng.on_step = mid_batch
+    llm.log.clear()
+    gen0 = w.generate(0, [[1]], _req(0))
+    done0 = time.monotonic()
+    for t in threads:
+        t.join(10)
+    kinds = [(kind, k if kind != "step" else tuple(k)) for kind, k in llm.log]
+    assert kinds == [("request", (1, 1, 0)), ("step", (1,)), ("step", (1,)),
+                     ("add", 2), ("request", (2, 2, 7)), ("step", (1, 2)), ("step", (1, 2)), ("step", (1,)),
+                     ("step", (1,)), ("add", 3), ("remove", 1)]
+    assert gen0.adapter_version == 1 and results["gen1"][0].adapter_version == 3 and results["reload0"][0] == 2
+    assert results["gen1"][1] < done0  # slot 1 answered while slot 0 was still decoding
+    assert w.stats()["max_in_flight"] == 2
 
 
 def test_a_load_is_never_reordered_around_a_generate(worker):
@@ -158,7 +216,7 @@ def test_a_load_is_never_reordered_around_a_generate(worker):
     w.release()
     for t in (t1, t2, t3):
         t.join(10)
-    assert [e[0] for e in llm.log] == ["generate", "add", "generate"]
+    assert [e[0] for e in llm.log] == ["request", "step", "add", "request", "step"]
     assert results["g1"].adapter_version is None and results["g2"].adapter_version == 4 and results["load"] == 4
 
 
