@@ -57,10 +57,12 @@ def _exit_soon(after_s: float = 1.0) -> None:
     threading.Timer(after_s, os._exit, args=(70,)).start()
 
 
-@ray.remote(concurrency_groups={"health": 1})
+@ray.remote(concurrency_groups={"health": 1, "export": 1})
 class PoolLearnerActor(SharedLearner):
     """The pool's learner: every slot's adapter, optimizer and RNG on one copy of the base model. Calls run one at a
-    time (a slot's train step, export, checkpoint); `health` answers on its own thread meanwhile."""
+    time (a slot's train step, checkpoint, restore), except `export_policy`, which runs on threads of its own (one
+    per slot: `start_pool` sets the group's size) beside another slot's call, and `health`, which answers on its
+    own thread meanwhile."""
 
     def __init__(self, model_cfg: dict, slots: int, scratch: str | None = None):
         if scratch:
@@ -73,6 +75,10 @@ class PoolLearnerActor(SharedLearner):
 
     def ready(self) -> bool:
         return True
+
+    @ray.method(concurrency_group="export")
+    def export_policy(self, slot: int, version: int):
+        return super().export_policy(slot, version)
 
     @ray.method(concurrency_group="health")
     def health(self) -> dict:

@@ -81,6 +81,7 @@ def start_pool(cfg: TrialConfig) -> Pool:
                     .remote(model_cfg, slots, settings, scratch)
                     for i in range(k)]
     learner = PoolLearnerActor.options(name=LEARNER, num_cpus=r.learner_cpus, num_gpus=r.learner_gpus,
+                                       concurrency_groups={"health": 1, "export": slots},
                                        max_restarts=RESTARTS, **bundle(k)).remote(model_cfg, slots, scratch)
     registry = SlotRegistry.options(name=SLOTS).remote(slots, k)
     pool = Pool(group, learner, pool_engines, registry, scratch)

@@ -6,6 +6,7 @@ in-process, no Ray). Equality is `torch.equal` / `==`, never a tolerance."""
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 
 import pytest
@@ -132,6 +133,45 @@ def test_four_interleaved_slots_equal_their_separate_twins(model, twins):
         assert frozen and all(id(p) in base for p in frozen)
     ptrs = [{p.data_ptr() for p in pool.learner(k).model.parameters() if not p.requires_grad} for k in range(4)]
     assert ptrs[0] == ptrs[1] == ptrs[2] == ptrs[3]
+
+
+def test_an_export_runs_beside_another_slots_step_and_changes_neither(model, twins):
+    """Slot 1's export (what a trial's push reads) completes while slot 0's training step holds the learner; a
+    checkpoint of slot 1 (a call that swaps the random streams in) waits for that step. Both slots still equal their
+    separate twins bit for bit: slot 0's step result, slot 1's exported adapter."""
+    pool = SharedLearner(model, slots=2)
+    pool.open(0, **_settings(0))
+    pool.open(1, **_settings(1))
+    tok = pool.learner(0).tokenizer
+    pool.train_step(1, _batch(tok, 1, 0))
+    inside, release, got = threading.Event(), threading.Event(), {}
+    step = pool.learner(0).train_step
+
+    def held_step(batch):  # slot 0's step, paused inside the learner's lock until the test releases it
+        inside.set()
+        assert release.wait(60)
+        return step(batch)
+
+    pool.learner(0).train_step = held_step
+    train = threading.Thread(target=lambda: got.setdefault("step", pool.train_step(0, _batch(tok, 0, 0))))
+    train.start()
+    assert inside.wait(60)
+    export = threading.Thread(target=lambda: got.setdefault("export", pool.export_policy(1, 1)))
+    export.start()
+    export.join(60)
+    assert "export" in got and "step" not in got  # the export did not wait for slot 0's step
+    checkpoint = threading.Thread(target=lambda: got.setdefault("checkpoint", pool.checkpoint_files(1)))
+    checkpoint.start()
+    checkpoint.join(0.5)
+    assert "checkpoint" not in got
+    release.set()
+    train.join(120)
+    checkpoint.join(120)
+    assert "checkpoint" in got
+    _assert_same_result(got["step"], twins[0][0][0])
+    twin = _separate(model, 1)
+    twin.train_step(_batch(twin.tokenizer, 1, 0))
+    assert got["export"].files == twin.export_policy(1).files
 
 
 def test_a_reused_slot_starts_like_a_fresh_learner(model):

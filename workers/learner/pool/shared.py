@@ -11,7 +11,9 @@ a time from their drivers; a grouped matmul over several adapters would only pay
 were batched into one forward, which the pool's one-call-per-step interface does not do.
 
 Plain Python, no Ray (orchestrator/pool/ wraps it in an actor). Calls are serialised by a lock: the random streams
-they swap are the process's.
+they swap are the process's. An export is the exception: it reads only its slot's adapter and draws no random
+number, so it takes only its slot's lock and runs beside another slot's training step (a trial's push does not
+wait behind the other trials' steps). Locks are taken in one order (the learner's, then the slot's).
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class SharedLearner:
         self.base = SharedBase(model_path)
         self._slots: list[_Slot | None] = [None] * slots
         self._lock = threading.Lock()
+        self._slot_locks = [threading.Lock() for _ in range(slots)]
 
     # -- slot lifecycle -------------------------------------------------------------------------------
     def open(self, slot: int, *, learner: LearnerConfig, credit: CreditConfig,
@@ -79,7 +82,7 @@ class SharedLearner:
         self._index(slot)
         if (why := shared_refusal(learner)) is not None:
             raise ValueError(why)
-        with self._lock:
+        with self._lock, self._slot_locks[slot]:
             self._drop(slot)
             with swapped_rng(None) as rng:  # the learner seeds the streams itself
                 built = SlotLearner(self.base, learner=learner, credit=credit, interventions=interventions, run=run)
@@ -88,7 +91,7 @@ class SharedLearner:
     def close(self, slot: int) -> None:
         """Drop the slot's learner (its adapter, optimizer state, RNG); the shared base stays."""
         self._index(slot)
-        with self._lock:
+        with self._lock, self._slot_locks[slot]:
             self._drop(slot)
 
     def is_open(self, slot: int) -> bool:
@@ -100,8 +103,13 @@ class SharedLearner:
             return learner.train_step(batch)
 
     def export_policy(self, slot: int, version: int) -> PolicyUpdate:
-        with self._entered(slot) as learner:
-            return learner.export_policy(version)
+        """The slot's adapter as the engines load it; runs beside another slot's call (module docstring)."""
+        self._index(slot)
+        with self._slot_locks[slot]:
+            held = self._slots[slot]
+            if held is None:
+                raise KeyError(f"slot {slot} is not open")
+            return held.learner.export_policy(version)
 
     def checkpoint_files(self, slot: int) -> dict[str, bytes]:
         """The files a separate learner writes (learner.pt): a trial may resume shared from a separate
@@ -161,7 +169,7 @@ class SharedLearner:
         """The slot's learner with its random streams swapped in, one call at a time; the streams it leaves
         (also after a failed call) are the slot's from then on."""
         self._index(slot)
-        with self._lock:
+        with self._lock, self._slot_locks[slot]:
             held = self._slots[slot]
             if held is None:
                 raise KeyError(f"slot {slot} is not open")
