@@ -57,12 +57,11 @@ def _exit_soon(after_s: float = 1.0) -> None:
     threading.Timer(after_s, os._exit, args=(70,)).start()
 
 
-@ray.remote(concurrency_groups={"health": 1, "export": 1})
-class PoolLearnerActor(SharedLearner):
+class PoolLearner(SharedLearner):
     """The pool's learner: every slot's adapter, optimizer and RNG on one copy of the base model. Calls run one at a
     time (a slot's train step, checkpoint, restore), except `export_policy`, which runs on threads of its own (one
-    per slot: `start_pool` sets the group's size) beside another slot's call, and `health`, which answers on its
-    own thread meanwhile."""
+    per slot: `pool_learner_actor`) beside another slot's call, and `health`, which answers on its own thread
+    meanwhile."""
 
     def __init__(self, model_cfg: dict, slots: int, scratch: str | None = None):
         if scratch:
@@ -83,3 +82,9 @@ class PoolLearnerActor(SharedLearner):
     @ray.method(concurrency_group="health")
     def health(self) -> dict:
         return process_health()
+
+
+def pool_learner_actor(slots: int):
+    """`PoolLearner` as a Ray actor class with an export thread per slot (a concurrency group's size is fixed when
+    the class is made remote, not in `.options`)."""
+    return ray.remote(concurrency_groups={"health": 1, "export": int(slots)})(PoolLearner)

@@ -57,7 +57,7 @@ def pool_bundles(cfg: TrialConfig) -> list[dict[str, float]]:
 def start_pool(cfg: TrialConfig) -> Pool:
     """The pool for trials shaped like `cfg` (every trial of a shared campaign agrees on what matters here:
     orchestrator/campaign/shared.py), ready when this returns."""
-    from orchestrator.pool.actors import PoolEngine, PoolLearnerActor
+    from orchestrator.pool.actors import PoolEngine, pool_learner_actor
     from orchestrator.pool.slots import SlotRegistry
 
     slots, r, k = cfg.resources.shared_base.slots, cfg.resources, engines(cfg)
@@ -80,9 +80,8 @@ def start_pool(cfg: TrialConfig) -> Pool:
                                          num_gpus=r.worker_gpus, max_restarts=RESTARTS, **bundle(i))
                     .remote(model_cfg, slots, settings, scratch)
                     for i in range(k)]
-    learner = PoolLearnerActor.options(name=LEARNER, num_cpus=r.learner_cpus, num_gpus=r.learner_gpus,
-                                       concurrency_groups={"health": 1, "export": slots},
-                                       max_restarts=RESTARTS, **bundle(k)).remote(model_cfg, slots, scratch)
+    learner = pool_learner_actor(slots).options(name=LEARNER, num_cpus=r.learner_cpus, num_gpus=r.learner_gpus,
+                                                max_restarts=RESTARTS, **bundle(k)).remote(model_cfg, slots, scratch)
     registry = SlotRegistry.options(name=SLOTS).remote(slots, k)
     pool = Pool(group, learner, pool_engines, registry, scratch)
     try:
