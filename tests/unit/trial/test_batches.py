@@ -195,3 +195,21 @@ def test_replay_refuses_the_same_model_name_holding_another_tokenizer(tmp_path, 
     assert f"model.name: '{model}' now has another tokenizer (vocabulary {other})" in line and saved in line
     with pytest.raises(ValueError, match="another tokenizer"):
         ReplaySource(cfg.model_copy(update={"replay": run}), inner=None, tokenizer=other)
+
+
+def test_a_shared_trial_s_first_rollout_must_come_from_its_adapter_not_the_bare_base():
+    """Step 0 accepts the bare base (None) or adapter v0 from a trial's own engine; on a shared engine only v0: a
+    slot there always holds its trial's adapter, so a bare-base rollout is a leak or an engine restarted empty."""
+    roll = _roll()
+    separate = TrialConfig(**BASE)
+    shared = TrialConfig(**{**BASE, "learner": {"mode": "lora"}, "resources": {"shared_base": {"slots": 2}}})
+    for cfg, ok in [(separate, {None, 0}), (shared, {0})]:
+        for version in (None, 0, 1):
+            roll.versions = {version}
+            ctx = TrialContext(cfg, [], None, None, None)
+            if version in ok:
+                prepare(ctx, 0, roll, SepaController(sepa_settings(cfg)), 0)
+            else:
+                with pytest.raises(RuntimeError, match="sampled with adapter"):
+                    prepare(ctx, 0, roll, SepaController(sepa_settings(cfg)), 0)
+
