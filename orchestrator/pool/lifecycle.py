@@ -103,6 +103,8 @@ def start_pools(cfgs: list[TrialConfig]) -> list[Pool]:
     its group (its trials agree on what matters here: orchestrator/campaign/shared.py), all ready when this
     returns; when one fails to start, every one started is stopped and the error raised."""
     groups = {pid: group[0] for pid, group in pool_groups(cfgs).items()}
+    if not groups:
+        return []
     pools: list[Pool] = []
     at = time.monotonic()
     try:
