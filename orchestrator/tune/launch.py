@@ -23,6 +23,7 @@ from orchestrator import storage as store
 from orchestrator.campaign.schema import Campaign
 from orchestrator.config.errors import UserError
 from orchestrator.config.placement import bundles, tune_bundles
+from orchestrator.config.pool_key import pool_groups
 from orchestrator.config.trial import TrialConfig
 from orchestrator.pool.lifecycle import running_pools
 from orchestrator.preflight.checks import check_campaign_models, check_cluster, check_episodes
@@ -30,7 +31,7 @@ from orchestrator.tracking.mode import wandb_mode, with_wandb_mode
 from orchestrator.trial.loop import run_trial
 from orchestrator.tune.pending import PendingOnAutoscaling
 from orchestrator.tune.same_config import config_change
-from orchestrator.tune.scheduling import TuneScheduling, scheduling
+from orchestrator.tune.scheduling import TuneScheduling, concurrency_limit, scheduling
 
 
 def ensure_ray(min_cpus: float, num_gpus: float | None = None) -> None:
@@ -188,9 +189,6 @@ def driver_lock(campaign: Campaign):
 def campaign_cpus(campaign: Campaign) -> float:
     """CPUs a local Ray needs for the campaign: its largest trial's; on a shared base, every pool's engines and
     learner and a driver per trial that may run at once (orchestrator/tune/scheduling.py:concurrency_limit)."""
-    from orchestrator.config.pool_key import pool_groups
-    from orchestrator.tune.scheduling import concurrency_limit
-
     pools = pool_groups(t.trial for t in campaign.trials)
     if not pools:
         return max(sum(b.get("CPU", 0) for b in bundles(t.trial)) for t in campaign.trials)

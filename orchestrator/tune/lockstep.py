@@ -45,6 +45,12 @@ class LockstepScheduler(FIFOScheduler):
         self.spent = self.round_cost = self.round_wall = self.spent_at_boundary = 0.0
         self.boundary, self.boundary_time = 0, time.time()
 
+    def __setstate__(self, state: dict) -> None:
+        """A scheduler pickled by an earlier version (a campaign resumed across an upgrade) had an int `slots`."""
+        if "cap" not in state:
+            state["cap"] = SlotCap(limit=state.pop("slots", None))
+        self.__dict__.update(state)
+
     def _load_past(self) -> None:
         """GPU-hours and rounds of earlier drivers of this campaign (a resumed campaign keeps its budget)."""
         self.loaded = True
