@@ -144,22 +144,20 @@ def plan_shared(plan, slots: int, kind: str, kv_tokens: dict[str, int] | None = 
     fits = plan.cluster.gpus >= gpus if gpus else True
     if not fits:
         return SharedPlan(slots, gpus, 0, math.nan, math.nan, math.inf, math.nan, len(groups))
-    at_once, steps, spans = 0, [], []
+    at_once, steps, spans = sum(min(slots, len(g)) for g in groups.values()), [], []
     for pid, group in groups.items():
         part = _pool_plan(group, slots, kind if gpus else "cpu", (kv_tokens or {}).get(pid))
         if part is None:
-            return SharedPlan(slots, gpus, min(slots, len(plan.trials)), math.nan, math.nan, math.nan, math.nan,
-                              len(groups))
-        at_once += part[0]
-        steps.append(part[1:3])
-        spans.append(part[3:])
+            return SharedPlan(slots, gpus, at_once, math.nan, math.nan, math.nan, math.nan, len(groups))
+        steps.append(part[:2])
+        spans.append(part[2:])
     return SharedPlan(slots, gpus, at_once, max(s[0] for s in steps), max(s[1] for s in steps),
                       max(s[0] for s in spans), max(s[1] for s in spans), len(groups))
 
 
 def _pool_plan(trials: list, slots: int, kind: str, kv_tokens: int | None):
-    """(trials at once, step s, overlapped step s, makespan h, overlapped makespan h) of one pool, or None when a
-    model's size is unknown."""
+    """(step s, overlapped step s, makespan h, overlapped makespan h) of one pool, or None when a model's size is
+    unknown."""
     cfgs = [t.trial.trial for t in trials]
     k = min(slots, len(cfgs))
     splits = [split_step(c, t.step_s if t.source == "pilot" else None, kind) for c, t in zip(cfgs, trials,
@@ -180,7 +178,7 @@ def _pool_plan(trials: list, slots: int, kind: str, kv_tokens: int | None):
         return pool_start / 3600 + makespan([(c.steps * step_s + o) / 3600 for c, o in zip(cfgs, per_trial,
                                                                                             strict=True)], k)
 
-    return k, step, step_over, span(step), span(step_over)
+    return step, step_over, span(step), span(step_over)
 
 
 def compare_rows(plan, shared: SharedPlan | None, why: str | None, chosen: bool = False,
