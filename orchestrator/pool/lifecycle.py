@@ -3,8 +3,8 @@ a campaign that sweeps models gets one per model), each in a placement group of 
 and the engines' bundles once (the bundles a separate trial of the campaign would take, less its driver's), its
 actors named by its pool id in the campaign's Ray namespace (orchestrator/trial/actors/shared.py), waited on until
 every model is built, and stopped (actors killed, group removed) when the campaign ends or fails. The pools start
-side by side (every placement group placed, then every actor built at once); one that fails to start stops them
-all. A re-submitted campaign starts new pools; its trials resume from their own checkpoints.
+side by side (each placed and its actors started in turn, then all waited on together); one that fails to start
+stops them all. A re-submitted campaign starts new pools; its trials resume from their own checkpoints.
 
 An engine or the learner that dies (its process killed, out of memory, its engine core gone: actors.py) is
 restarted by Ray in its bundle, up to `RESTARTS` times, with every slot empty: each trial's next call to it fails
