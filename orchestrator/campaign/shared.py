@@ -1,6 +1,7 @@
-"""What a campaign on one shared base (`resources.shared_base`, orchestrator/pool/) refuses before launch: one line
-naming the key, the trial and what is allowed (exit 2). Every trial of such a campaign is a LoRA adapter on the same
-engines and one learner, so what the pool is built from must be the same in every trial."""
+"""What a campaign on a shared base (`resources.shared_base`, orchestrator/pool/) refuses before launch: one line
+naming the key, the trial and what is allowed (exit 2). Every trial of such a campaign is a LoRA adapter on the
+engines and learner of its base model's pool (orchestrator/config/pool_key.py: one pool per `model`), so what else a
+pool is built from (LoRA shape, engine settings, resources) must be the same in every trial."""
 
 from __future__ import annotations
 
@@ -8,16 +9,8 @@ from typing import Any
 
 from orchestrator.campaign.schema import CampaignConfig, ExpandedTrial
 from orchestrator.config.errors import UserError
-
-# what the pool's engines and learner are built from: one value for the whole campaign (the rest is the trial's)
-POOL_KEYS = ("model", "learner.lora.rank", "learner.lora.alpha", "learner.lora.target_modules", "rollout.engine",
-             "rollout.num_workers", "resources")
-
-
-def _get(data: dict, path: str) -> Any:
-    for part in path.split("."):
-        data = data.get(part) if isinstance(data, dict) else None
-    return data
+from orchestrator.config.pool_key import PER_POOL, POOL_KEYS
+from orchestrator.config.pool_key import get_path as _get
 
 
 def _origin(cfg: CampaignConfig, trial: ExpandedTrial, path: str) -> str:
@@ -70,9 +63,9 @@ def check_shared_base(cfg: CampaignConfig, trials: list[ExpandedTrial], source: 
         if c.resources.placement != "separate":
             raise UserError(f"{source}: {_origin(cfg, t, 'resources.placement')}: resources.shared_base needs "
                             f"placement 'separate' (the pool's engines serve other trials while one trains) {where}")
-        for key in POOL_KEYS:
+        for key in (k for k in POOL_KEYS if k not in PER_POOL):  # a model sweep: one pool per model
             a, b = _get(first.config, key), _get(t.config, key)
             if a != b:
-                raise UserError(f"{source}: {_origin(cfg, t, key)}: trials of a shared-base campaign run on one "
-                                f"pool and must agree on {key} ({_differs(a, b, key)} in trials {first.name} and "
-                                f"{t.name}); run one campaign per value")
+                raise UserError(f"{source}: {_origin(cfg, t, key)}: trials of a shared-base campaign must agree on "
+                                f"{key} ({_differs(a, b, key)} in trials {first.name} and {t.name}); only the model "
+                                f"may differ (one pool per base model); run one campaign per value")

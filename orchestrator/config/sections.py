@@ -55,12 +55,13 @@ class CheckpointSettings(_Strict):
 
 
 class SharedBaseConfig(_Strict):
-    """One pool per campaign (orchestrator/pool/): the rollout engines (vLLM multi-LoRA) and one learner hold the
-    base model once; every trial is an adapter in a slot of its own. LoRA trials only, one learner rank."""
+    """One pool per base model of the campaign (orchestrator/pool/): the rollout engines (vLLM multi-LoRA) and one
+    learner hold the base model once; every trial is an adapter in a slot of its own. LoRA trials only, one learner
+    rank."""
 
     slots: int = Field(ge=1, description=(
-        "trials served at once (each its adapter, optimizer and RNG in a slot); Tune runs at most this many "
-        "trials at once, the rest queue"))
+        "trials a pool serves at once (each its adapter, optimizer and RNG in a slot); Tune runs at most this many "
+        "trials of a pool at once, the rest queue; a campaign sweeping base models gets a pool per model"))
 
 
 class ResourcesConfig(_Strict):

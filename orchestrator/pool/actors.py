@@ -21,7 +21,7 @@ from workers.sync.scratch import enter_scratch
 
 
 class PoolEngine(SharedRolloutWorker):
-    """One engine of the pool; threaded by `start_pool` (max_concurrency = slots + 2: every slot's call reaches
+    """One engine of the pool; threaded by `lifecycle.py` (max_concurrency = slots + 2: every slot's call reaches
     the engine thread at once and is batched with the others)."""
 
     def __init__(self, model_cfg: dict, slots: int, settings: RolloutWorkerSettings, scratch: str | None = None):

@@ -1,8 +1,10 @@
-"""The pool's life: started by the campaign before the Tuner, in a placement group of its own that reserves the
-learner's and the engines' bundles once (the bundles a separate trial of the campaign would take, less its
-driver's), its actors named in the campaign's Ray namespace (orchestrator/trial/actors/shared.py), waited on
-until every model is built, and stopped (actors killed, group removed) when the campaign ends or fails. A
-re-submitted campaign starts a new pool; its trials resume from their own checkpoints.
+"""The pools' life: started by the campaign before the Tuner, one per base model (orchestrator/config/pool_key.py:
+a campaign that sweeps models gets one per model), each in a placement group of its own that reserves the learner's
+and the engines' bundles once (the bundles a separate trial of the campaign would take, less its driver's), its
+actors named by its pool id in the campaign's Ray namespace (orchestrator/trial/actors/shared.py), waited on until
+every model is built, and stopped (actors killed, group removed) when the campaign ends or fails. The pools start
+side by side (each placed and its actors started in turn, then all waited on together); one that fails to start
+stops them all. A re-submitted campaign starts new pools; its trials resume from their own checkpoints.
 
 An engine or the learner that dies (its process killed, out of memory, its engine core gone: actors.py) is
 restarted by Ray in its bundle, up to `RESTARTS` times, with every slot empty: each trial's next call to it fails
@@ -12,6 +14,7 @@ its newest checkpoint, as after its own driver's death."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from contextlib import contextmanager
@@ -22,8 +25,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.config.placement import bundles, engines
+from orchestrator.config.pool_key import pool_groups
 from orchestrator.config.trial import TrialConfig
-from orchestrator.trial.actors.shared import LEARNER, POOL, SLOTS, engine_name
+from orchestrator.trial.actors.shared import POOL, engine_name, learner_name, slots_name
 from orchestrator.trial.actors.start import rollout_settings
 from workers.sync.scratch import scratch_root
 
@@ -32,21 +36,26 @@ RESTARTS = 3  # per pool actor and campaign run: a pool that keeps dying is a bu
 
 @dataclass
 class Pool:
+    id: str  # orchestrator/config/pool_key.py:pool_id of its trials
     group: object
-    learner: object
-    engines: list
-    registry: object
-    scratch: str  # the pool's scratch folder on this node (workers/sync/scratch.py), removed by `stop`
+    learner: object = None
+    engines: list = dataclasses.field(default_factory=list)
+    registry: object = None
+    scratch: str = ""  # the pool's scratch folder on this node (workers/sync/scratch.py), removed by `stop`
 
     def health(self, timeout: float) -> list[dict]:
         """Every pool actor's health answer within `timeout` (raises when one is frozen or dead)."""
         return ray.get([a.health.remote() for a in [self.learner, *self.engines]], timeout=timeout)
 
+    def actors(self) -> list:
+        return [a for a in [*self.engines, self.learner, self.registry] if a is not None]
+
     def stop(self) -> None:
-        for actor in [*self.engines, self.learner, self.registry]:
+        for actor in self.actors():
             ray.kill(actor)
         remove_placement_group(self.group)
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def pool_bundles(cfg: TrialConfig) -> list[dict[str, float]]:
@@ -54,56 +63,87 @@ def pool_bundles(cfg: TrialConfig) -> list[dict[str, float]]:
     return bundles(cfg)[1:]
 
 
-def start_pool(cfg: TrialConfig) -> Pool:
-    """The pool for trials shaped like `cfg` (every trial of a shared campaign agrees on what matters here:
-    orchestrator/campaign/shared.py), ready when this returns."""
+def _place(pool: str, cfg: TrialConfig) -> Pool:
+    """The pool's placement group, placed (RuntimeError when it is not within the setup timeout)."""
+    group = placement_group(pool_bundles(cfg), strategy="PACK")
+    if not group.wait(timeout_seconds=cfg.timeouts.setup):
+        remove_placement_group(group)
+        raise RuntimeError(f"shared pool {pool}: its placement group ({pool_bundles(cfg)}) was not placed within "
+                           f"{cfg.timeouts.setup:g} s")
+    return Pool(pool, group)
+
+
+def _build(pool: Pool, cfg: TrialConfig) -> None:
+    """Start the pool's actors in its placed group (not waited on here)."""
     from orchestrator.pool.actors import PoolEngine, pool_learner_actor
     from orchestrator.pool.slots import SlotRegistry
 
     slots, r, k = cfg.resources.shared_base.slots, cfg.resources, engines(cfg)
-    group = placement_group(pool_bundles(cfg), strategy="PACK")
-    at = time.monotonic()
-    if not group.wait(timeout_seconds=cfg.timeouts.setup):
-        remove_placement_group(group)
-        raise RuntimeError(f"the shared pool's placement group ({pool_bundles(cfg)}) was not placed within "
-                           f"{cfg.timeouts.setup:g} s")
 
     def bundle(i: int) -> dict:
-        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=group,
+        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pool.group,
                                                                         placement_group_bundle_index=i)}
 
     model_cfg, settings = cfg.model.model_dump(), rollout_settings(cfg)
     # the pool's temp files in one folder: a restarted actor removes its dead predecessor's, `stop` the rest
-    scratch = scratch_root(cfg.resources.scratch_dir, POOL, cfg.output_dir or cfg.name)
+    pool.scratch = scratch_root(cfg.resources.scratch_dir, POOL, f"{pool.id}:{cfg.output_dir or cfg.name}")
     engine_actor = ray.remote(PoolEngine)
-    pool_engines = [engine_actor.options(name=engine_name(i), max_concurrency=slots + 2, num_cpus=r.worker_cpus,
-                                         num_gpus=r.worker_gpus, max_restarts=RESTARTS, **bundle(i))
-                    .remote(model_cfg, slots, settings, scratch)
+    pool.engines = [engine_actor.options(name=engine_name(pool.id, i), max_concurrency=slots + 2,
+                                         num_cpus=r.worker_cpus, num_gpus=r.worker_gpus, max_restarts=RESTARTS,
+                                         **bundle(i)).remote(model_cfg, slots, settings, pool.scratch)
                     for i in range(k)]
-    learner = pool_learner_actor(slots).options(name=LEARNER, num_cpus=r.learner_cpus, num_gpus=r.learner_gpus,
-                                                max_restarts=RESTARTS, **bundle(k)).remote(model_cfg, slots, scratch)
-    registry = SlotRegistry.options(name=SLOTS).remote(slots, k)
-    pool = Pool(group, learner, pool_engines, registry, scratch)
+    pool.learner = pool_learner_actor(slots).options(name=learner_name(pool.id), num_cpus=r.learner_cpus,
+                                                     num_gpus=r.learner_gpus, max_restarts=RESTARTS,
+                                                     **bundle(k)).remote(model_cfg, slots, pool.scratch)
+    pool.registry = SlotRegistry.options(name=slots_name(pool.id)).remote(slots, k)
+
+
+def start_pools(cfgs: list[TrialConfig]) -> list[Pool]:
+    """One pool per pool id among `cfgs` (trials without shared_base need none), each built for the first trial of
+    its group (its trials agree on what matters here: orchestrator/campaign/shared.py), all ready when this
+    returns; when one fails to start, every one started is stopped and the error raised."""
+    groups = {pid: group[0] for pid, group in pool_groups(cfgs).items()}
+    if not groups:
+        return []
+    pools: list[Pool] = []
+    at = time.monotonic()
     try:
-        left = max(cfg.timeouts.setup - (time.monotonic() - at), 1.0)
-        ray.get([a.ready.remote() for a in [learner, *pool_engines]], timeout=left)
-        pool.health(cfg.timeouts.health)
+        for pid, cfg in groups.items():
+            pools.append(_place(pid, cfg))
+            _build(pools[-1], cfg)
+        for pool in pools:
+            cfg = groups[pool.id]
+            left = max(cfg.timeouts.setup - (time.monotonic() - at), 1.0)
+            ray.get([a.ready.remote() for a in [pool.learner, *pool.engines]], timeout=left)
+            pool.health(cfg.timeouts.health)
     except BaseException:
-        pool.stop()
+        stop_all(pools)
         raise
-    print(f"shared pool: {k} engine(s) and one learner for {slots} slots, ready in "
-          f"{time.monotonic() - at:.0f} s", flush=True)
-    return pool
+    for pool in pools:
+        cfg = groups[pool.id]
+        print(f"shared pool {pool.id}: {len(pool.engines)} engine(s) and one learner for "
+              f"{cfg.resources.shared_base.slots} slots", flush=True)
+    print(f"{len(pools)} shared pool(s) ready in {time.monotonic() - at:.0f} s", flush=True)
+    return pools
 
 
 @contextmanager
-def running_pool(cfg: TrialConfig | None):
-    """A pool for the campaign's trials while the block runs (None: separate trials, no pool)."""
-    if cfg is None or cfg.resources.shared_base is None:
-        yield None
-        return
-    pool = start_pool(cfg)
+def running_pools(cfgs: list[TrialConfig]):
+    """The pools of these trials while the block runs (none for separate trials): one per base model."""
+    pools = start_pools(cfgs)
     try:
-        yield pool
+        yield pools
     finally:
-        pool.stop()
+        stop_all(pools)
+
+
+def stop_all(pools: list[Pool]) -> None:
+    """Stop every pool, each even when stopping another raised (the first error is raised after)."""
+    errors = []
+    for pool in pools:
+        try:
+            pool.stop()
+        except Exception as e:  # noqa: BLE001 - the others still stop
+            errors.append(e)
+    if errors:
+        raise errors[0]

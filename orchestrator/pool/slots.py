@@ -17,7 +17,8 @@ class SlotTable:
         self.holders: list[tuple[str, str | None] | None] = [None] * slots
         self.alive = alive
 
-    def acquire(self, trial: str, driver: str | None = None) -> int:
+    def try_acquire(self, trial: str, driver: str | None = None) -> int | None:
+        """The trial's slot, or None when every slot is held by a running trial."""
         for i, h in enumerate(self.holders):
             if h is not None and h[0] == trial:
                 self.holders[i] = (trial, driver)
@@ -26,11 +27,17 @@ class SlotTable:
         if not free:
             free = [i for i, h in enumerate(self.holders) if not self.alive(h[1])]
         if not free:
-            held = ", ".join(h[0] for h in self.holders if h)
-            raise RuntimeError(f"no free slot for trial {trial}: all {len(self.holders)} held by running trials "
-                               f"({held}); Tune runs at most `slots` trials at once")
+            return None
         self.holders[free[0]] = (trial, driver)
         return free[0]
+
+    def acquire(self, trial: str, driver: str | None = None) -> int:
+        slot = self.try_acquire(trial, driver)
+        if slot is None:
+            held = ", ".join(h[0] for h in self.holders if h)
+            raise RuntimeError(f"no free slot for trial {trial}: all {len(self.holders)} held by running trials "
+                               f"({held}); Tune runs at most `slots` trials of a pool at once")
+        return slot
 
     def release(self, trial: str) -> None:
         self.holders = [None if h is not None and h[0] == trial else h for h in self.holders]
@@ -60,6 +67,9 @@ class SlotRegistry:
 
     def acquire(self, trial: str, driver: str | None = None) -> int:
         return self.table.acquire(trial, driver)
+
+    def try_acquire(self, trial: str, driver: str | None = None) -> int | None:
+        return self.table.try_acquire(trial, driver)
 
     def release(self, trial: str) -> None:
         self.table.release(trial)

@@ -202,6 +202,24 @@ def check_trials(campaign, cap: Capacity) -> list[str]:
     return waiting
 
 
+def check_pools(campaign, cap: Capacity) -> None:
+    """Exit 2 for a shared-base campaign whose pools (one per base model, each holding its engines' and learner's
+    bundles for the whole campaign) the cluster cannot hold at once."""
+    from orchestrator.config.placement import bundles
+    from orchestrator.config.pool_key import pool_groups
+
+    pools = pool_groups(t.trial for t in campaign.trials)
+    if len(pools) < 2:
+        return  # one pool: its bundles are a trial's, checked above
+    for key in ("GPU", "CPU"):
+        need = sum(sum(b.get(key, 0.0) for b in bundles(group[0])[1:]) for group in pools.values())
+        if need > cap.total(key):
+            raise UserError(f"{campaign.source}: resources.shared_base: {len(pools)} pools (one per base model: "
+                            f"{', '.join(pools)}) hold {need:g} {key}s at once; the cluster can have at most "
+                            f"{cap.total(key):g} ({cap.describe()}); run fewer models per campaign or lower "
+                            "worker_gpus/learner_gpus")
+
+
 def check_storage(campaign, cap: Capacity) -> None:
     """A node-local path is refused whenever the cluster has, or can add, more than one node."""
     if cap.max_nodes() > 1 and not store.is_uri(campaign.storage) and not campaign.config.storage_shared:
@@ -218,6 +236,7 @@ def check_campaign(campaign) -> Capacity:
     """The pre-launch checks against the cluster; prints which trials wait for the autoscaler."""
     cap = capacity()
     waiting = check_trials(campaign, cap)
+    check_pools(campaign, cap)
     check_storage(campaign, cap)
     if waiting and cap.allocation:
         print(f"slurm: {len(waiting)} of {len(campaign.trials)} trials need nodes of {cap.describe()} that have not "

@@ -1,7 +1,8 @@
 """The campaign's pre-launch memory check, per distinct trial shape: the learner's GPUs
 (orchestrator/preflight/learner_memory.py) and the engine's (orchestrator/preflight/engine_memory.py), separate
 and, for a LoRA trial, as a shared-base pool's (both modules' `Shared*Memory`), as the lines `plan` and `run`
-print, or the one-line refusal (exit 2) of the first shape that cannot fit."""
+print, or the one-line refusal (exit 2) of the first shape that cannot fit. A shape's model is its pool's (one pool
+per base model: orchestrator/config/pool_key.py), so each pool is checked on its own GPUs."""
 
 from __future__ import annotations
 
@@ -99,7 +100,8 @@ def shared_lines(cfg, counts, have_gib: float, slots: int, source: str, refuse: 
                 f"the pool's engine KV cache holds {eng.kv_per_slot:,} tokens a slot, less than one model.max_model_len "
                 f"({cfg.model.max_model_len}) sequence")
         raise UserError(f"{source}: resources.shared_base.slots: {slots} slots on a {have_gib:.0f} GiB GPU: {what}: "
-                        f"at most {min(most_l, most_e)} slot(s) fit (learner {most_l}, engine {most_e})")
+                        f"at most {min(most_l, most_e)} slot(s) fit (learner {most_l}, engine {most_e}) in the pool "
+                        f"of model {cfg.model.name}")
     return [f"shared base, {slots} slot(s): learner GPU {lrn.describe()} of {have_gib:.0f} GiB; at most {most_l} "
             "slot(s) fit",
             f"  engine GPU {eng.describe()}; at most {most_e} slot(s) hold a {cfg.model.max_model_len}-token sequence "

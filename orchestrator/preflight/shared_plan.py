@@ -17,7 +17,10 @@ The cost model (the separate trial's terms, orchestrator/preflight/cost_model.py
   is its driver and a slot open (TRIAL_START_S); checkpoints are each trial's own, as separate;
 - the pool holds its GPUs (one trial's engines + one learner rank) for the whole campaign: GPU-hours = pool GPUs x
   makespan; at most `slots` trials run at once, the rest queue (longest first; lockstep rounds are not modelled
-  on this side).
+  on this side);
+- a campaign that sweeps base models gets one pool per model (orchestrator/config/pool_key.py), side by side:
+  their GPUs and trials at once add up, the step time and makespan are the slowest pool's, and every pool holds
+  its GPUs until the campaign ends.
 With --pilot the measured step time is split into generate and learn by the cost model's shares.
 """
 
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 
 from orchestrator.campaign.schema import Campaign
 from orchestrator.config.errors import UserError
+from orchestrator.config.pool_key import pool_id
 from orchestrator.preflight.cost_model import EFFICIENCY, device_kind, overhead_seconds, step_seconds
 from orchestrator.preflight.plan import Cluster, fmt_hours, make_plan, makespan, paragraph
 
@@ -90,17 +94,18 @@ def planned_slots(campaign: Campaign, slots: int | None = None) -> int:
 
 @dataclass(frozen=True)
 class SharedPlan:
-    slots: int
-    gpus: float  # the pool's: one trial's engines + one learner rank
-    at_once: int  # trials running at once (<= slots; 0: the pool does not fit the cluster)
-    step_s: float  # a trial's step time with `at_once` trials active (lock-step cycle)
+    slots: int  # per pool
+    gpus: float  # every pool's together: each one trial's engines + one learner rank
+    at_once: int  # trials running at once, every pool's (each <= slots; 0: the pools do not fit the cluster)
+    step_s: float  # a trial's step time with its pool's trials active (lock-step cycle; the slowest pool's)
     step_overlapped_s: float
     makespan_h: float
     makespan_overlapped_h: float
+    pools: int = 1  # one per base model
 
     @property
     def gpu_hours(self) -> float:
-        return self.gpus * self.makespan_h
+        return self.gpus * self.makespan_h  # every pool holds its GPUs until the campaign ends
 
 
 def pool_gpus(cfg) -> float:
@@ -120,37 +125,64 @@ def split_step(cfg, step_s: float | None, kind: str) -> tuple[float, float] | No
     return gen, learn
 
 
-def plan_shared(plan, slots: int, kind: str, kv_tokens: int | None = None) -> SharedPlan:
-    """The shared pool's plan of the campaign of `plan` (orchestrator/preflight/plan.py:Plan, its trials' step times
-    and cluster), with `slots` slots; `kv_tokens`: what the pool's engine's KV cache holds (None: not known here,
-    not a limit)."""
-    cfgs = [t.trial.trial for t in plan.trials]
-    gpus = pool_gpus(cfgs[0])
+def plan_pools(plan) -> dict[str, list]:
+    """The plan's trials (orchestrator/preflight/plan.py:TrialPlan) by the pool they would share: one per base model
+    (orchestrator/config/pool_key.py; the plan's trials are separate, so every trial is counted)."""
+    groups: dict[str, list] = {}
+    for t in plan.trials:
+        groups.setdefault(pool_id(t.trial.trial), []).append(t)
+    return groups
+
+
+def plan_shared(plan, slots: int, kind: str, kv_tokens: dict[str, int] | None = None) -> SharedPlan:
+    """The shared pools' plan of the campaign of `plan` (orchestrator/preflight/plan.py:Plan, its trials' step times
+    and cluster), `slots` slots a pool, one pool per base model; the pools run side by side, every one holding its
+    GPUs until the last trial ends. `kv_tokens`: pool id -> what its engines' KV caches hold (missing: not known
+    here, not a limit)."""
+    groups = plan_pools(plan)
+    gpus = sum(pool_gpus(g[0].trial.trial) for g in groups.values())
     fits = plan.cluster.gpus >= gpus if gpus else True
-    k = min(slots, len(cfgs)) if fits else 0
-    splits = [split_step(c, t.step_s if t.source == "pilot" else None, kind if gpus else "cpu")
-              for c, t in zip(cfgs, plan.trials, strict=True)]
-    if k == 0 or any(s is None for s in splits):
-        return SharedPlan(slots, gpus, k, math.nan, math.nan, math.inf if k == 0 else math.nan, math.nan)
-    gen = max(s[0] for s in splits)  # the cycle of the campaign's largest trials (upper bound for mixed ones)
+    if not fits:
+        return SharedPlan(slots, gpus, 0, math.nan, math.nan, math.inf, math.nan, len(groups))
+    at_once, steps, spans = sum(min(slots, len(g)) for g in groups.values()), [], []
+    for pid, group in groups.items():
+        part = _pool_plan(group, slots, kind if gpus else "cpu", (kv_tokens or {}).get(pid))
+        if part is None:
+            return SharedPlan(slots, gpus, at_once, math.nan, math.nan, math.nan, math.nan, len(groups))
+        steps.append(part[:2])
+        spans.append(part[2:])
+    return SharedPlan(slots, gpus, at_once, max(s[0] for s in steps), max(s[1] for s in steps),
+                      max(s[0] for s in spans), max(s[1] for s in spans), len(groups))
+
+
+def _pool_plan(trials: list, slots: int, kind: str, kv_tokens: int | None):
+    """(step s, overlapped step s, makespan h, overlapped makespan h) of one pool, or None when a model's size is
+    unknown."""
+    cfgs = [t.trial.trial for t in trials]
+    k = min(slots, len(cfgs))
+    splits = [split_step(c, t.step_s if t.source == "pilot" else None, kind) for c, t in zip(cfgs, trials,
+                                                                                           strict=True)]
+    if any(s is None for s in splits):
+        return None
+    gen = max(s[0] for s in splits)  # the cycle of the pool's largest trials (upper bound for mixed ones)
     learn = max(s[1] for s in splits)
     first = cfgs[0]
     batch = first.rollout.prompts_per_step * first.rollout.n
     kv_seqs = max(kv_tokens / sequence_tokens(first), 1.0) if kv_tokens is not None else math.inf
     step, step_over = cycle_seconds(gen, learn, k, batch, kv_seqs)
-    per_trial = [sum(v for key, v in overhead_seconds(c, kind if gpus else "cpu").items() if key != "startup")
-                 + TRIAL_START_S for c in cfgs]
-    pool_start = overhead_seconds(cfgs[0], kind if gpus else "cpu")["startup"]
+    per_trial = [sum(v for key, v in overhead_seconds(c, kind).items() if key != "startup") + TRIAL_START_S
+                 for c in cfgs]
+    pool_start = overhead_seconds(first, kind)["startup"]
 
     def span(step_s: float) -> float:
         return pool_start / 3600 + makespan([(c.steps * step_s + o) / 3600 for c, o in zip(cfgs, per_trial,
                                                                                             strict=True)], k)
 
-    return SharedPlan(slots, gpus, k, step, step_over, span(step), span(step_over))
+    return step, step_over, span(step), span(step_over)
 
 
 def compare_rows(plan, shared: SharedPlan | None, why: str | None, chosen: bool = False,
-                 kv_tokens: int | None = None) -> list[str]:
+                 kv_tokens: dict[str, int] | None = None) -> list[str]:
     """The table `plan` prints for a LoRA campaign: separate (the plan's) and shared side by side; `chosen`: the
     campaign sets resources.shared_base."""
     rows = [("trials run", "GPUs", "trials at once", "step time", "GPU-hours", "makespan")]
@@ -159,7 +191,10 @@ def compare_rows(plan, shared: SharedPlan | None, why: str | None, chosen: bool 
     rows.append(("separate" + ("" if chosen else " (chosen)"), f"{plan.at_once * per:g} ({per:g} a trial)",
                  str(plan.at_once), _fmt_s(sep_step), f"{plan.gpu_hours:.1f}", fmt_hours(plan.makespan_h)))
     if shared is not None:
-        rows.append((f"shared base, {shared.slots} slots" + (" (chosen)" if chosen else ""), f"{shared.gpus:g} (one pool)", str(shared.at_once),
+        pools = "one pool" if shared.pools == 1 else f"{shared.pools} pools, one per model"
+        slots = f"{shared.slots} slots" + ("" if shared.pools == 1 else " a pool")
+        rows.append((f"shared base, {slots}" + (" (chosen)" if chosen else ""), f"{shared.gpus:g} ({pools})",
+                     str(shared.at_once),
                      f"{_fmt_s(shared.step_s)} ({_fmt_s(shared.step_overlapped_s)} overlapped)",
                      f"{shared.gpu_hours:.1f}",
                      f"{fmt_hours(shared.makespan_h)} ({fmt_hours(shared.makespan_overlapped_h)} overlapped)"))
@@ -169,12 +204,16 @@ def compare_rows(plan, shared: SharedPlan | None, why: str | None, chosen: bool 
     if shared is None:
         out.append(f"  shared base does not apply: {why}")
     else:
-        kv = (f"the pool's KV cache ({kv_tokens:,} tokens) caps the sequences decoded at once" if kv_tokens is not None
+        held = ", ".join(f"{n:,}" for n in (kv_tokens or {}).values())
+        kv = (f"the pool's KV cache ({held} tokens) caps the sequences decoded at once" if kv_tokens and len(kv_tokens) == 1
+              else f"each pool's KV cache ({held} tokens) caps the sequences it decodes at once" if kv_tokens
               else "KV cache not counted (no model config here)")
         out += [f"  shared: k trials' generation batched in one engine, the rate growing with the sequences decoded "
                 f"at once from {EFFICIENCY['generate']:g} to at most {GENERATE_BATCHED:g} of peak; {kv};",
                 "  the learner trains one slot at a time; step time = generate + learn in lock-step (overlapped: the "
                 "larger of the two); the pool starts once and holds its GPUs for the whole campaign",
+                *([f"  one pool per base model ({shared.pools}), side by side, each with {shared.slots} slots; step "
+                   "time: the slowest pool's"] if shared.pools > 1 else []),
                 "  (assumptions: orchestrator/preflight/shared_plan.py)"]
     return out
 
@@ -195,8 +234,8 @@ def shared_section(campaign: Campaign, plan, slots: int, kind: str, chosen: bool
         with_shared_base(campaign, slots)
     except UserError as e:
         return compare_rows(plan, None, str(e).split(": ", 1)[-1])
-    cfg = campaign.trials[0].trial
-    kv = pool_kv_tokens(cfg, slots, resolve) if pool_gpus(cfg) else None
+    kv = {pid: n for pid, group in plan_pools(plan).items() if pool_gpus(cfg := group[0].trial.trial)
+          and (n := pool_kv_tokens(cfg, slots, resolve)) is not None}
     return compare_rows(plan, plan_shared(plan, slots, kind, kv), None, chosen, kv)
 
 
@@ -211,6 +250,7 @@ def run_paragraph(campaign: Campaign) -> str:
         return paragraph(make_plan(campaign, cluster=cluster))
     plan = make_plan(with_shared_base(campaign, None), cluster=cluster)  # the trials as separate ones
     pool = plan_shared(plan, shared.slots, device_kind(None))
-    return (f"plan: {len(plan.trials)} trials on a shared base ({shared.slots} slots): one pool of {pool.gpus:g} "
+    pools = "one pool" if pool.pools == 1 else f"{pool.pools} pools (one per base model, {shared.slots} slots each)"
+    return (f"plan: {len(plan.trials)} trials on a shared base ({shared.slots} slots): {pools} of {pool.gpus:g} "
             f"GPU(s), about {pool.gpu_hours:.1f} GPU-hours, makespan about {fmt_hours(pool.makespan_h)} (cost model, "
             f"lock-step; `plan` for both sides). Separate instead: " + paragraph(plan).removeprefix("plan: "))

@@ -8,8 +8,9 @@ look's level from the O'Brien-Fleming-type alpha spending of orchestrator/stats/
 t reference. Interval excluding zero: the campaign stops and claims; else
 `step` more seeds (every condition) run, up to `max`. Each look is a `look` line in the campaign's events.jsonl.
 
-Without adaptive seeds the searcher is used only under lockstep rounds, to create trials no faster than the
-scheduler has slots (Tune starts every pending trial it has resources for).
+Without adaptive seeds the searcher is used under lockstep rounds and for a shared campaign with a pool per base
+model, to create trials no faster than the scheduler has slots, each pool's counted (Tune starts every pending trial
+it has resources for).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def look(directory: str, seeds: int, cfg: AdaptiveSeeds, level: float, *, interp
 
 class CampaignSearcher(Searcher):
     """order: trial names in the order to run (condition -> seed); seed_of / condition_of: per name; adaptive:
-    the campaign's AdaptiveSeeds or None; scheduler: the LockstepScheduler (slots, budget) or None."""
+    the campaign's AdaptiveSeeds or None; scheduler: the LockstepScheduler (slots, budget), PoolFifo (each pool's
+    slots) or None."""
 
     def __init__(self, order: list[str], seed_of: dict[str, int], condition_of: dict[str, str], directory: str,
                  adaptive: AdaptiveSeeds | None = None, scheduler=None, interpolate: bool = False):
@@ -75,9 +77,10 @@ class CampaignSearcher(Searcher):
         issued = set(self.issued.values())
         todo = [n for n in self._allowed() if n not in issued]
         if todo:
-            if self.scheduler is not None and not self.scheduler.has_slot():
-                return None
-            if self.scheduler is not None:
+            if self.scheduler is not None:  # the first whose pool has a free slot (orchestrator/tune/slot_cap.py)
+                todo = [n for n in todo if self.scheduler.has_slot(n)]
+                if not todo:
+                    return None
                 self.scheduler.active.add(todo[0])
             self.issued[trial_id] = todo[0]
             return {"trial": todo[0]}

@@ -23,14 +23,15 @@ from orchestrator import storage as store
 from orchestrator.campaign.schema import Campaign
 from orchestrator.config.errors import UserError
 from orchestrator.config.placement import bundles, tune_bundles
+from orchestrator.config.pool_key import pool_groups
 from orchestrator.config.trial import TrialConfig
-from orchestrator.pool.lifecycle import running_pool
+from orchestrator.pool.lifecycle import running_pools
 from orchestrator.preflight.checks import check_campaign_models, check_cluster, check_episodes
 from orchestrator.tracking.mode import wandb_mode, with_wandb_mode
 from orchestrator.trial.loop import run_trial
 from orchestrator.tune.pending import PendingOnAutoscaling
 from orchestrator.tune.same_config import config_change
-from orchestrator.tune.scheduling import TuneScheduling, scheduling
+from orchestrator.tune.scheduling import TuneScheduling, concurrency_limit, scheduling
 
 
 def ensure_ray(min_cpus: float, num_gpus: float | None = None) -> None:
@@ -185,15 +186,22 @@ def driver_lock(campaign: Campaign):
         yield
 
 
+def campaign_cpus(campaign: Campaign) -> float:
+    """CPUs a local Ray needs for the campaign: its largest trial's; on a shared base, every pool's engines and
+    learner and a driver per trial that may run at once (orchestrator/tune/scheduling.py:concurrency_limit)."""
+    pools = pool_groups(t.trial for t in campaign.trials)
+    if not pools:
+        return max(sum(b.get("CPU", 0) for b in bundles(t.trial)) for t in campaign.trials)
+    first = campaign.trials[0].trial
+    pool_cpus = sum(sum(b.get("CPU", 0) for b in bundles(group[0])[1:]) for group in pools.values())
+    return pool_cpus + (concurrency_limit(campaign) or len(campaign.trials)) * first.resources.driver_cpus
+
+
 def run_campaign(campaign: Campaign) -> int:
     """Run (or resume) every trial of the campaign; returns the number of trials that did not finish."""
     imports_done()  # a driver that may run for days collects at the default thresholds: workers/startup.py
     campaign = with_wandb_mode(campaign, wandb_mode())  # $WANDB_MODE / --wandb-mode over the file
-    need = max(sum(b.get("CPU", 0) for b in bundles(t.trial)) for t in campaign.trials)
-    shared = campaign.trials[0].trial.resources
-    if shared.shared_base is not None:  # the pool, and a driver per slot beside it
-        need += (shared.shared_base.slots - 1) * shared.driver_cpus
-    ensure_ray(need)
+    ensure_ray(campaign_cpus(campaign))
     check_cluster(campaign)
     check_campaign_models(campaign)
     check_episodes(campaign.source, [(t.name, t.trial) for t in campaign.trials])
@@ -214,7 +222,7 @@ def run_campaign(campaign: Campaign) -> int:
         plan = scheduling(campaign)
         tuner = _tuner(cfg.name, campaign.storage, {t.name: t.config for t in campaign.trials}, plan,
                        max_failures=cfg.max_failures, keep=keep, callbacks=[PendingOnAutoscaling(campaign.directory)])
-        with running_pool(campaign.trials[0].trial):  # resources.shared_base: one pool, before the Tuner
+        with running_pools([t.trial for t in campaign.trials]):  # resources.shared_base: a pool per model
             results = tuner.fit()
     failed = [r for r in results if r.error]
     ended = "stopped by the budget at a round boundary" if getattr(plan.scheduler, "stopped", False) else "finished"
@@ -258,7 +266,7 @@ def run_single_trial(cfg: TrialConfig, storage: Path, max_failures: int = 0):
     ensure_ray(sum(b.get("CPU", 0) for b in bundles(cfg)))
     tuner = _tuner(cfg.name, str(storage), {cfg.name: cfg.model_dump(mode="json")}, TuneScheduling(),
                    max_failures=max_failures, keep=cfg.checkpoint.keep)
-    with running_pool(cfg):  # resources.shared_base: the trial on a pool of its own (one slot used)
+    with running_pools([cfg]):  # resources.shared_base: the trial on a pool of its own (one slot used)
         result = tuner.fit()[0]
     if result.error:
         print(f"trial {cfg.name} failed: {failure_line(result.error)}")

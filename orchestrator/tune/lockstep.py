@@ -22,16 +22,19 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from orchestrator import storage as store
 from orchestrator.storage import EVENTS_FILE, campaign_events
+from orchestrator.tune.slot_cap import SlotCap
 
 
 class LockstepScheduler(FIFOScheduler):
     """steps: trial name -> its number of steps; gpus: trial name -> GPUs its placement group holds; budget:
-    the campaign's BudgetConfig or None; directory: the campaign directory (events.jsonl)."""
+    the campaign's BudgetConfig or None; directory: the campaign directory (events.jsonl); slots: trials running
+    at once, in all (an int) or also per shared pool (a SlotCap: orchestrator/tune/slot_cap.py)."""
 
     def __init__(self, round_steps: int, steps: dict[str, int], gpus: dict[str, float], directory: str,
-                 budget=None, slots: int | None = None, expected: list[str] | None = None):
+                 budget=None, slots: int | SlotCap | None = None, expected: list[str] | None = None):
         super().__init__()
-        self.round_steps, self.slots = round_steps, slots
+        self.round_steps = round_steps
+        self.cap = slots if isinstance(slots, SlotCap) else SlotCap(limit=slots)
         self.steps, self.gpus, self.directory, self.budget = steps, gpus, directory, budget
         # trial name -> rounds finished, for every trial that will run (adaptive seeds: `expect` adds a look's)
         self.rounds: dict[str, int] = dict.fromkeys(steps if expected is None else expected, 0)
@@ -41,6 +44,12 @@ class LockstepScheduler(FIFOScheduler):
         self.loaded = False  # the campaign's past rounds read back (Tune unpickles this object on a resume)
         self.spent = self.round_cost = self.round_wall = self.spent_at_boundary = 0.0
         self.boundary, self.boundary_time = 0, time.time()
+
+    def __setstate__(self, state: dict) -> None:
+        """A scheduler pickled by an earlier version (a campaign resumed across an upgrade) had an int `slots`."""
+        if "cap" not in state:
+            state["cap"] = SlotCap(limit=state.pop("slots", None))
+        self.__dict__.update(state)
 
     def _load_past(self) -> None:
         """GPU-hours and rounds of earlier drivers of this campaign (a resumed campaign keeps its budget)."""
@@ -153,8 +162,9 @@ class LockstepScheduler(FIFOScheduler):
             return f"another round would end about {end}, past the deadline {b.deadline:%Y-%m-%d %H:%M %Z}"
         return None
 
-    def has_slot(self) -> bool:
-        return not self.stopped and (self.slots is None or len(self.active) < self.slots)
+    def has_slot(self, name: str | None = None) -> bool:
+        """Whether trial `name` (None: any) may run now beside the active ones (its pool's slots, the limit)."""
+        return not self.stopped and self.cap.allows(name, self.active)
 
     def choose_trial_to_run(self, tune_controller) -> Trial | None:
         """A pending trial, else a paused one that is not ahead of the others (Tune starts pending trials by
@@ -167,8 +177,9 @@ class LockstepScheduler(FIFOScheduler):
             return pending[0]
         low = self._unfinished_min()
         behind = [t for t in trials if t.status == Trial.PAUSED
-                  and (low is None or self.rounds.get(t.config["trial"], 0) <= low)]
-        if not behind or not self.has_slot():
+                  and (low is None or self.rounds.get(t.config["trial"], 0) <= low)
+                  and self.has_slot(t.config["trial"])]  # a trial of a full pool waits; another pool's may go
+        if not behind:
             return None
         self.active.add(behind[0].config["trial"])
         return behind[0]

@@ -6,7 +6,8 @@ fresh (a new adapter from the trial's seed, zero optimizer moments; the engines 
 held); a resumed trial then restores its checkpoint into it as a separate one would.
 
 The pool's actors are named in the campaign's Ray namespace (the campaign driver and its trials' drivers are one
-Ray job); the names live here so that the pool (which imports this module) and the trial agree on them."""
+Ray job) under the pool's id (orchestrator/config/pool_key.py: one pool per base model, the id a pure function of
+the trial's config); the names live here so that the pool (which imports this module) and the trial agree on them."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import ray
 from ray.exceptions import ActorUnavailableError
 
+from orchestrator.config.pool_key import pool_id
 from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.actors.calls import Calls, check_health
 from orchestrator.trial.actors.engines import fan_out
@@ -26,11 +28,18 @@ from workers.rollout.worker import SamplingRequest
 from workers.sync.policy import PolicyUpdate
 
 POOL = "shared-base-pool"
-LEARNER, SLOTS = f"{POOL}/learner", f"{POOL}/slots"
 
 
-def engine_name(i: int) -> str:
-    return f"{POOL}/engine{i}"
+def learner_name(pool: str) -> str:
+    return f"{POOL}/{pool}/learner"
+
+
+def slots_name(pool: str) -> str:
+    return f"{POOL}/{pool}/slots"
+
+
+def engine_name(pool: str, i: int) -> str:
+    return f"{POOL}/{pool}/engine{i}"
 
 
 class PoolEngines:
@@ -117,6 +126,7 @@ class PoolLearner:
 
 @dataclasses.dataclass
 class PoolClients:
+    pool: str  # the pool's id (orchestrator/config/pool_key.py)
     slot: int
     engines: PoolEngines
     learner: PoolLearner
@@ -144,15 +154,29 @@ def await_restarts(actors: list, timeout_s: float, poll_s: float = 0.5) -> None:
             time.sleep(poll_s)
 
 
+def acquire_slot(registry, trial: str, driver: str | None, calls: Calls, timeout_s: float,
+                 poll_s: float = 1.0) -> int:
+    """The trial's slot, waiting up to `timeout_s` for one to be freed. Tune never runs more of a pool's trials
+    at once than it has slots (orchestrator/tune/scheduling.py); the wait covers a trial Tune has seen end (paused,
+    failed) whose driver has not yet given its slot back or died. Past the wait: the registry's error."""
+    named, end = [("pool.slots", registry)], time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        slot = calls.get(registry.try_acquire.remote(trial, driver), "setup", named)
+        if slot is not None:
+            return slot
+        time.sleep(poll_s)
+    return calls.get(registry.acquire.remote(trial, driver), "setup", named)
+
+
 def connect(cfg: TrialConfig, calls: Calls) -> PoolClients:
-    """The trial's slot in the running pool (the same slot again for a retried trial that still holds one),
-    opened fresh: the engines drop the slot's adapter, the learner builds this trial's from its seed."""
-    registry = ray.get_actor(SLOTS)
+    """The trial's slot in its base model's running pool (the same slot again for a retried trial that still holds
+    one), opened fresh: the engines drop the slot's adapter, the learner builds this trial's from its seed."""
+    pool = pool_id(cfg)
+    registry = ray.get_actor(slots_name(pool))
     count = calls.get(registry.engines.remote(), "setup", [("pool.slots", registry)])
-    actors = [ray.get_actor(engine_name(i)) for i in range(count)], ray.get_actor(LEARNER)
+    actors = [ray.get_actor(engine_name(pool, i)) for i in range(count)], ray.get_actor(learner_name(pool))
     await_restarts([*actors[0], actors[1]], cfg.timeouts.setup)
-    slot = calls.get(registry.acquire.remote(cfg.name, ray.get_runtime_context().get_actor_id()), "setup",
-                     [("pool.slots", registry)])
+    slot = acquire_slot(registry, cfg.name, ray.get_runtime_context().get_actor_id(), calls, cfg.timeouts.setup)
     engines, learner = PoolEngines(actors[0], slot, calls), PoolLearner(actors[1], slot, calls)
     engines.drop()
     learner.open(cfg)
@@ -160,14 +184,14 @@ def connect(cfg: TrialConfig, calls: Calls) -> PoolClients:
     # shared engine goes without a LoRA: at 4 slots, a slot left on the bare base sampled some step-0 batches
     # mixed with other slots' adapters with another adapter's weights (README, Shared base)
     engines.load_policy(learner.export_policy(0))
-    return PoolClients(slot, engines, learner, registry)
+    return PoolClients(pool, slot, engines, learner, registry)
 
 
 def pool_record(clients: PoolClients, health: list[dict]) -> dict:
-    """The pool's part of a shared trial's placement.json: the slot, the learner's and each engine's process
-    (pid, node, placement group) and the engines' child processes: the same for every trial of the campaign."""
+    """The pool's part of a shared trial's placement.json: its id, the slot, the learner's and each engine's process
+    (pid, node, placement group) and the engines' child processes: the same for every trial of that pool."""
     where = clients.learner.calls.get([e.placement.remote() for e in clients.engines.engines], "setup",
                                       clients.engines.names)
-    return {"slot": clients.slot, "learner": clients.learner.placements()[0],
+    return {"id": clients.pool, "slot": clients.slot, "learner": clients.learner.placements()[0],
             "workers": [{**w, "engine_pids": [c["pid"] for c in h.get("children", [])]}
                         for w, h in zip(where, health, strict=True)]}

@@ -125,11 +125,15 @@ def test_one_pool_serves_every_trial_two_at_a_time(shared_campaign, ray_local):
     assert all([e["from_step"] for e in records[t.name]["starts"]] == [0] for t in first)
     engine0, learner0 = done[1][1], done[2][1]
     assert all(records[t.name]["placement"]["pool"]["workers"][0]["pid"] == engine0 for t in first)
-    # the pool is gone with the campaign
+    # the pool is gone with the campaign (its actors are named by its pool id: one pool, one id)
     import ray
 
+    from orchestrator.config.pool_key import pool_id
+    from orchestrator.trial.actors.shared import learner_name
+
+    assert {p["id"] for p in pools} == {pool_id(campaign.trials[0].trial)}
     with pytest.raises(ValueError):
-        ray.get_actor("shared-base-pool/learner")
+        ray.get_actor(learner_name(pool_id(campaign.trials[0].trial)))
     assert learner0 == done[1][3]["pool"]["learner"]["pid"]  # the engine's death left the learner's process alone
 
 

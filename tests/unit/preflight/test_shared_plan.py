@@ -180,3 +180,115 @@ def test_run_prints_the_shared_paragraph_before_launching(monkeypatch):
     assert text.startswith(f"plan: 20 trials on a shared base (5 slots): one pool of 2 GPU(s), about "
                            f"{shared.gpu_hours:.1f} GPU-hours"), text
     assert "Separate instead: 20 trials, 800 steps, about 71.0 GPU-hours" in text
+
+
+# ------------------------------------------------------------------------------- a model sweep: a pool per model
+TWO_MODELS = ["Qwen/Qwen3-4B-Instruct-2507", "Qwen/Qwen3-4B-Base"]  # the cost model's 4e9 parameters each
+
+
+def _swept(tmp_path, models: list[str], slots: int | None = 4) -> Path:
+    """sepa_lean sweeping the base model (every condition x seed on each), on a shared base of `slots`."""
+    import yaml
+
+    data = yaml.safe_load(LEAN.read_text())
+    data["storage"] = str(tmp_path / "s")
+    data["sweep"] = {"model.name": models}
+    if slots is not None:
+        data["resources"]["shared_base"] = {"slots": slots}
+    path = tmp_path / "swept.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_model_sweep_plans_one_pool_per_model_side_by_side(tmp_path):
+    """Two pools of 2 GPUs, each with sepa_lean's 20 trials on 4 slots: the same step time and makespan as the one
+    pool of sepa_lean, twice its GPUs, trials at once and GPU-hours; a cluster that holds one pool but not two
+    runs nothing."""
+    one = plan_shared(make_plan(load_campaign(LEAN), cluster=Cluster(8, 64, "test")), 4, "H100")
+    swept = with_shared_base(load_campaign(_swept(tmp_path, TWO_MODELS)), None)
+    assert len(swept.trials) == 40
+    two = plan_shared(make_plan(swept, cluster=Cluster(8, 64, "test")), 4, "H100")
+    assert (one.pools, two.pools) == (1, 2)
+    assert (two.gpus, two.at_once) == (2 * one.gpus, 2 * one.at_once) == (4, 8)
+    assert two.step_s == pytest.approx(one.step_s) and two.makespan_h == pytest.approx(one.makespan_h)
+    assert two.gpu_hours == pytest.approx(2 * one.gpu_hours)
+    assert plan_shared(make_plan(swept, cluster=Cluster(3, 64, "test")), 4, "H100").at_once == 0
+    assert plan_shared(make_plan(load_campaign(LEAN), cluster=Cluster(3, 64, "test")), 4, "H100").at_once == 4
+
+
+def test_plan_of_a_shared_model_sweep_prints_its_pools(tmp_path, capsys):
+    assert cli.main(["plan", str(_swept(tmp_path, TWO_MODELS)), "--gpus", "8"]) == 0
+    out = capsys.readouterr().out.split("shared base vs separate (LoRA):\n")[1].splitlines()
+    row = next(x for x in out if x.startswith("shared base"))
+    assert row.startswith("shared base, 4 slots a pool (chosen)") and "4 (2 pools, one per model)" in row
+    assert any("one pool per base model (2)" in x for x in out)
+
+
+def test_run_paragraph_counts_every_pool(tmp_path, monkeypatch):
+    from orchestrator.preflight.shared_plan import run_paragraph
+
+    monkeypatch.setattr("ray.cluster_resources", lambda: {"GPU": 8.0, "CPU": 64.0})
+    text = run_paragraph(load_campaign(_swept(tmp_path, TWO_MODELS)))
+    assert text.startswith("plan: 40 trials on a shared base (4 slots): 2 pools (one per base model, 4 slots each) "
+                           "of 4 GPU(s)"), text
+
+
+@pytest.fixture(scope="module")
+def two_configs(tmp_path_factory) -> dict[str, str]:
+    from tests.unit.preflight.test_shipped_campaigns_fit import PUBLISHED
+
+    out = {}
+    for name in ("Qwen/Qwen3-4B-Instruct-2507", "Qwen/Qwen2.5-3B"):
+        d = tmp_path_factory.mktemp(name.rsplit("/", 1)[-1])
+        (d / "config.json").write_text(json.dumps(PUBLISHED[name]))
+        out[name] = str(d)
+    return out
+
+
+def test_each_pools_memory_is_its_own_models(tmp_path, two_configs):
+    """Two pools, each checked on its own GPUs with its own model's base and adapter: two shared lines, each the
+    closed form of its model."""
+    campaign = load_campaign(_swept(tmp_path, list(two_configs), slots=8))
+    resolve = lambda m: two_configs[m.name]  # noqa: E731
+    lines = check_campaign_learners(campaign, resolve=resolve)
+    shared = [x for x in lines if x.strip().startswith("shared base, 8 slot(s)")]
+    assert len(shared) == 2
+    totals = set()
+    for name, path in two_configs.items():
+        cfg = next(t.trial for t in campaign.trials if t.trial.model.name == name)
+        pool = shared_learner(learner_memory(cfg, model_counts(path, cfg)), 8)
+        assert any(f"{pool.total / GIB:.1f} GiB" in x for x in shared), (name, shared)
+        totals.add(f"{pool.total / GIB:.1f}")
+    assert len(totals) == 2  # the two models' pools differ
+
+
+def test_the_pool_that_cannot_hold_its_slots_is_named(tmp_path, two_configs):
+    campaign = load_campaign(_swept(tmp_path, list(two_configs), slots=40))
+    with pytest.raises(UserError) as e:
+        check_campaign_learners(campaign, resolve=lambda m: two_configs[m.name])
+    msg = str(e.value)
+    assert "\n" not in msg and "resources.shared_base.slots: 40 slots" in msg and "in the pool of model Qwen/" in msg
+
+
+def test_the_cluster_must_hold_every_pool_at_once(tmp_path):
+    from orchestrator.preflight.cluster import Capacity, check_pools
+
+    campaign = load_campaign(_swept(tmp_path, TWO_MODELS))
+    node = {"CPU": 64.0, "GPU": 3.0, "accelerator_type:H100": 1.0}
+    with pytest.raises(UserError) as e:
+        check_pools(campaign, Capacity([node]))  # each pool's 2 GPUs fit, both pools' 4 do not
+    msg = str(e.value)
+    assert "\n" not in msg and "resources.shared_base: 2 pools" in msg and "hold 4 GPUs at once" in msg
+    check_pools(campaign, Capacity([{**node, "GPU": 4.0}]))
+    check_pools(load_campaign(LEAN), Capacity([node]))  # no shared base: nothing to check here
+
+
+def test_a_local_ray_gets_every_pools_cpus_and_a_driver_per_trial_at_once(tmp_path):
+    from orchestrator.tune.launch import campaign_cpus
+
+    campaign = load_campaign(_swept(tmp_path, TWO_MODELS))
+    # each pool: engine 4 + learner 4 CPUs; 2 pools x 4 slots of 1-CPU drivers
+    assert campaign_cpus(campaign) == 2 * 8 + 8 * 1
+    one = with_shared_base(load_campaign(LEAN), 4)
+    assert campaign_cpus(one) == 8 + 4 * 1  # as before: the pool and a driver per slot
+    assert campaign_cpus(load_campaign(LEAN)) == 9  # separate: the largest trial's

@@ -140,3 +140,17 @@ def test_seeds_added_by_a_look_run_their_rounds_under_the_budget(tmp_path):
     _drive(sched, later, 6, hours_per_step=0.5)
     rounds = [e["round"] for e in campaign_events(str(tmp_path)) if e["event"] == "round"]
     assert rounds == [1, 2, 1, 2]  # the later seeds' boundaries are recorded (and budget-checked) too
+
+
+def test_a_scheduler_pickled_with_an_int_slots_still_counts_them(tmp_path):
+    import pickle
+
+    sched = _scheduler(tmp_path, ["A_s0", "B_s0"], 4, slots=1)
+    state = dict(sched.__dict__)
+    del state["cap"]
+    state["slots"] = 1  # what an earlier version pickled
+    old = LockstepScheduler.__new__(LockstepScheduler)
+    old.__setstate__(state)
+    again = pickle.loads(pickle.dumps(old))
+    again.active = {"A_s0"}
+    assert not again.has_slot("B_s0") and again.cap.limit == 1 and not hasattr(again, "slots")
