@@ -83,6 +83,10 @@ class PoolLearner(SharedLearner):
     def health(self) -> dict:
         return process_health()
 
+    @ray.method(concurrency_group="health")
+    def stats(self) -> dict:
+        return super().stats()
+
 
 def pool_learner_actor(slots: int):
     """`PoolLearner` as a Ray actor class with an export thread per slot (a concurrency group's size is fixed when

@@ -50,7 +50,25 @@ class Pool:
     def actors(self) -> list:
         return [a for a in [*self.engines, self.learner, self.registry] if a is not None]
 
+    def usage(self, timeout: float = 10.0) -> str:
+        """One line: how busy the pool's engines and learner were over its life (the share of the engines' wall
+        spent decoding, of the learner's spent training); empty when an actor does not answer."""
+        try:
+            learner = ray.get(self.learner.stats.remote(), timeout=timeout)
+            engines = ray.get([e.stats.remote() for e in self.engines], timeout=timeout)
+        except Exception:  # noqa: BLE001 - a dead or restarting actor: no line rather than a failed stop
+            return ""
+        decoding = [e["step_s"] / max(e["up_s"], 1e-9) for e in engines]
+        return (f"shared pool {self.id}: engines decoding {', '.join(f'{d:.0%}' for d in decoding)} of their "
+                f"{max(e['up_s'] for e in engines):.0f} s (adapter loads {sum(e['adapter_s'] for e in engines):.1f} "
+                f"s, {sum(e['served_calls'] for e in engines)} rollouts, at most "
+                f"{max(e['max_in_flight'] for e in engines)} at once); learner training "
+                f"{learner['train_s'] / max(learner['up_s'], 1e-9):.0%} of its {learner['up_s']:.0f} s (exports "
+                f"{learner['export_s']:.1f} s, checkpoints {learner['checkpoint_s']:.1f} s)")
+
     def stop(self) -> None:
+        if self.learner is not None and self.engines and (line := self.usage()):
+            print(line, flush=True)
         for actor in self.actors():
             ray.kill(actor)
         remove_placement_group(self.group)

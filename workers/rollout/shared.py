@@ -90,7 +90,9 @@ class SharedRolloutWorker:
         self._slots = [_Slot(AdapterSync(self._root / f"slot{i}", s.max_lora_rank, ids)) for i in range(self.slots)]
         self._queue: deque[_Call] = deque()
         self._cond = threading.Condition()
-        self._stats = {"admissions": 0, "served_calls": 0, "max_in_flight": 0, "engine_steps": 0}
+        self._stats = {"admissions": 0, "served_calls": 0, "max_in_flight": 0, "engine_steps": 0,
+                       "step_s": 0.0, "adapter_s": 0.0}
+        self._born = time.perf_counter()
         self._running: dict[str, tuple[_Call, int]] = {}  # request id -> (its call, prompt index): in flight
         self._request_ids = itertools.count()
         self._llm = None
@@ -100,6 +102,7 @@ class SharedRolloutWorker:
         self._thread = threading.Thread(target=self._serve, name="shared-engine", daemon=True)
         self._thread.start()
         self._call(lambda: self._open(model, s))  # built on the engine thread: vLLM-CPU pins its threads there
+        self._born = time.perf_counter()  # up_s counts from the engine built
 
     def _open(self, model: str, s: RolloutWorkerSettings) -> None:
         self._llm, self.engine_kwargs, self.in_process = open_engine(
@@ -153,9 +156,10 @@ class SharedRolloutWorker:
     def stats(self) -> dict:
         """admissions: times waiting generate calls were added to the engine (calls admitted together count once);
         served_calls: generate calls answered; max_in_flight: the most generate calls in the engine at once;
-        engine_steps: engine steps (forward passes) run."""
+        engine_steps: engine steps (forward passes) run; step_s: seconds spent in them (the engine busy decoding);
+        adapter_s: seconds spent loading and dropping adapters; up_s: seconds since this object was made."""
         with self._cond:
-            return dict(self._stats)
+            return {**self._stats, "up_s": time.perf_counter() - self._born}
 
     def lora_state(self) -> dict:
         """Debug view: the adapter ids vLLM holds, and per slot its id and directories on disk."""
@@ -298,6 +302,7 @@ class SharedRolloutWorker:
     def _step(self) -> None:
         """One engine step; each call whose last request finished gets its Generation. A failed step fails every
         call in flight (the engine's state is unknown after it)."""
+        t0 = time.perf_counter()
         try:
             outs = self._llm.llm_engine.step()
         except BaseException as e:
@@ -308,6 +313,7 @@ class SharedRolloutWorker:
             return
         with self._cond:
             self._stats["engine_steps"] += 1
+            self._stats["step_s"] += time.perf_counter() - t0
         for out in outs:
             if not out.finished or out.request_id not in self._running:
                 continue
@@ -326,20 +332,27 @@ class SharedRolloutWorker:
             self._stats["served_calls"] += 1
 
     def _load(self, slot: int, update: PolicyUpdate) -> int:
-        sl = self._slots[slot]
+        sl, t0 = self._slots[slot], time.perf_counter()
         try:
             sl.sync.apply(self._llm, update)
         except BaseException as e:
             sl.broken = f"load_adapter(slot={slot}, version={update.version}) failed: {type(e).__name__}: {e}"
             sl.version = None
             raise
+        finally:
+            self._count("adapter_s", time.perf_counter() - t0)
         sl.version, sl.broken = int(update.version), None
         return sl.version
 
     def _drop(self, slot: int) -> None:
-        sl = self._slots[slot]
+        sl, t0 = self._slots[slot], time.perf_counter()
         sl.sync.drop(self._llm)
         sl.version, sl.broken = None, None
+        self._count("adapter_s", time.perf_counter() - t0)
+
+    def _count(self, key: str, seconds: float) -> None:
+        with self._cond:
+            self._stats[key] += seconds
 
 
 SharedRolloutActor = ray.remote(SharedRolloutWorker)

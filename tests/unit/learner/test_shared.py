@@ -169,6 +169,9 @@ def test_an_export_runs_beside_another_slots_step_and_changes_neither(model, twi
     checkpoint.join(120)
     assert "checkpoint" in got
     _assert_same_result(got["step"], twins[0][0][0])
+    busy = pool.stats()  # what the pool's usage line reports
+    assert busy["train_s"] > 0 and busy["export_s"] > 0 and busy["checkpoint_s"] > 0
+    assert busy["train_s"] + busy["checkpoint_s"] < busy["up_s"]
     twin = _separate(model, 1)
     twin.train_step(_batch(twin.tokenizer, 1, 0))
     assert got["export"].files == twin.export_policy(1).files

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -73,6 +74,8 @@ class SharedLearner:
         self._slots: list[_Slot | None] = [None] * slots
         self._lock = threading.Lock()
         self._slot_locks = [threading.Lock() for _ in range(slots)]
+        self._busy = {"train_s": 0.0, "export_s": 0.0, "checkpoint_s": 0.0}  # seconds inside each kind of call
+        self._born, self._count_lock = time.perf_counter(), threading.Lock()
 
     # -- slot lifecycle -------------------------------------------------------------------------------
     def open(self, slot: int, *, learner: LearnerConfig, credit: CreditConfig,
@@ -99,7 +102,7 @@ class SharedLearner:
 
     # -- the separate learner's calls, per slot ---------------------------------------------------------
     def train_step(self, slot: int, batch: LearnerBatch) -> StepResult:
-        with self._entered(slot) as learner:
+        with self._entered(slot) as learner, self._timed("train_s"):
             return learner.train_step(batch)
 
     def export_policy(self, slot: int, version: int) -> PolicyUpdate:
@@ -109,16 +112,17 @@ class SharedLearner:
             held = self._slots[slot]
             if held is None:
                 raise KeyError(f"slot {slot} is not open")
-            return held.learner.export_policy(version)
+            with self._timed("export_s"):
+                return held.learner.export_policy(version)
 
     def checkpoint_files(self, slot: int) -> dict[str, bytes]:
         """The files a separate learner writes (learner.pt): a trial may resume shared from a separate
         checkpoint and back."""
-        with self._entered(slot) as learner:
+        with self._entered(slot) as learner, self._timed("checkpoint_s"):
             return learner.checkpoint_files()
 
     def restore(self, slot: int, files, source: str = "checkpoint") -> None:
-        with self._entered(slot) as learner:
+        with self._entered(slot) as learner, self._timed("checkpoint_s"):
             learner.restore(files, source)
 
     def release_cache(self) -> None:
@@ -139,6 +143,10 @@ class SharedLearner:
         if held is None:
             raise KeyError(f"slot {slot} is not open")
         return held.rng
+
+    def stats(self) -> dict[str, float]:
+        """Seconds spent training, exporting and saving or restoring checkpoints (every slot), and since made."""
+        return {**self._busy, "up_s": time.perf_counter() - self._born}
 
     def memory(self) -> dict[str, int]:
         """Bytes: the shared base once, and per open slot its trainable weights and optimizer state."""
@@ -163,6 +171,15 @@ class SharedLearner:
             gc.unfreeze()
             gc.collect()
             imports_done()
+
+    @contextmanager
+    def _timed(self, key: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            with self._count_lock:  # exports of different slots end at once
+                self._busy[key] += time.perf_counter() - t0
 
     @contextmanager
     def _entered(self, slot: int):
