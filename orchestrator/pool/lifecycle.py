@@ -59,7 +59,7 @@ class Pool:
         except Exception:  # noqa: BLE001 - a dead or restarting actor: no line rather than a failed stop
             return ""
         decoding = [e["step_s"] / max(e["up_s"], 1e-9) for e in engines]
-        return (f"shared pool {self.id}: engines decoding {', '.join(f'{d:.0%}' for d in decoding)} of their "
+        return (f"shared pool {self.id} (since each actor last started): engines decoding {', '.join(f'{d:.0%}' for d in decoding)} of their "
                 f"{max(e['up_s'] for e in engines):.0f} s (adapter loads {sum(e['adapter_s'] for e in engines):.1f} "
                 f"s, {sum(e['served_calls'] for e in engines)} rollouts, at most "
                 f"{max(e['max_in_flight'] for e in engines)} at once); learner training "
