@@ -303,13 +303,16 @@ def test_sigkilled_campaign_resumes_with_the_same_command(ray_local, tmp_path):
 
 def _fill_campaign(tmp_path: Path, name: str, fill: dict | None) -> Path:
     """Two conditions that sample at different temperatures (so their informative groups differ), tiny reasoner
-    on the chain task, 2 steps at the smallest sizes; `fill`: every condition's rollout.fill."""
+    on the chain task, 2 steps at the smallest sizes; `fill`: every condition's rollout.fill. Both trials are
+    adapters on one shared base (one engine and one learner start, not two of each): the refill's rounds are the
+    trial's own, whatever shares the engine."""
     rollout = {"prompts_per_step": 4, "n": 4, "max_tokens": 48, **({"fill": fill} if fill else {})}
     return _write(tmp_path, name=name, wandb={"mode": "disabled"}, max_concurrent_trials=2,
                   base={"steps": 2, "model": {"name": "tiny-reasoner"}, "task": {"name": "chain"}, "rollout": rollout,
                         "eval": {"every": 0}, "checkpoint": {"every": 2, "keep": 2}},
                   conditions={"hot": {"rollout": {"temperature": 1.0}}, "cool": {"rollout": {"temperature": 0.5}}},
-                  resources={"rollout_workers": 1, "worker_cpus": 0.4, "learner_cpus": 0.4, "driver_cpus": 0.2})
+                  resources={"rollout_workers": 1, "worker_cpus": 0.4, "learner_cpus": 0.4, "driver_cpus": 0.2,
+                             "shared_base": {"slots": 2}})
 
 
 def test_refill_trains_every_condition_on_the_same_number_of_groups(ray_local, reasoner_dir, tmp_path):

@@ -1,4 +1,7 @@
-"""Learner interventions in short local trials on the real stack (one campaign, four conditions)."""
+"""Learner interventions in short local trials on the real stack (one campaign, four conditions), as LoRA adapters
+on one shared base (`resources.shared_base`): one engine and one learner start for the four trials instead of
+four of each, and the interventions are shown where a slot's learner and a multi-LoRA engine run them (the
+reference pass with the slot's adapter disabled, the probability floor among other adapters' requests)."""
 
 from __future__ import annotations
 
@@ -29,7 +32,8 @@ def runs(ray_local, tmp_path_factory) -> dict[str, list[dict]]:
             "entropy": {"interventions": {"entropy_bonus": {"coeff": 0.2}}},
             "floor": {"task": {"name": "arithmetic_mc"}, "interventions": {"probability_floor": {"min_prob": 0.24}}},
         },
-        "resources": {"rollout_workers": 1, "worker_cpus": 1, "learner_cpus": 1, "driver_cpus": 0.5},
+        "resources": {"rollout_workers": 1, "worker_cpus": 0.5, "learner_cpus": 0.5, "driver_cpus": 0.25,
+                      "shared_base": {"slots": 4}},
     }))
     campaign = load_campaign(path)
     assert run_campaign(campaign) == 0
