@@ -87,7 +87,7 @@ def learning_curves(curves: Mapping[str, Sequence[Curve]], path: Path | str, *, 
     ax.set_xlabel("step")
     ax.set_ylabel(metric)
     faint = any(len(r) < FAINT_BELOW for r in curves.values())
-    ax.set_title(title or f"{metric}: mean across seeds, {confidence:.0%} t band (from {MIN_SEEDS} seeds)"
+    ax.set_title(title or f"{metric}: mean across seeds, {confidence:.0%} t band (a group with >= {MIN_SEEDS} seeds)"
                  + ("; faint: single seeds" if faint else ""), fontsize=9)
     ax.grid(alpha=0.3)
     if ax.lines:
@@ -117,7 +117,7 @@ def auc_forest(intervals: Mapping[str, Mapping[str, tuple[float, float, float]]]
         ax.grid(axis="x", alpha=0.3)
         if rows:
             ax.set_ylim(-0.7, len(rows) - 0.3)
-    fig.suptitle(title or f"Normalized AUC per group\nmean and 95% t CI over seeds (from {MIN_SEEDS} seeds)", fontsize=10)
+    fig.suptitle(title or f"Normalized AUC per group\nmean and 95% t CI over seeds (a group with >= {MIN_SEEDS} seeds)", fontsize=10)
     return save(fig, path)
 
 
