@@ -1,8 +1,10 @@
 """The cluster path end to end: a Ray head of our own (`ray start --head`, token auth, free ports, a temp dir),
 `python -m orchestrator submit` runs a campaign as a Ray job (its one trial trains the countdown example, a task
 plugin that reaches the job's processes through plugins.paths), a second submit while it runs starts nothing, the
-job is stopped mid-run, a re-submit resumes it, and the trial ends with each step exactly once. (One trial: the
-campaign driver resumes each trial the same way, and test_campaign.py resumes a killed campaign of two.)
+job is stopped mid-run, a re-submit resumes it, and the trial ends with each step exactly once. The campaign runs on
+a shared base (`resources.shared_base`): the stop takes its pool down and the re-submitted campaign starts a new
+pool, on which the trial resumes. (One trial: the campaign driver resumes each trial the same way, and
+test_campaign.py resumes a killed campaign of two separate trials.)
 
 Only the processes this test started are stopped (never a machine-wide `ray stop`: other Ray clusters may be
 running on the same machine).
@@ -164,6 +166,7 @@ def test_job_stop_and_resubmit_resumes_every_trial_exactly_once(ray_head, monkey
         time.sleep(0.5)
     assert client.get_job_status(sid) == JobStatus.STOPPED
     done_at_stop = {t: len(_jsonl(trials / t / "metrics.jsonl")) for t in TRIALS}
+    pools_at_stop = {t: json.loads((trials / t / "placement.json").read_text())["pool"] for t in TRIALS}
     assert min(done_at_stop.values()) < STEPS, "the job finished before the stop; the test needs slower steps"
 
     second = _submit(env, address, repo)
@@ -187,5 +190,13 @@ def test_job_stop_and_resubmit_resumes_every_trial_exactly_once(ray_head, monkey
         assert starts[0] == 0 and all(s <= done_at_stop[t] for s in starts), (t, starts, done_at_stop)
         resumed += any(s > 0 for s in starts[1:])
     assert resumed >= 1, "no trial resumed from a checkpoint after the stop"
+    # the campaign runs on a shared base (job_roundtrip.yaml): the stop took its pool down, the re-submitted
+    # campaign started a new one (the same pool id, new actors and processes) and the trial resumed on it
+    for t in TRIALS:
+        placement = json.loads((trials / t / "placement.json").read_text())
+        old, new = pools_at_stop[t], placement["pool"]
+        assert placement["placement"] == "shared" and new["id"] == old["id"]
+        assert new["learner"]["actor_id"] != old["learner"]["actor_id"] and new["learner"]["pid"] != old["learner"]["pid"]
+        assert new["workers"][0]["actor_id"] != old["workers"][0]["actor_id"]
     with gzip.open(trials / "countdown_s0" / "samples" / "step_0.jsonl.gz", "rt") as f:  # the plugin's own problems
         assert all(json.loads(r)["prompt"].startswith("Using the numbers") for r in f)
