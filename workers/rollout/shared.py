@@ -1,6 +1,6 @@
 """The pool's rollout engine: ONE vLLM engine serving many trials' LoRA adapters, one adapter per slot
 (`resources.shared_base`, issue 48). Same sampling as the trial's own worker (worker.py, sampling.py); what
-differs is that calls from several trial drivers arrive at once and are batched into one engine call.
+differs is that calls from several trial drivers arrive at once and share the running batch (continuous batching, below).
 
 - Slots: slot s holds at most one adapter, loaded by `load_policy(s, update)` under a fresh LoRA int id (ids are
   never reused: vLLM serves a cached old adapter for a reused id); its previous adapter is then evicted and its
