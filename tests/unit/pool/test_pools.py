@@ -26,6 +26,7 @@ from orchestrator.tune.lockstep import LockstepScheduler
 from orchestrator.tune.pool_fifo import PoolFifo
 from orchestrator.tune.scheduling import concurrency_limit, scheduling, slot_cap
 from orchestrator.tune.slot_cap import SlotCap
+from tests.unit.tune.fake_steps import report_step
 
 MODELS = ["Qwen/Qwen2.5-0.5B", "Qwen/Qwen3-4B-Instruct-2507"]
 
@@ -159,12 +160,8 @@ def _simulate(campaign: Campaign, plan, steps: int, rng: random.Random) -> list[
             continue
         t = rng.choice(running)
         result = {"step": t.step, "time_this_iter_s": 1.0}
-        t.last_result = result
-        decision = sched.on_trial_result(ctl, t, result)
-        t.step += 1
-        if t.step == steps:
-            t.status = Trial.TERMINATED
-            sched.on_trial_complete(ctl, t, result)
+        decision = report_step(sched, ctl, t, result, steps)
+        if t.status == Trial.TERMINATED:
             search.on_trial_complete(t.trial_id, result)
         elif decision == TrialScheduler.PAUSE:
             t.status = Trial.PAUSED

@@ -14,6 +14,7 @@ from ray.tune.schedulers import TrialScheduler
 from orchestrator.campaign.sections import BudgetConfig
 from orchestrator.storage import campaign_events
 from orchestrator.tune.lockstep import LockstepScheduler
+from tests.unit.tune.fake_steps import report_step
 
 
 class Controller:
@@ -40,12 +41,8 @@ def _drive(sched: LockstepScheduler, names: list[str], steps: int, hours_per_ste
         while True:
             ran.append((t.config["trial"], t.step))
             result = {"step": t.step, "time_this_iter_s": hours_per_step * 3600}
-            t.last_result = result
-            decision = sched.on_trial_result(ctl, t, result)
-            t.step += 1
-            if t.step == steps:
-                t.status = Trial.TERMINATED
-                sched.on_trial_complete(ctl, t, result)
+            decision = report_step(sched, ctl, t, result, steps)
+            if t.status == Trial.TERMINATED:
                 break
             if decision == TrialScheduler.PAUSE:
                 t.status = Trial.PAUSED
