@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 EXTRA := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo gpu; else echo cpu; fi)
 STAMP := $(VENV)/.installed-$(EXTRA)
 
-.PHONY: setup test test-slurm unit integration bench trial demo lint clean
+.PHONY: setup test test-slurm unit integration bench trial demo lint docs docs-serve clean
 
 setup: $(STAMP)
 
@@ -77,6 +77,15 @@ demo: setup
 
 lint: setup
 	$(BIN)/ruff check orchestrator workers tests benchmarks
+
+# The docs site (mkdocs.yml): built strict (a broken link or reference fails) into site/; the reference pages
+# (settings, commands, credit plugins) are generated from the code by docs/hooks/reference.py at every build.
+# tests/unit/docs runs the same strict build and checks every YAML example and command of README.md and docs/.
+docs: setup
+	$(BIN)/mkdocs build --strict
+
+docs-serve: setup
+	$(BIN)/mkdocs serve
 
 clean:
 	rm -rf $(VENV)
