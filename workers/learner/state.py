@@ -13,7 +13,6 @@ that counts (others return None / their own shard files).
 from __future__ import annotations
 
 import copy
-import random
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from workers.checkpoint.blob import CorruptCheckpoint, dump_blob, load_blob
+from workers.learner.rng import capture_streams, install_streams
 from workers.sync.policy import PolicyUpdate
 
 if TYPE_CHECKING:
@@ -100,8 +100,7 @@ class LearnerStateIO:
         self.full, self.sharded, self.ranks = layout.full, layout.sharded, layout.ranks
 
     def _counters(self) -> dict:
-        return {"scheduler": self.scheduler.state_dict(), "torch_rng": torch.random.get_rng_state(),
-                "python_rng": random.getstate(), "steps_done": self.progress.steps_done,
+        return {"scheduler": self.scheduler.state_dict(), **capture_streams(), "steps_done": self.progress.steps_done,
                 "optimizer_steps": self.progress.optimizer_steps}
 
     def checkpoint_files(self) -> dict[str, bytes]:
@@ -176,8 +175,7 @@ class LearnerStateIO:
 
     def _load_counters(self, state: dict) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
-        torch.random.set_rng_state(state["torch_rng"])
-        random.setstate(state["python_rng"])
+        install_streams(state)
         self.progress.steps_done = state.get("steps_done", 0)
         self.progress.optimizer_steps = state.get("optimizer_steps", 0)
 
