@@ -34,6 +34,15 @@ EPS32 = float(torch.finfo(torch.float32).eps)  # 1.19e-7: the spacing of float32
 NETWORK_ULPS = 1024.0  # ~35x the largest first-step gradient difference measured over three CPU kernel paths
 
 
+# The magnitude of the test models' logits: a log-prob computed by two implementations (vLLM's CPU kernels, the
+# learner's torch forward) differs by rounding of that size (measured: max |logit| 13 for the tiny reasoner on random
+# input, 0.8 for the arithmetic model; the observed vLLM-vs-learner gap ~5e-6 on AVX-512).
+LOGIT_SCALE = 16.0
+# Bound on |vLLM log-prob - learner log-prob| of the same token under the same fp32 weights: ~2e-3, while a wrong
+# adapter, a wrong temperature or the unscaled log-prob mode are off by 0.1-10 nats.
+LOGPROB_GAP = NETWORK_ULPS * EPS32 * LOGIT_SCALE
+
+
 def sum_tolerance(magnitude: float, terms: int, ulps: float = 2.0) -> float:
     """Bound on |a - b| for two float32 evaluations of a sum of `terms` numbers whose magnitudes add up to
     `magnitude`: Higham's 2 (n - 1) u sum|x_i| with u = eps / 2, times `ulps` / 2 for the rounding of the inputs

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from tests.integration.rollout.adapters import make_adapter, max_lp_err
+from tests.tolerance import LOGPROB_GAP
 from workers.rollout.worker import SamplingRequest, shard
 
 T = 0.7
-TOL = 1e-5
+TOL = LOGPROB_GAP  # vLLM's kernels against torch's forward: tests/tolerance.py
 PROMPTS = ["what is 1 + 2 ?", "what is 3 * 4 ?", "let me think", "the answer is"]
 
 
