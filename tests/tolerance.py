@@ -15,7 +15,7 @@ Each helper states what stands in for the terms' magnitudes:
   `ATEN_CPU_CAPABILITY=default` with `MKL_CBWR=COMPATIBLE`): the two-rank learner group's first-update gradients
   differ from one rank's by at most 29 eps x the tensor's largest element, its metrics by at most 31 eps x their
   own size. `NETWORK_ULPS` keeps a margin of ~35x; the errors these comparisons exist to catch (a gradient
-  averaged instead of summed over ranks, a micro-batch dropped) exceed it by more than 100x
+  averaged instead of summed over ranks, a micro-batch dropped) exceed it ~4,000x
   (tests/integration/learner/test_learner_group_math.py injects them; tests/unit/test_tolerance.py on a
   synthetic gradient).
 
@@ -82,3 +82,22 @@ def close_to_scale(actual: float, expected: float, scale: float, ulps: float = N
     if math.isnan(expected):
         return math.isnan(actual)
     return abs(actual - expected) <= ulps * EPS32 * max(abs(scale), abs(expected))
+
+
+def adam_tolerance(updates: list[torch.Tensor], others: list[torch.Tensor], lr: float, eps: float) -> torch.Tensor:
+    """Per-element bound on |w_a - w_b| after Adam(W) took `len(updates)` steps from equal weights on both sides,
+    with gradients (`updates` on one side, `others` on the other, step by step) that agree only to rounding
+    (`scale_tolerance`).
+
+    Adam's step lr * m / (sqrt(v) + eps) turns a gradient error d into a step error of at most
+    lr * eps * d / (|g| + eps)^2 (the first step's; later steps average over earlier gradients, which only damps it).
+    That is <= 1% of lr wherever |g| >= 10 sqrt(eps * d); an element whose gradient is smaller than that on either
+    side at some step, and not exactly zero on both (no step at all: a LoRA A matrix while B is still zero), is
+    rounding-sized there, and Adam may move it anywhere within its +-lr steps on either side: 2 lr a step.
+    """
+    steps = len(updates)
+    sensitive = torch.zeros_like(updates[0], dtype=torch.bool)
+    for g, h in zip(updates, others, strict=True):
+        small = 10.0 * math.sqrt(eps * max(scale_tolerance(g), scale_tolerance(h)))
+        sensitive |= ((g.abs() < small) | (h.abs() < small)) & ~((g == 0) & (h == 0))
+    return torch.where(sensitive, 2.0 * lr * steps, 1e-2 * lr * steps)

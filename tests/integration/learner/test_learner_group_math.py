@@ -16,7 +16,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from orchestrator.config.trial import TrialConfig
 from tests.integration.learner.test_learner_interventions import COMPLETIONS, PROMPTS, _encode
-from tests.tolerance import assert_close_to_scale, close_to_scale, scale_tolerance
+from tests.tolerance import adam_tolerance, assert_close_to_scale, close_to_scale, scale_tolerance
 from workers.checkpoint.blob import CorruptCheckpoint, dump_blob, load_blob
 from workers.learner.inputs import LearnerBatch, RunSettings
 from workers.learner.learner import Learner
@@ -108,25 +108,30 @@ def _trained(learner: Learner) -> list[tuple[str, torch.nn.Parameter]]:
 
 
 def _outcome(learner: Learner) -> dict:
-    """Metrics, every trained weight after one step and its gradient (gathered from the shards) at its optimizer's
-    first update. Only the first update's gradient is a pure sum over the same weights on both sides: from the
-    second PPO mini-batch on, each side's gradient is taken at weights that already differ by rounding (see
-    _assert_same), which the weights' comparison covers."""
+    """Metrics, every trained weight after one step, and each weight's gradient (gathered from the shards) at
+    every optimizer update with that update's Adam lr and eps. Only the first update's gradient is a pure sum
+    over the same weights on both sides: from the second PPO mini-batch on, each side's gradient is taken at
+    weights that already differ by rounding; those gradients only tell which weights Adam may move by rounding
+    (tests/tolerance.py:adam_tolerance)."""
     named = _trained(learner)
-    first: dict[str, torch.Tensor] = {}
+    updates: dict[str, list[torch.Tensor]] = {}
+    adam: dict[str, tuple[float, float]] = {}
 
     def snapshot(optimizer, args, kwargs) -> None:  # every rank calls it at the same update: the gather is collective
-        params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        groups = {id(p): group for group in optimizer.param_groups for p in group["params"]}
         for n, p in named:
-            if id(p) in params and n not in first and p.grad is not None:
-                first[n] = _full(p.grad)
+            if id(p) in groups and p.grad is not None:
+                updates.setdefault(n, []).append(_full(p.grad))
+                lr, eps = groups[id(p)]["lr"], groups[id(p)]["eps"]
+                adam[n] = (max(lr, adam.get(n, (0.0, 0.0))[0]), eps)
 
     hook = register_optimizer_step_pre_hook(snapshot)
     try:
         out = learner.train_step(_batch(learner.tokenizer))
     finally:
         hook.remove()
-    return {"metrics": out.metrics, "weights": {n: _full(p) for n, p in named}, "grads": first}
+    return {"metrics": out.metrics, "weights": {n: _full(p) for n, p in named},
+            "grads": {n: g[0] for n, g in updates.items()}, "updates": updates, "adam": adam}
 
 
 def _rank(rank: int, world: int, init: str, model_dir: str, out_file: str, one_rank_file: str) -> None:
@@ -285,12 +290,17 @@ def _assert_same(one: dict, two: dict, variant: str) -> None:
     assert len(one["grads"]) > 0
     for n, g in one["grads"].items():
         assert_close_to_scale(two["grads"][n], g, what=f"grad {n}")
-    # AdamW divides by sqrt(v): a gradient that is zero up to float rounding still moves its weight by up to lr,
-    # so the weights are compared to 1% of the largest step, the gradients above to float rounding
-    lr = dict(VARIANTS)[variant]["learner"]["optim"]["lr"]
+    # AdamW divides by sqrt(v): a gradient that is zero up to float rounding still moves its weight by up to lr;
+    # the weights are compared to what Adam makes of the gradients' rounding, element by element
     for n, w in one["weights"].items():
-        torch.testing.assert_close(two["weights"][n], w, rtol=1e-5, atol=1e-2 * lr,
-                                   msg=lambda m, n=n: f"weight {n}: {m}")
+        if n not in one["updates"]:  # never updated: untouched on both sides
+            torch.testing.assert_close(two["weights"][n], w, rtol=0, atol=0, msg=lambda m, n=n: f"weight {n}: {m}")
+            continue
+        lr, eps = one["adam"][n]
+        bound = adam_tolerance(one["updates"][n], two["updates"][n], lr, eps)
+        over = (two["weights"][n] - w).abs() > bound
+        assert not over.any(), (f"weight {n}: {int(over.sum())} of {w.numel()} elements beyond Adam's rounding "
+                                f"bound (largest excess {float(((two['weights'][n] - w).abs() - bound).max()):.3g})")
     assert any(float(g.abs().sum()) > 0 for n, g in one["grads"].items() if n.startswith("policy.")), \
         "the step trained no policy weight: equal weights would prove nothing"
     tokens = one["metrics"]["train/tokens"]
