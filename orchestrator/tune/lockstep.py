@@ -51,8 +51,9 @@ class GpuCharge:
 
 class LockstepScheduler(FIFOScheduler):
     """steps: trial name -> its number of steps; gpus: trial name -> GPUs its placement group holds, or the whole
-    `GpuCharge` (a shared campaign's pools); budget: the campaign's BudgetConfig or None; directory: the campaign directory (events.jsonl); slots: trials running
-    at once, in all (an int) or also per shared pool (a SlotCap: orchestrator/tune/slot_cap.py)."""
+    `GpuCharge` (a shared campaign's pools); budget: the campaign's BudgetConfig or None; directory: the campaign
+    directory (events.jsonl); slots: trials running at once, in all (an int) or also per shared pool (a SlotCap:
+    orchestrator/tune/slot_cap.py)."""
 
     def __init__(self, round_steps: int, steps: dict[str, int], gpus: dict[str, float] | GpuCharge, directory: str,
                  budget=None, slots: int | SlotCap | None = None, expected: list[str] | None = None):

@@ -69,7 +69,7 @@ def pools_campaign(ray_local, tmp_path_factory):
         injector.join(timeout=10)
     assert not errors and len(killed) == 1, errors
     assert failed == 1  # the killed trial: no retry left
-    return campaign, tmp, killed[0][0]
+    return campaign, tmp, killed[0]
 
 
 def _record(campaign, name: str) -> dict:
@@ -81,7 +81,7 @@ def _record(campaign, name: str) -> dict:
 
 
 def test_one_pool_per_model_each_serving_its_trials_one_at_a_time(pools_campaign):
-    campaign, _, killed = pools_campaign
+    campaign, _, (killed, killed_at) = pools_campaign
     by_model: dict[int, list] = {}
     for t in campaign.trials:
         by_model.setdefault(t.trial.model.tiny_seed, []).append(t)
@@ -89,6 +89,7 @@ def test_one_pool_per_model_each_serving_its_trials_one_at_a_time(pools_campaign
     records = {t.name: _record(campaign, t.name) for t in campaign.trials}
     assert all([r["step"] for r in rec["rows"]] == list(range(STEPS)) for n, rec in records.items() if n != killed)
     assert [r["step"] for r in records[killed]["rows"]] == [0]
+    records[killed]["span"] = (records[killed]["span"][0], killed_at)  # it ran until the kill
     ids = {}
     for seed, trials in by_model.items():
         pools = [records[t.name]["placement"]["pool"] for t in trials]
@@ -109,7 +110,7 @@ def test_one_pool_per_model_each_serving_its_trials_one_at_a_time(pools_campaign
 
 
 def test_a_killed_drivers_slot_comes_back_at_once_and_the_queued_trial_finishes(pools_campaign):
-    campaign, _, killed = pools_campaign
+    campaign, _, (killed, _) = pools_campaign
     queued = next(t.name for t in campaign.trials if t.trial.model.tiny_seed == KILLED_MODEL and t.name != killed)
     slot = {n: [e for e in _jsonl(_trial_dir(campaign, n) / "events.jsonl") if e["event"] == "slot"]
             for n in (killed, queued)}
@@ -126,7 +127,7 @@ def test_a_killed_drivers_slot_comes_back_at_once_and_the_queued_trial_finishes(
 
 
 def test_each_pool_serves_its_own_model_as_a_separate_trial_would(pools_campaign):
-    campaign, tmp, killed = pools_campaign
+    campaign, tmp, _ = pools_campaign
     from orchestrator.config.trial import TrialConfig
 
     rows = {t.name: _record(campaign, t.name)["rows"] for t in campaign.trials}
