@@ -34,7 +34,7 @@ from orchestrator.campaign.schema import Campaign
 from orchestrator.config.errors import UserError
 from orchestrator.config.pool_key import pool_gpus, pool_id, shared_gpu_hours, shared_gpus
 from orchestrator.preflight.cost_model import EFFICIENCY, device_kind, overhead_seconds, step_seconds
-from orchestrator.preflight.plan import Cluster, fmt_hours, make_plan, makespan, paragraph
+from orchestrator.preflight.plan import Cluster, budget_line, fmt_hours, make_plan, makespan, paragraph
 
 GENERATE_BATCHED = 0.20  # effective share of the dense peak a large multi-trial decode batch reaches (assumed)
 TRIAL_START_S = 10.0  # a shared trial's own start-up: its driver process and a slot open, no engine, no model load
@@ -234,7 +234,12 @@ def shared_section(campaign: Campaign, plan, slots: int, kind: str, chosen: bool
         return compare_rows(plan, None, str(e).split(": ", 1)[-1])
     kv = {pid: n for pid, group in plan_pools(plan).items() if pool_gpus(cfg := group[0].trial.trial)
           and (n := pool_kv_tokens(cfg, slots, resolve)) is not None}
-    return compare_rows(plan, plan_shared(plan, slots, kind, kv), None, chosen, kv)
+    shared = plan_shared(plan, slots, kind, kv)
+    budget = campaign.config.budget
+    charged = [budget_line(budget.gpu_hours, shared.gpu_hours, f": {shared.gpu_hours:.1f} on the shared base, its "
+                           "pools' GPUs x makespan, as the lockstep budget charges them")] \
+        if chosen and budget is not None and budget.gpu_hours is not None else []
+    return compare_rows(plan, shared, None, chosen, kv) + charged
 
 
 def run_paragraph(campaign: Campaign) -> str:

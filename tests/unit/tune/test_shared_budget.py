@@ -6,6 +6,7 @@ two-slot pool, round after round."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -66,3 +67,33 @@ def test_a_shared_lockstep_campaign_is_charged_what_plan_charges(tmp_path, monke
     rounds = [e for e in campaign_events(str(tmp_path)) if e["event"] == "round"]
     assert rounds and all(e["gpu_hours"] == pytest.approx(
         dataclasses.replace(plan, makespan_h=(e["time"] - start) / 3600).gpu_hours) for e in rounds)
+
+
+def test_plan_judges_a_shared_campaigns_budget_by_the_shared_gpu_hours(tmp_path, capsys):
+    """`plan` of a shared lockstep campaign: the budget line weighs the budget against the shared side's GPU-hours
+    (what the run charges), not the separate trials' table above it."""
+    import yaml
+
+    from orchestrator import cli
+    from orchestrator.campaign.expand import load_campaign
+
+    lean = Path(__file__).resolve().parents[3] / "campaigns/sepa_lean.yaml"
+    data = yaml.safe_load(lean.read_text())
+    data.update(storage=str(tmp_path / "s"), schedule={"mode": "lockstep", "round_steps": 10})
+    data["resources"]["shared_base"] = {"slots": 5}
+    campaign = load_campaign(_dump(tmp_path, data))
+    separate = make_plan(with_shared_base(campaign, None), cluster=Cluster(8, 64, "test"))
+    shared = plan_shared(separate, 5, "H100")
+    assert shared.gpu_hours < separate.gpu_hours
+    data["budget"] = {"gpu_hours": round((shared.gpu_hours + separate.gpu_hours) / 2, 1)}
+    assert cli.main(["plan", str(_dump(tmp_path, data)), "--gpus", "8", "--cpus", "64"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("budget:")]
+    assert len(lines) == 1 and "(covers the plan: " in lines[0] and "on the shared base" in lines[0], lines
+
+
+def _dump(tmp_path, data: dict) -> Path:
+    import yaml
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
