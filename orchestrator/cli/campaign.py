@@ -37,7 +37,7 @@ def plan(args: argparse.Namespace) -> int:
     shares = campaign.trials[0].trial.resources.shared_base is not None
     separate = with_shared_base(campaign, None) if shares else campaign  # the table: each trial on its own GPUs
     plan = make_plan(separate, request)
-    print(render(plan))
+    print(render(plan, shared=shares))  # a shared campaign's budget is judged against the shared side's GPU-hours
     if args.compare_placement:
         from orchestrator.preflight.plan import compare_lines, other_placement
 

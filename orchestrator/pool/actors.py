@@ -1,6 +1,8 @@
 """The pool's Ray actors: the shared learner (workers/learner/pool/shared.py:SharedLearner, every slot's adapter on one
 copy of the base) and the shared rollout engines (workers/rollout/shared.py:SharedRolloutWorker, one vLLM engine
-serving every slot's adapter), each told where it runs (placement.json of every shared trial records them)."""
+serving every slot's adapter), each told where it runs (placement.json of every shared trial records them). Every
+call of a slot names it by the holder's lease (workers/fence.py): a bare slot index is refused, and a lease older
+than the one the slot was opened under is refused with one line naming the slot, both epochs and the trial."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import ray
 from orchestrator.config.trial import ModelConfig
 from orchestrator.trial.actors.models import resolve_model
 from orchestrator.trial.actors.start import engine_dtype, where_am_i
+from workers.fence import SlotLease
 from workers.learner.pool.shared import SharedLearner
 from workers.models.gpu_runtime import check_gpu_runtime
 from workers.rollout.shared import SharedRolloutWorker
@@ -43,13 +46,23 @@ class PoolEngine(SharedRolloutWorker):
             _exit_soon()
         return answer
 
-    def generate(self, slot: int, prompt_ids: list[list[int]], request):
+    def _check(self, slot: SlotLease) -> int:
+        return super()._check(_leased(slot))
+
+    def generate(self, slot: SlotLease, prompt_ids: list[list[int]], request):
         try:
             return super().generate(slot, prompt_ids, request)
         except Exception as e:
             if type(e).__name__ == "EngineDeadError":  # vLLM's engine core died under this call
                 _exit_soon()
             raise
+
+
+def _leased(slot) -> SlotLease:
+    """A pool call's slot: a lease, never a bare index (which no fence could check)."""
+    if not isinstance(slot, SlotLease):
+        raise TypeError(f"a shared pool's call names its slot by the holder's SlotLease, got {slot!r}")
+    return slot
 
 
 def _exit_soon(after_s: float = 1.0) -> None:
@@ -75,8 +88,11 @@ class PoolLearner(SharedLearner):
     def ready(self) -> bool:
         return True
 
+    def _index(self, slot: SlotLease) -> int:
+        return super()._index(_leased(slot))
+
     @ray.method(concurrency_group="export")
-    def export_policy(self, slot: int, version: int):
+    def export_policy(self, slot: SlotLease, version: int):
         return super().export_policy(slot, version)
 
     @ray.method(concurrency_group="health")

@@ -1,7 +1,7 @@
 """The pools' life: started by the campaign before the Tuner, one per base model (orchestrator/config/pool_key.py:
 a campaign that sweeps models gets one per model), each in a placement group of its own that reserves the learner's
 and the engines' bundles once (the bundles a separate trial of the campaign would take, less its driver's), its
-actors named by its pool id in the campaign's Ray namespace (orchestrator/trial/actors/shared.py), waited on until
+actors named by its pool id in the campaign's Ray namespace (orchestrator/config/pool_key.py), waited on until
 every model is built, and stopped (actors killed, group removed) when the campaign ends or fails. The pools start
 side by side (each placed and its actors started in turn, then all waited on together); one that fails to start
 stops them all. A re-submitted campaign starts new pools; its trials resume from their own checkpoints.
@@ -25,9 +25,8 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.config.placement import bundles, engines
-from orchestrator.config.pool_key import pool_groups
+from orchestrator.config.pool_key import POOL, engine_name, learner_name, pool_groups, slots_name
 from orchestrator.config.trial import TrialConfig
-from orchestrator.trial.actors.shared import POOL, engine_name, learner_name, slots_name
 from orchestrator.trial.actors.start import rollout_settings
 from workers.sync.scratch import scratch_root
 

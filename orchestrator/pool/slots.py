@@ -1,61 +1,67 @@
-"""Which trial holds which slot of the pool. A trial acquires a slot by its name: a retried trial that still holds
-one gets it back; otherwise the lowest free slot, or one whose holder's driver died without releasing it (a
-SIGKILLed trial driver runs no cleanup). The trial opens whatever slot it gets fresh before use
-(orchestrator/trial/actors/shared.py:connect), so a reused slot never carries its last holder's state."""
+"""Which trial holds which slot of the pool, and under which epoch. A trial acquires a slot by its name (a retried
+trial that still holds one gets it back; otherwise the lowest free slot) and gets a lease (workers/fence.py): the
+slot and its epoch, a count of the slot's acquires, bumped on every one, so each attempt of each holder has an epoch
+of its own and the pool's engine and learner refuse a late call from an earlier one. The trial opens whatever slot
+it gets fresh before use (orchestrator/trial/actors/shared.py:connect), so a reused slot never carries its last
+holder's state.
+
+A slot comes back when it is released: by the campaign driver, which sees every trial end, pause and error in Tune
+whatever happened to the trial's process (orchestrator/tune/slot_owner.py; a SIGKILLed trial driver runs no
+cleanup), and by the trial itself when it ends (its lease: a late release of an earlier attempt frees nothing). No
+liveness probe: Ray's state API, which could tell a dead holder, needs the dashboard that the project's local Rays
+run without (orchestrator/tune/launch.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 
 import ray
 
+from workers.fence import SlotLease
+
+
+@dataclass(frozen=True)
+class Holder:
+    trial: str
+    epoch: int
+    driver: str | None  # the holder's Ray actor id: for the records only
+
 
 class SlotTable:
-    """`alive(driver_id)`: whether the driver that acquired a slot still runs."""
+    def __init__(self, slots: int):
+        self.holders: list[Holder | None] = [None] * slots
+        self.epochs = [0] * slots
 
-    def __init__(self, slots: int, alive: Callable[[str | None], bool]):
-        self.holders: list[tuple[str, str | None] | None] = [None] * slots
-        self.alive = alive
-
-    def try_acquire(self, trial: str, driver: str | None = None) -> int | None:
-        """The trial's slot, or None when every slot is held by a running trial."""
-        for i, h in enumerate(self.holders):
-            if h is not None and h[0] == trial:
-                self.holders[i] = (trial, driver)
-                return i
-        free = [i for i, h in enumerate(self.holders) if h is None]
-        if not free:
-            free = [i for i, h in enumerate(self.holders) if not self.alive(h[1])]
+    def try_acquire(self, trial: str, driver: str | None = None) -> SlotLease | None:
+        """The trial's lease on its slot (a new epoch), or None when every slot is held by another trial."""
+        mine = [i for i, h in enumerate(self.holders) if h is not None and h.trial == trial]
+        free = mine or [i for i, h in enumerate(self.holders) if h is None]
         if not free:
             return None
-        self.holders[free[0]] = (trial, driver)
-        return free[0]
+        slot = free[0]
+        self.epochs[slot] += 1
+        self.holders[slot] = Holder(trial, self.epochs[slot], driver)
+        return SlotLease(slot, self.epochs[slot], trial)
 
-    def acquire(self, trial: str, driver: str | None = None) -> int:
-        slot = self.try_acquire(trial, driver)
-        if slot is None:
-            held = ", ".join(h[0] for h in self.holders if h)
+    def acquire(self, trial: str, driver: str | None = None) -> SlotLease:
+        lease = self.try_acquire(trial, driver)
+        if lease is None:
+            held = ", ".join(h.trial for h in self.holders if h)
             raise RuntimeError(f"no free slot for trial {trial}: all {len(self.holders)} held by running trials "
                                f"({held}); Tune runs at most `slots` trials of a pool at once")
-        return slot
+        return lease
 
-    def release(self, trial: str) -> None:
-        self.holders = [None if h is not None and h[0] == trial else h for h in self.holders]
+    def release(self, trial: str, epoch: int | None = None) -> int | None:
+        """Free the slot `trial` holds (only under `epoch` when given: a trial's own release, which must not free
+        a later attempt's slot); returns the slot freed, or None."""
+        for i, h in enumerate(self.holders):
+            if h is not None and h.trial == trial and (epoch is None or h.epoch == epoch):
+                self.holders[i] = None
+                return i
+        return None
 
     def held(self) -> dict[str, int]:
-        return {h[0]: i for i, h in enumerate(self.holders) if h is not None}
-
-
-def _driver_alive(actor_id: str | None) -> bool:
-    if actor_id is None:
-        return True
-    from ray.util.state import get_actor
-
-    try:
-        state = get_actor(actor_id)
-    except Exception:  # noqa: BLE001 - the state API unavailable: assume alive (never steal a running slot)
-        return True
-    return state is not None and state.state != "DEAD"
+        return {h.trial: i for i, h in enumerate(self.holders) if h is not None}
 
 
 @ray.remote(num_cpus=0)
@@ -63,16 +69,16 @@ class SlotRegistry:
     """The pool's slot table as a small actor; `engines`: how many engine actors the pool runs."""
 
     def __init__(self, slots: int, engines: int):
-        self.table, self.count = SlotTable(slots, _driver_alive), engines
+        self.table, self.count = SlotTable(slots), engines
 
-    def acquire(self, trial: str, driver: str | None = None) -> int:
+    def acquire(self, trial: str, driver: str | None = None) -> SlotLease:
         return self.table.acquire(trial, driver)
 
-    def try_acquire(self, trial: str, driver: str | None = None) -> int | None:
+    def try_acquire(self, trial: str, driver: str | None = None) -> SlotLease | None:
         return self.table.try_acquire(trial, driver)
 
-    def release(self, trial: str) -> None:
-        self.table.release(trial)
+    def release(self, trial: str, epoch: int | None = None) -> int | None:
+        return self.table.release(trial, epoch)
 
     def held(self) -> dict[str, int]:
         return self.table.held()

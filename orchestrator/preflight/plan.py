@@ -281,7 +281,9 @@ def _size(c: Cluster) -> str:
     return f"{c.gpus:g} GPUs, " + (f"{c.cpus:g} CPUs" if math.isfinite(c.cpus) else "CPUs not counted")
 
 
-def render(plan: Plan) -> str:
+def render(plan: Plan, shared: bool = False) -> str:
+    """`plan`'s table; `shared`: the campaign runs on a shared base, whose own lines judge its GPU-hour budget
+    (orchestrator/preflight/shared_plan.py:budget_line), not these separate trials'."""
     cfg = plan.campaign.config
     rows = [("trial", "steps", "gens/step", "gen tokens/step", "train tokens/step", "step time", "source",
              "GPUs", "GPU-hours")]
@@ -316,9 +318,8 @@ def render(plan: Plan) -> str:
         lines.append("  no trial fits this cluster: give the cluster's size with --gpus N --cpus N")
     if cfg.budget is not None:
         b = cfg.budget
-        if b.gpu_hours is not None:
-            fits = "covers the plan" if b.gpu_hours >= plan.gpu_hours else "ends the campaign early, at a round boundary"
-            lines.append(f"budget: {b.gpu_hours:g} GPU-hours ({fits})")
+        if b.gpu_hours is not None and not shared:
+            lines.append(budget_line(b.gpu_hours, plan.gpu_hours))
         if b.deadline is not None:
             lines.append(f"budget: deadline {b.deadline:%Y-%m-%d %H:%M %Z}")
     return "\n".join(lines + plan.power)
@@ -332,6 +333,12 @@ def _outside_line(plan: Plan) -> str:
            "modelled start-up, checkpoints, full-weight syncs and colocated sleep / wake (assumed rates, "
            "orchestrator/preflight/cost_model.py:overhead_seconds)" if src == ["modelled"] else ", ".join(src))
     return f"time outside the steps: {statistics.median(per) / 60:.1f} min a trial (median), from {how}"
+
+
+def budget_line(budget: float, planned: float, what: str = "") -> str:
+    """Whether a lockstep GPU-hour budget covers `planned` (`what`: the side it is the plan of)."""
+    fits = "covers the plan" if budget >= planned else "ends the campaign early, at a round boundary"
+    return f"budget: {budget:g} GPU-hours ({fits}{what})"
 
 
 def paragraph(plan: Plan) -> str:

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 from orchestrator.campaign.schema import Campaign
 from orchestrator.config.errors import UserError
-from orchestrator.config.pool_key import pool_id
+from orchestrator.config.pool_key import pool_gpus, pool_id, shared_gpu_hours, shared_gpus
 from orchestrator.preflight.cost_model import EFFICIENCY, device_kind, overhead_seconds, step_seconds
-from orchestrator.preflight.plan import Cluster, fmt_hours, make_plan, makespan, paragraph
+from orchestrator.preflight.plan import Cluster, budget_line, fmt_hours, make_plan, makespan, paragraph
 
 GENERATE_BATCHED = 0.20  # effective share of the dense peak a large multi-trial decode batch reaches (assumed)
 TRIAL_START_S = 10.0  # a shared trial's own start-up: its driver process and a slot open, no engine, no model load
@@ -102,15 +102,12 @@ class SharedPlan:
     makespan_h: float
     makespan_overlapped_h: float
     pools: int = 1  # one per base model
+    pool_trials: tuple = ()  # one trial config per pool (orchestrator/config/pool_key.py)
 
     @property
     def gpu_hours(self) -> float:
-        return self.gpus * self.makespan_h  # every pool holds its GPUs until the campaign ends
-
-
-def pool_gpus(cfg) -> float:
-    r = cfg.resources
-    return r.learner_gpus * r.learner_ranks + cfg.rollout.num_workers * r.worker_gpus
+        """Every pool holds its GPUs until the campaign ends: the lockstep budget's charge too (one function)."""
+        return shared_gpu_hours(self.pool_trials, self.makespan_h * 3600.0)
 
 
 def split_step(cfg, step_s: float | None, kind: str) -> tuple[float, float] | None:
@@ -140,19 +137,20 @@ def plan_shared(plan, slots: int, kind: str, kv_tokens: dict[str, int] | None = 
     GPUs until the last trial ends. `kv_tokens`: pool id -> what its engines' KV caches hold (missing: not known
     here, not a limit)."""
     groups = plan_pools(plan)
-    gpus = sum(pool_gpus(g[0].trial.trial) for g in groups.values())
+    firsts = tuple(g[0].trial.trial for g in groups.values())
+    gpus = shared_gpus(firsts)
     fits = plan.cluster.gpus >= gpus if gpus else True
     if not fits:
-        return SharedPlan(slots, gpus, 0, math.nan, math.nan, math.inf, math.nan, len(groups))
+        return SharedPlan(slots, gpus, 0, math.nan, math.nan, math.inf, math.nan, len(groups), firsts)
     at_once, steps, spans = sum(min(slots, len(g)) for g in groups.values()), [], []
     for pid, group in groups.items():
         part = _pool_plan(group, slots, kind if gpus else "cpu", (kv_tokens or {}).get(pid))
         if part is None:
-            return SharedPlan(slots, gpus, at_once, math.nan, math.nan, math.nan, math.nan, len(groups))
+            return SharedPlan(slots, gpus, at_once, math.nan, math.nan, math.nan, math.nan, len(groups), firsts)
         steps.append(part[:2])
         spans.append(part[2:])
     return SharedPlan(slots, gpus, at_once, max(s[0] for s in steps), max(s[1] for s in steps),
-                      max(s[0] for s in spans), max(s[1] for s in spans), len(groups))
+                      max(s[0] for s in spans), max(s[1] for s in spans), len(groups), firsts)
 
 
 def _pool_plan(trials: list, slots: int, kind: str, kv_tokens: int | None):
@@ -236,7 +234,12 @@ def shared_section(campaign: Campaign, plan, slots: int, kind: str, chosen: bool
         return compare_rows(plan, None, str(e).split(": ", 1)[-1])
     kv = {pid: n for pid, group in plan_pools(plan).items() if pool_gpus(cfg := group[0].trial.trial)
           and (n := pool_kv_tokens(cfg, slots, resolve)) is not None}
-    return compare_rows(plan, plan_shared(plan, slots, kind, kv), None, chosen, kv)
+    shared = plan_shared(plan, slots, kind, kv)
+    budget = campaign.config.budget
+    charged = [budget_line(budget.gpu_hours, shared.gpu_hours, f": {shared.gpu_hours:.1f} on the shared base, its "
+                           "pools' GPUs x makespan, as the lockstep budget charges them")] \
+        if chosen and budget is not None and budget.gpu_hours is not None else []
+    return compare_rows(plan, shared, None, chosen, kv) + charged
 
 
 def run_paragraph(campaign: Campaign) -> str:

@@ -166,13 +166,17 @@ def _run(cfg: TrialConfig) -> None:
         workers, learner = start_actors(cfg, pg, calls)
         actors = _Actors(workers, learner, RolloutEngines(workers, calls))  # the step's Engines (actors/ports.py)
     else:  # the campaign's shared pool: a slot of its own, opened fresh (orchestrator/trial/actors/shared.py)
-        pool = connect(cfg, calls)
+        pool = connect(cfg, calls)  # gives the slot back itself when it fails after taking it
         actors = _Actors([], pool.learner, pool.engines, pool)
     try:
+        if actors.pool is not None:
+            store.append_line(store.join(out_dir, EVENTS_FILE), {
+                "event": "slot", "pool": pool.pool, "slot": pool.slot, "epoch": pool.lease.epoch,
+                "waited_s": round(pool.waited_s, 3), "time": time.time()})
         _steps(cfg, out_dir, resume, pg, calls, actors)
     finally:
-        if actors.pool is not None:
-            actors.pool.release(cfg.name)
+        if actors.pool is not None:  # the campaign driver releases it too (orchestrator/tune/slot_owner.py)
+            actors.pool.release()
 
 
 @dataclass

@@ -220,8 +220,9 @@ def run_campaign(campaign: Campaign) -> int:
 
         save_at_start(campaign)  # online: the campaign's W&B workspace, saved now
         plan = scheduling(campaign)
+        callbacks = [PendingOnAutoscaling(campaign.directory), *([plan.owner] if plan.owner else [])]
         tuner = _tuner(cfg.name, campaign.storage, {t.name: t.config for t in campaign.trials}, plan,
-                       max_failures=cfg.max_failures, keep=keep, callbacks=[PendingOnAutoscaling(campaign.directory)])
+                       max_failures=cfg.max_failures, keep=keep, callbacks=callbacks)
         with running_pools([t.trial for t in campaign.trials]):  # resources.shared_base: a pool per model
             results = tuner.fit()
     failed = [r for r in results if r.error]
@@ -264,8 +265,14 @@ def run_single_trial(cfg: TrialConfig, storage: Path, max_failures: int = 0):
     saved.parent.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps(now, indent=1))
     ensure_ray(sum(b.get("CPU", 0) for b in bundles(cfg)))
+    owner = None
+    if cfg.resources.shared_base is not None:  # the driver gives the slot back whatever the trial's process did
+        from orchestrator.config.pool_key import pool_id
+        from orchestrator.tune.slot_owner import SlotOwner
+
+        owner = SlotOwner({cfg.name: pool_id(cfg)}, str(storage / cfg.name))
     tuner = _tuner(cfg.name, str(storage), {cfg.name: cfg.model_dump(mode="json")}, TuneScheduling(),
-                   max_failures=max_failures, keep=cfg.checkpoint.keep)
+                   max_failures=max_failures, keep=cfg.checkpoint.keep, callbacks=[owner] if owner else None)
     with running_pools([cfg]):  # resources.shared_base: the trial on a pool of its own (one slot used)
         result = tuner.fit()[0]
     if result.error:

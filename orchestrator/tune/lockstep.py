@@ -7,6 +7,12 @@ r+1 before every unfinished trial has finished round r, and with fewer slots tha
 moment the slowest unfinished trial finishes a round is the campaign's round boundary: there, and only there, a
 budget (`gpu_hours`, `deadline`) may end the campaign, so every condition and seed stops at the same step.
 
+GPU-hours (`GpuCharge`): a separate trial is charged the GPUs its placement group holds over its steps' times; a
+shared campaign (`resources.shared_base`) its pools' GPUs over the wall since this driver started its trials,
+however many trials run on them, the same function `plan` charges over its makespan
+(orchestrator/config/pool_key.py:shared_gpu_hours). A paused trial's slot goes back to its pool as it pauses
+(orchestrator/tune/slot_owner.py).
+
 Every decision is a line of the campaign's `events.jsonl` (`<storage>/<campaign>/events.jsonl`, next to Tune's
 files): `round_done` (a trial finished a round), `pause`, `round` (a boundary: the round every unfinished trial
 has finished, GPU-hours spent so far) and `budget_stop`. `status` reads the round back from it.
@@ -15,27 +21,47 @@ has finished, GPU-hours spent so far) and `budget_stop`. `status` reads the roun
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from orchestrator import storage as store
+from orchestrator.config.pool_key import shared_gpu_hours
+from orchestrator.config.trial import TrialConfig
 from orchestrator.storage import EVENTS_FILE, campaign_events
 from orchestrator.tune.slot_cap import SlotCap
 
 
-class LockstepScheduler(FIFOScheduler):
-    """steps: trial name -> its number of steps; gpus: trial name -> GPUs its placement group holds; budget:
-    the campaign's BudgetConfig or None; directory: the campaign directory (events.jsonl); slots: trials running
-    at once, in all (an int) or also per shared pool (a SlotCap: orchestrator/tune/slot_cap.py)."""
+@dataclass(frozen=True)
+class GpuCharge:
+    """What the budget charges. gpus: separate trial name -> GPUs its placement group holds, charged over its
+    steps' times; pools: one trial config per shared pool, charged the pools' GPUs over the wall."""
 
-    def __init__(self, round_steps: int, steps: dict[str, int], gpus: dict[str, float], directory: str,
+    gpus: dict[str, float]
+    pools: tuple[TrialConfig, ...] = ()
+
+    def step_hours(self, trial: str, seconds: float) -> float:
+        return seconds * self.gpus.get(trial, 0.0) / 3600.0
+
+    def wall_hours(self, seconds: float) -> float:
+        return shared_gpu_hours(self.pools, seconds) if self.pools else 0.0
+
+
+class LockstepScheduler(FIFOScheduler):
+    """steps: trial name -> its number of steps; gpus: trial name -> GPUs its placement group holds, or the whole
+    `GpuCharge` (a shared campaign's pools); budget: the campaign's BudgetConfig or None; directory: the campaign
+    directory (events.jsonl); slots: trials running at once, in all (an int) or also per shared pool (a SlotCap:
+    orchestrator/tune/slot_cap.py)."""
+
+    def __init__(self, round_steps: int, steps: dict[str, int], gpus: dict[str, float] | GpuCharge, directory: str,
                  budget=None, slots: int | SlotCap | None = None, expected: list[str] | None = None):
         super().__init__()
         self.round_steps = round_steps
         self.cap = slots if isinstance(slots, SlotCap) else SlotCap(limit=slots)
-        self.steps, self.gpus, self.directory, self.budget = steps, gpus, directory, budget
+        self.steps, self.directory, self.budget = steps, directory, budget
+        self.charge = gpus if isinstance(gpus, GpuCharge) else GpuCharge(dict(gpus))
         # trial name -> rounds finished, for every trial that will run (adaptive seeds: `expect` adds a look's)
         self.rounds: dict[str, int] = dict.fromkeys(steps if expected is None else expected, 0)
         self.active: set[str] = set()  # running or about to start: what the slots count
@@ -44,11 +70,16 @@ class LockstepScheduler(FIFOScheduler):
         self.loaded = False  # the campaign's past rounds read back (Tune unpickles this object on a resume)
         self.spent = self.round_cost = self.round_wall = self.spent_at_boundary = 0.0
         self.boundary, self.boundary_time = 0, time.time()
+        self.charged_at: float | None = None  # the shared pools' wall is charged up to here (None: not yet up)
 
     def __setstate__(self, state: dict) -> None:
-        """A scheduler pickled by an earlier version (a campaign resumed across an upgrade) had an int `slots`."""
+        """A scheduler pickled by an earlier version (a campaign resumed across an upgrade) had an int `slots` and
+        a `gpus` dict."""
         if "cap" not in state:
             state["cap"] = SlotCap(limit=state.pop("slots", None))
+        if "charge" not in state:
+            state["charge"] = GpuCharge(state.pop("gpus", {}))
+        state.setdefault("charged_at", None)
         self.__dict__.update(state)
 
     def _load_past(self) -> None:
@@ -60,7 +91,13 @@ class LockstepScheduler(FIFOScheduler):
             self.spent = self.spent_at_boundary = last["gpu_hours"]
             self.round_cost, self.round_wall = last.get("round_gpu_hours", 0.0), last.get("round_s", 0.0)
             self.boundary = last["round"]
-        self.boundary_time = time.time()
+        self.boundary_time = self.charged_at = time.time()  # the pools are up: Tune runs inside running_pools
+
+    def _charge_wall(self, now: float) -> None:
+        """The shared pools' GPUs over the wall since the last charge (nothing without a shared base)."""
+        if self.charged_at is not None and now > self.charged_at:
+            self.spent += self.charge.wall_hours(now - self.charged_at)
+            self.charged_at = now
 
     @property
     def supports_buffered_results(self) -> bool:
@@ -110,7 +147,8 @@ class LockstepScheduler(FIFOScheduler):
     def on_trial_result(self, tune_controller, trial: Trial, result: dict) -> str:
         name = trial.config["trial"]
         if "time_this_iter_s" in result:
-            self.spent += float(result["time_this_iter_s"]) * self.gpus.get(name, 0.0) / 3600.0
+            self.spent += self.charge.step_hours(name, float(result["time_this_iter_s"]))
+        self._charge_wall(time.time())
         step = result.get("step")
         if step is None or (int(step) + 1) % self.round_steps or int(step) + 1 >= self.steps[name]:
             return TrialScheduler.CONTINUE  # inside a round, or the trial's last step: it ends by itself
@@ -134,6 +172,7 @@ class LockstepScheduler(FIFOScheduler):
         if now_min is None or before is None or now_min <= before or now_min <= self.boundary:
             return False
         now = time.time()
+        self._charge_wall(now)
         self.round_cost, self.round_wall = self.spent - self.spent_at_boundary, now - self.boundary_time
         self.boundary, self.boundary_time, self.spent_at_boundary = now_min, now, self.spent
         self._event(event="round", round=now_min, step=now_min * self.round_steps - 1, gpu_hours=self.spent,

@@ -11,6 +11,9 @@ differs is that calls from several trial drivers arrive at once and share the ru
   (orchestrator/trial/actors/shared.py:connect): at 4 slots a bare-base request batched with other slots'
   adapters was sampled with another adapter's weights, so a pool never serves one. A failed load breaks only its slot:
   that slot refuses to sample until a later load succeeds (no fallback to the old adapter, as worker.py).
+- Fencing: a slot may be named by a `SlotLease` (workers/fence.py; the pool's calls always are): `drop` opens the
+  slot under it, and a call under an older lease than the slot's opener is refused on the engine thread, in the
+  slot's order, so a late call of the slot's previous holder never lands after the new holder's `drop`.
 - Continuous batching: every engine call (build, step, add/remove adapter) runs on one thread of this object's
   own. `generate` queues its call and waits; the engine thread adds each waiting call's prompts to the running
   engine as requests (each under its slot's `LoRARequest` and its own `SamplingParams`, seeded per prompt, so its
@@ -41,6 +44,7 @@ from typing import Any
 
 import ray
 
+from workers.fence import Fence, SlotLease, StaleLease, slot_index
 from workers.rollout.output import Generation
 from workers.rollout.sampling import SamplingRequest, completions, sampling_params
 from workers.rollout.worker import RolloutWorkerSettings, open_engine, process_health
@@ -63,6 +67,7 @@ class _Call:
     future: Future = field(default_factory=Future)
     run: Callable[[], Any] | None = None
     slot: int | None = None
+    lease: int | SlotLease | None = None  # how the caller named the slot (a lease is fenced: workers/fence.py)
     prompts: list = field(default_factory=list)
     params: list = field(default_factory=list)
     request: SamplingRequest | None = None
@@ -88,6 +93,7 @@ class SharedRolloutWorker:
         self._root = Path(tempfile.mkdtemp(prefix="shared_rollout_"))
         ids = itertools.count(1)  # one counter for the whole engine: an id is never reused, across slots too
         self._slots = [_Slot(AdapterSync(self._root / f"slot{i}", s.max_lora_rank, ids)) for i in range(self.slots)]
+        self.fence = Fence(self.slots)
         self._queue: deque[_Call] = deque()
         self._cond = threading.Condition()
         self._stats = {"admissions": 0, "served_calls": 0, "max_in_flight": 0, "engine_steps": 0,
@@ -109,38 +115,37 @@ class SharedRolloutWorker:
             model, s, shared_engine_args(s.max_lora_rank, self.slots))
 
     # ------------------------------------------------------------------------------------------------- calls
-    def generate(self, slot: int, prompt_ids: list[list[int]], request: SamplingRequest) -> Generation:
+    def generate(self, slot: int | SlotLease, prompt_ids: list[list[int]], request: SamplingRequest) -> Generation:
         """`RolloutWorker.generate` under `slot`'s adapter (base model when the slot holds none): n `Completion`s
         per prompt, prompt i seeded `request.seed + i`, batched with whatever other slots' calls wait with it."""
-        self._check(slot)
+        i = self._check(slot)
         prompts, params, action_ids = sampling_params(prompt_ids, request)
-        call = _Call(slot=slot, prompts=prompts, params=params, request=request, action_ids=action_ids)
+        call = _Call(slot=i, lease=slot, prompts=prompts, params=params, request=request, action_ids=action_ids)
         return self._submit(call)
 
-    def load_policy(self, slot: int, update: PolicyUpdate) -> int:
+    def load_policy(self, slot: int | SlotLease, update: PolicyUpdate) -> int:
         """`update` (PEFT adapter files) as `slot`'s adapter under a fresh LoRA id, loaded eagerly (a bad adapter
         raises here and breaks only this slot); the slot's previous adapter is evicted and its files deleted.
         Returns update.version."""
-        self._check(slot)
+        i = self._check(slot)
         if update.kind != AdapterSync.kind:
             raise ValueError(f"a shared engine takes adapter updates only, got kind {update.kind!r}")
-        return self._call(lambda: self._load(slot, update), slot)
+        return self._call(lambda: self._load(slot, update), i)
 
-    def drop(self, slot: int) -> None:
+    def drop(self, slot: int | SlotLease) -> None:
         """Evict `slot`'s adapter and delete its files (a finished trial's slot): the slot samples the base model
-        again until its next `load_policy`. Other slots are untouched."""
-        self._check(slot)
-        self._call(lambda: self._drop(slot), slot)
+        again until its next `load_policy`. Other slots are untouched. Under a lease: the slot is opened under it
+        (older leases refused from then on)."""
+        i = self._check(slot)
+        self._call(lambda: self._drop(slot), i)
 
-    def adapter_version(self, slot: int) -> int | None:
+    def adapter_version(self, slot: int | SlotLease) -> int | None:
         """The version `slot` samples with (None: the base model, or nothing after a failed load)."""
-        self._check(slot)
-        return self._slots[slot].version
+        return self._slots[self._check(slot)].version
 
-    def broken(self, slot: int) -> str | None:
+    def broken(self, slot: int | SlotLease) -> str | None:
         """Why `slot` refuses to sample (a failed adapter load), or None."""
-        self._check(slot)
-        return self._slots[slot].broken
+        return self._slots[self._check(slot)].broken
 
     def health(self) -> dict:
         """`RolloutWorker.health` (this process and the engine's), answered without waiting for the engine."""
@@ -202,9 +207,11 @@ class SharedRolloutWorker:
             shutil.rmtree(root, ignore_errors=True)
 
     # ------------------------------------------------------------------------------------- the engine thread
-    def _check(self, slot: int) -> None:
-        if not (isinstance(slot, int) and 0 <= slot < self.slots):
+    def _check(self, slot: int | SlotLease) -> int:
+        i = slot_index(slot)
+        if not (isinstance(i, int) and 0 <= i < self.slots):
             raise ValueError(f"slot must be an int in [0, {self.slots}), got {slot!r}")
+        return i
 
     def _call(self, fn: Callable[[], Any], slot: int | None = None) -> Any:
         return self._submit(_Call(run=fn, slot=slot))
@@ -264,6 +271,11 @@ class SharedRolloutWorker:
         fresh = 0
         for c in calls:
             sl = self._slots[c.slot]
+            try:
+                self.fence.check(c.lease)  # here, in the slot's order: after any drop queued before it
+            except StaleLease as e:
+                c.future.set_exception(e)
+                continue
             if sl.broken is not None:
                 c.future.set_exception(RuntimeError(f"slot {c.slot} unusable since a failed adapter load: "
                                                     f"{sl.broken}"))
@@ -331,7 +343,9 @@ class SharedRolloutWorker:
         with self._cond:
             self._stats["served_calls"] += 1
 
-    def _load(self, slot: int, update: PolicyUpdate) -> int:
+    def _load(self, lease: int | SlotLease, update: PolicyUpdate) -> int:
+        self.fence.check(lease)
+        slot = slot_index(lease)
         sl, t0 = self._slots[slot], time.perf_counter()
         try:
             sl.sync.apply(self._llm, update)
@@ -344,8 +358,9 @@ class SharedRolloutWorker:
         sl.version, sl.broken = int(update.version), None
         return sl.version
 
-    def _drop(self, slot: int) -> None:
-        sl, t0 = self._slots[slot], time.perf_counter()
+    def _drop(self, lease: int | SlotLease) -> None:
+        self.fence.open(lease)
+        sl, t0 = self._slots[slot_index(lease)], time.perf_counter()
         sl.sync.drop(self._llm)
         sl.version, sl.broken = None, None
         self._count("adapter_s", time.perf_counter() - t0)

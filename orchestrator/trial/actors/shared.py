@@ -1,13 +1,14 @@
 """A trial of a shared-base campaign (`resources.shared_base`) reaches the campaign's pool (orchestrator/pool/)
 through these two clients: `PoolEngines` and `PoolLearner` are the `Engines` / `Learner` ports (ports.py) over
-the pool's actors, every call naming the trial's slot and waited on under the trial's deadlines (calls.py), so
-the step does not know it shares. `connect` finds the pool's named actors, takes the trial's slot and opens it
-fresh (a new adapter from the trial's seed, zero optimizer moments; the engines drop whatever adapter the slot
-held); a resumed trial then restores its checkpoint into it as a separate one would.
+the pool's actors, every call naming the trial's slot by its lease (the slot and its epoch: workers/fence.py) and
+waited on under the trial's deadlines (calls.py), so the step does not know it shares. `connect` finds the pool's
+named actors, takes the trial's slot and opens it fresh under the lease (a new adapter from the trial's seed, zero
+optimizer moments; the engines drop whatever adapter the slot held), giving the slot back when anything after the
+acquire fails; a resumed trial then restores its checkpoint into it as a separate one would.
 
 The pool's actors are named in the campaign's Ray namespace (the campaign driver and its trials' drivers are one
 Ray job) under the pool's id (orchestrator/config/pool_key.py: one pool per base model, the id a pure function of
-the trial's config); the names live here so that the pool (which imports this module) and the trial agree on them."""
+the trial's config)."""
 
 from __future__ import annotations
 
@@ -18,35 +19,22 @@ from pathlib import Path
 import ray
 from ray.exceptions import ActorUnavailableError
 
-from orchestrator.config.pool_key import pool_id
+from orchestrator.config.pool_key import engine_name, learner_name, pool_id, slots_name
 from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.actors.calls import Calls, check_health
 from orchestrator.trial.actors.engines import fan_out
+from workers.fence import SlotLease
 from workers.learner.inputs import LearnerBatch, RunSettings, StepResult
 from workers.rollout.output import Generation
 from workers.rollout.worker import SamplingRequest
 from workers.sync.policy import PolicyUpdate
 
-POOL = "shared-base-pool"
-
-
-def learner_name(pool: str) -> str:
-    return f"{POOL}/{pool}/learner"
-
-
-def slots_name(pool: str) -> str:
-    return f"{POOL}/{pool}/slots"
-
-
-def engine_name(pool: str, i: int) -> str:
-    return f"{POOL}/{pool}/engine{i}"
-
 
 class PoolEngines:
-    """The `Engines` port over the pool's rollout engines, sampling under the trial's adapter (its `slot`)."""
+    """The `Engines` port over the pool's rollout engines, sampling under the trial's adapter (its slot's `lease`)."""
 
-    def __init__(self, engines: list, slot: int, calls: Calls):
-        self.engines, self.slot, self.calls = list(engines), slot, calls
+    def __init__(self, engines: list, lease: SlotLease, calls: Calls):
+        self.engines, self.lease, self.calls = list(engines), lease, calls
         self.names = [(f"pool.engine[{i}]", e) for i, e in enumerate(self.engines)]
 
     @property
@@ -55,16 +43,17 @@ class PoolEngines:
 
     def generate(self, prompt_ids: list[list[int]], request: SamplingRequest, seeds: list[int],
                  phase: str) -> list[Generation]:
-        return fan_out(self.calls, self.names, lambda e, prompts, req: e.generate.remote(self.slot, prompts, req),
+        return fan_out(self.calls, self.names, lambda e, prompts, req: e.generate.remote(self.lease, prompts, req),
                        prompt_ids, request, seeds, phase)
 
     def load_policy(self, update: PolicyUpdate) -> int:
-        self.calls.get([e.load_policy.remote(self.slot, update) for e in self.engines], "sync", self.names)
+        self.calls.get([e.load_policy.remote(self.lease, update) for e in self.engines], "sync", self.names)
         return update.version
 
     def drop(self) -> None:
-        """Evict whatever adapter the slot held (a trial that held it before, or this trial's earlier attempt)."""
-        self.calls.get([e.drop.remote(self.slot) for e in self.engines], "setup", self.names)
+        """Evict whatever adapter the slot held (a trial that held it before, or this trial's earlier attempt) and
+        open it under the lease: the engines refuse older ones from now on."""
+        self.calls.get([e.drop.remote(self.lease) for e in self.engines], "setup", self.names)
 
     def health(self) -> None:
         check_health(self.calls, self.names)
@@ -77,36 +66,37 @@ class PoolEngines:
 
 
 class PoolLearner:
-    """The `Learner` port over the pool's learner, training the trial's adapter (its `slot`)."""
+    """The `Learner` port over the pool's learner, training the trial's adapter (its slot's `lease`)."""
 
-    def __init__(self, learner, slot: int, calls: Calls):
-        self.learner, self.slot, self.calls = learner, slot, calls
+    def __init__(self, learner, lease: SlotLease, calls: Calls):
+        self.learner, self.lease, self.calls = learner, lease, calls
         self.named = [("pool.learner", learner)]
 
     def open(self, cfg: TrialConfig) -> None:
-        """The slot as a fresh learner of this trial: a pure function of its seed (SharedLearner.open)."""
+        """The slot as a fresh learner of this trial: a pure function of its seed (SharedLearner.open), opened
+        under the lease (older ones refused from now on)."""
         run = RunSettings(seed=cfg.seed, total_steps=cfg.steps, dtype=cfg.model.dtype,
                           collective_timeout_s=cfg.timeouts.collective)
-        self.calls.get(self.learner.open.remote(self.slot, learner=cfg.learner, credit=cfg.credit,
+        self.calls.get(self.learner.open.remote(self.lease, learner=cfg.learner, credit=cfg.credit,
                                                 interventions=cfg.interventions, run=run), "setup", self.named)
 
     def ready(self) -> bool:
         return True  # the pool waited for its learner before the Tuner started
 
     def submit_train_step(self, batch: LearnerBatch) -> object:
-        return self.learner.train_step.remote(self.slot, batch)
+        return self.learner.train_step.remote(self.lease, batch)
 
     def result(self, handle: object) -> StepResult:
         return self.calls.get(handle, "train", self.named)
 
     def export_policy(self, version: int) -> PolicyUpdate:
-        return self.calls.get(self.learner.export_policy.remote(self.slot, version), "sync", self.named)
+        return self.calls.get(self.learner.export_policy.remote(self.lease, version), "sync", self.named)
 
     def release_cache(self) -> None:
         self.calls.get(self.learner.release_cache.remote(), "sync", self.named)
 
     def write_checkpoint(self, directory: str) -> list[str]:
-        files = self.calls.get(self.learner.checkpoint_files.remote(self.slot), "checkpoint", self.named)
+        files = self.calls.get(self.learner.checkpoint_files.remote(self.lease), "checkpoint", self.named)
         for name, data in files.items():
             path = Path(directory) / name
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -114,7 +104,7 @@ class PoolLearner:
         return list(files)
 
     def restore(self, files: dict[str, bytes], source: str) -> None:
-        self.calls.get(self.learner.restore.remote(self.slot, files, source), "checkpoint", self.named)
+        self.calls.get(self.learner.restore.remote(self.lease, files, source), "checkpoint", self.named)
 
     def placements(self) -> list[dict]:
         return [self.calls.get(self.learner.placement.remote(), "setup", self.named)]
@@ -127,15 +117,22 @@ class PoolLearner:
 @dataclasses.dataclass
 class PoolClients:
     pool: str  # the pool's id (orchestrator/config/pool_key.py)
-    slot: int
+    lease: SlotLease
     engines: PoolEngines
     learner: PoolLearner
     registry: object
+    waited_s: float = 0.0  # how long the acquire waited for a free slot
 
-    def release(self, trial: str) -> None:
-        """Give the slot back (the trial ended or failed); the registry opens it fresh for the next holder."""
+    @property
+    def slot(self) -> int:
+        return self.lease.slot
+
+    def release(self) -> None:
+        """Give the slot back (the trial ended or failed) unless a later holder, or a later attempt of this trial,
+        has it already: the campaign driver releases it too, whatever happened to this process
+        (orchestrator/tune/slot_owner.py)."""
         try:
-            ray.get(self.registry.release.remote(trial), timeout=30)
+            ray.get(self.registry.release.remote(self.lease.trial, self.lease.epoch), timeout=30)
         except Exception:  # noqa: BLE001 - a pool already stopped (the campaign ending) has nothing to release
             pass
 
@@ -155,36 +152,44 @@ def await_restarts(actors: list, timeout_s: float, poll_s: float = 0.5) -> None:
 
 
 def acquire_slot(registry, trial: str, driver: str | None, calls: Calls, timeout_s: float,
-                 poll_s: float = 1.0) -> int:
-    """The trial's slot, waiting up to `timeout_s` for one to be freed. Tune never runs more of a pool's trials
-    at once than it has slots (orchestrator/tune/scheduling.py); the wait covers a trial Tune has seen end (paused,
-    failed) whose driver has not yet given its slot back or died. Past the wait: the registry's error."""
+                 poll_s: float = 1.0) -> SlotLease:
+    """The trial's lease on a slot, waiting up to `timeout_s` for one to be freed. Tune never runs more of a pool's
+    trials at once than it has slots (orchestrator/tune/scheduling.py) and the campaign driver releases a slot as
+    soon as Tune sees its trial end, pause or fail (orchestrator/tune/slot_owner.py); the wait covers a release on
+    its way. Past the wait: the registry's error."""
     named, end = [("pool.slots", registry)], time.monotonic() + timeout_s
     while time.monotonic() < end:
-        slot = calls.get(registry.try_acquire.remote(trial, driver), "setup", named)
-        if slot is not None:
-            return slot
+        lease = calls.get(registry.try_acquire.remote(trial, driver), "setup", named)
+        if lease is not None:
+            return lease
         time.sleep(poll_s)
     return calls.get(registry.acquire.remote(trial, driver), "setup", named)
 
 
 def connect(cfg: TrialConfig, calls: Calls) -> PoolClients:
     """The trial's slot in its base model's running pool (the same slot again for a retried trial that still holds
-    one), opened fresh: the engines drop the slot's adapter, the learner builds this trial's from its seed."""
+    one), opened fresh under a new epoch: the engines drop the slot's adapter, the learner builds this trial's from
+    its seed. Anything failing after the acquire gives the slot back before the error goes on."""
     pool = pool_id(cfg)
     registry = ray.get_actor(slots_name(pool))
     count = calls.get(registry.engines.remote(), "setup", [("pool.slots", registry)])
     actors = [ray.get_actor(engine_name(pool, i)) for i in range(count)], ray.get_actor(learner_name(pool))
     await_restarts([*actors[0], actors[1]], cfg.timeouts.setup)
-    slot = acquire_slot(registry, cfg.name, ray.get_runtime_context().get_actor_id(), calls, cfg.timeouts.setup)
-    engines, learner = PoolEngines(actors[0], slot, calls), PoolLearner(actors[1], slot, calls)
-    engines.drop()
-    learner.open(cfg)
-    # the slot's initial adapter (B = 0: the base model's outputs) on the engines at once, so that no request of a
-    # shared engine goes without a LoRA: at 4 slots, a slot left on the bare base sampled some step-0 batches
-    # mixed with other slots' adapters with another adapter's weights (README, Shared base)
-    engines.load_policy(learner.export_policy(0))
-    return PoolClients(pool, slot, engines, learner, registry)
+    at = time.monotonic()
+    lease = acquire_slot(registry, cfg.name, ray.get_runtime_context().get_actor_id(), calls, cfg.timeouts.setup)
+    clients = PoolClients(pool, lease, PoolEngines(actors[0], lease, calls), PoolLearner(actors[1], lease, calls),
+                          registry, time.monotonic() - at)
+    try:
+        clients.engines.drop()
+        clients.learner.open(cfg)
+        # the slot's initial adapter (B = 0: the base model's outputs) on the engines at once, so that no request of
+        # a shared engine goes without a LoRA: at 4 slots, a slot left on the bare base sampled some step-0 batches
+        # mixed with other slots' adapters with another adapter's weights (README, Shared base)
+        clients.engines.load_policy(clients.learner.export_policy(0))
+    except BaseException:
+        clients.release()
+        raise
+    return clients
 
 
 def pool_record(clients: PoolClients, health: list[dict]) -> dict:
@@ -192,6 +197,7 @@ def pool_record(clients: PoolClients, health: list[dict]) -> dict:
     (pid, node, placement group) and the engines' child processes: the same for every trial of that pool."""
     where = clients.learner.calls.get([e.placement.remote() for e in clients.engines.engines], "setup",
                                       clients.engines.names)
-    return {"id": clients.pool, "slot": clients.slot, "learner": clients.learner.placements()[0],
+    return {"id": clients.pool, "slot": clients.slot, "epoch": clients.lease.epoch,
+            "learner": clients.learner.placements()[0],
             "workers": [{**w, "engine_pids": [c["pid"] for c in h.get("children", [])]}
                         for w, h in zip(where, health, strict=True)]}

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.campaign.expand import load_campaign
+from orchestrator.storage import campaign_events
 from orchestrator.tune.launch import run_campaign, run_single_trial
 from tests.integration.campaign.test_campaign import _jsonl, _trial_dir, _write
 from tests.integration.trial.test_trial import stable
@@ -142,9 +143,16 @@ def test_each_fault_restarts_what_it_killed_and_the_trial_resumes_from_its_check
     name = campaign.trials[3].name
     record = _records(campaign)[name]
     (_, driver0, t_driver, at_driver), (_, engine0, t_engine, at_engine), (_, learner0, t_learner, at_learner) = done
-    # the driver kill restarted no pool process, and its retry got the same slot back (a SIGKILLed driver releases
-    # nothing); the engine kill restarted the engine only; the learner kill the learner only
-    assert at_engine["pool"] == at_driver["pool"] and at_engine["driver"]["pid"] != driver0
+    # the driver kill restarted no pool process; the campaign driver freed the dead attempt's slot (a SIGKILLed
+    # driver releases nothing itself) and the retry took one afresh, under a new epoch; the engine kill restarted
+    # the engine only; the learner kill the learner only
+    same = ("id", "learner", "workers")
+    assert {k: at_engine["pool"][k] for k in same} == {k: at_driver["pool"][k] for k in same}
+    assert at_engine["driver"]["pid"] != driver0
+    released = [e for e in campaign_events(campaign.directory) if e["event"] == "slot_release" and e["trial"] == name]
+    assert released and released[0]["why"] == "error" and released[0]["time"] < record["starts"][1]["time"]
+    epochs = [e["epoch"] for e in _jsonl(_trial_dir(campaign, name) / "events.jsonl") if e["event"] == "slot"]
+    assert len(epochs) == 4 and at_engine["pool"]["epoch"] == epochs[1], epochs  # one acquire per attempt
     assert at_learner["pool"]["workers"][0]["pid"] != engine0
     assert at_learner["pool"]["learner"]["pid"] == at_engine["pool"]["learner"]["pid"] == learner0
     final = record["placement"]

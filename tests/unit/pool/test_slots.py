@@ -15,30 +15,35 @@ from orchestrator.tune.scheduling import concurrency_limit, scheduling
 
 
 def test_a_trial_gets_its_slot_back_and_a_released_slot_goes_to_the_next():
-    dead: set[str] = set()
-    table = SlotTable(2, lambda driver: driver not in dead)
-    assert table.acquire("a", "d1") == 0 and table.acquire("b", "d2") == 1
-    assert table.acquire("a", "d3") == 0  # a retried trial (a new driver) that still holds its slot
+    table = SlotTable(2)
+    a, b = table.acquire("a", "d1"), table.acquire("b", "d2")
+    assert (a.slot, a.epoch, b.slot, b.epoch) == (0, 1, 1, 1)
+    again = table.acquire("a", "d3")  # a retried trial (a new driver) that still holds its slot: a new epoch
+    assert (again.slot, again.epoch, again.trial) == (0, 2, "a")
     with pytest.raises(RuntimeError, match="no free slot for trial c"):
         table.acquire("c", "d4")
-    table.release("b")
-    assert table.acquire("c", "d4") == 1 and table.held() == {"a": 0, "c": 1}
-    dead.add("d3")  # a's driver SIGKILLed: no release; its slot goes to the next trial that finds none free
-    assert table.acquire("d", "d5") == 0 and table.held() == {"d": 0, "c": 1}
+    assert table.release("a", epoch=1) is None and table.held() == {"a": 0, "b": 1}  # a late release: nothing
+    assert table.release("b") == 1  # the campaign driver's: whatever epoch b holds
+    c = table.acquire("c", "d4")
+    assert (c.slot, c.epoch) == (1, 2) and table.held() == {"a": 0, "c": 1}
+    assert table.release("a", epoch=2) == 0 and table.acquire("d").epoch == 3  # every acquire bumps the epoch
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 5)), max_size=40), st.integers(1, 4))
-def test_never_two_live_holders_of_one_slot(ops, slots):
-    """Against a reference: a dict of holders. A live trial keeps its slot; no two trials hold one slot."""
-    table = SlotTable(slots, lambda driver: True)
+def test_never_two_holders_of_one_slot_and_every_acquire_a_new_epoch(ops, slots):
+    """Against a reference: a dict of holders. A holder keeps its slot; no two trials hold one slot; a slot's
+    epochs only grow."""
+    table = SlotTable(slots)
     ref: dict[str, int] = {}
+    epochs = [0] * slots
     for acquire, k in ops:
         name = f"t{k}"
         if acquire:
             if name in ref or len(ref) < slots:
-                slot = table.acquire(name, name)
-                assert ref.setdefault(name, slot) == slot
+                lease = table.acquire(name, name)
+                assert ref.setdefault(name, lease.slot) == lease.slot and lease.epoch > epochs[lease.slot]
+                epochs[lease.slot] = lease.epoch
             else:
                 with pytest.raises(RuntimeError):
                     table.acquire(name, name)

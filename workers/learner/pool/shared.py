@@ -14,6 +14,9 @@ Plain Python, no Ray (orchestrator/pool/ wraps it in an actor). Calls are serial
 they swap are the process's. An export is the exception: it reads only its slot's adapter and draws no random
 number, so it takes only its slot's lock and runs beside another slot's training step (a trial's push does not
 wait behind the other trials' steps). Locks are taken in one order (the learner's, then the slot's).
+
+Fencing (workers/fence.py): a slot named by a `SlotLease` (the pool's calls) is opened under it, and a call under an
+older lease is refused inside the slot's lock, so it never runs on the slot's next holder's learner.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from workers.credit import CreditConfig
+from workers.fence import Fence, SlotLease, slot_index
 from workers.learner.config import LearnerConfig
 from workers.learner.inputs import LearnerBatch, RunSettings, StepResult
 from workers.learner.learner import Learner
@@ -74,54 +78,59 @@ class SharedLearner:
         self._slots: list[_Slot | None] = [None] * slots
         self._lock = threading.Lock()
         self._slot_locks = [threading.Lock() for _ in range(slots)]
+        self.fence = Fence(slots)
         self._busy = {"train_s": 0.0, "export_s": 0.0, "checkpoint_s": 0.0}  # seconds inside each kind of call
         self._born, self._count_lock = time.perf_counter(), threading.Lock()
 
     # -- slot lifecycle -------------------------------------------------------------------------------
-    def open(self, slot: int, *, learner: LearnerConfig, credit: CreditConfig,
+    def open(self, slot: int | SlotLease, *, learner: LearnerConfig, credit: CreditConfig,
              interventions: InterventionsConfig | None, run: RunSettings) -> None:
         """A fresh learner in `slot` (whatever it held is dropped first): adapter, optimizer, schedule and
-        random streams a pure function of `run.seed`, as a separate learner's."""
-        self._index(slot)
+        random streams a pure function of `run.seed`, as a separate learner's. Under a lease: the slot is
+        opened under it (older leases refused from then on)."""
+        lease, slot = slot, self._index(slot)
         if (why := shared_refusal(learner)) is not None:
             raise ValueError(why)
         with self._lock, self._slot_locks[slot]:
+            self.fence.open(lease)
             self._drop(slot)
             with swapped_rng(None) as rng:  # the learner seeds the streams itself
                 built = SlotLearner(self.base, learner=learner, credit=credit, interventions=interventions, run=run)
             self._slots[slot] = _Slot(built, rng.state)
 
-    def close(self, slot: int) -> None:
+    def close(self, slot: int | SlotLease) -> None:
         """Drop the slot's learner (its adapter, optimizer state, RNG); the shared base stays."""
-        self._index(slot)
+        lease, slot = slot, self._index(slot)
         with self._lock, self._slot_locks[slot]:
+            self.fence.check(lease)
             self._drop(slot)
 
-    def is_open(self, slot: int) -> bool:
+    def is_open(self, slot: int | SlotLease) -> bool:
         return self._slots[self._index(slot)] is not None
 
     # -- the separate learner's calls, per slot ---------------------------------------------------------
-    def train_step(self, slot: int, batch: LearnerBatch) -> StepResult:
+    def train_step(self, slot: int | SlotLease, batch: LearnerBatch) -> StepResult:
         with self._entered(slot) as learner, self._timed("train_s"):
             return learner.train_step(batch)
 
-    def export_policy(self, slot: int, version: int) -> PolicyUpdate:
+    def export_policy(self, slot: int | SlotLease, version: int) -> PolicyUpdate:
         """The slot's adapter as the engines load it; runs beside another slot's call (module docstring)."""
-        self._index(slot)
+        lease, slot = slot, self._index(slot)
         with self._slot_locks[slot]:
+            self.fence.check(lease)
             held = self._slots[slot]
             if held is None:
                 raise KeyError(f"slot {slot} is not open")
             with self._timed("export_s"):
                 return held.learner.export_policy(version)
 
-    def checkpoint_files(self, slot: int) -> dict[str, bytes]:
+    def checkpoint_files(self, slot: int | SlotLease) -> dict[str, bytes]:
         """The files a separate learner writes (learner.pt): a trial may resume shared from a separate
         checkpoint and back."""
         with self._entered(slot) as learner, self._timed("checkpoint_s"):
             return learner.checkpoint_files()
 
-    def restore(self, slot: int, files, source: str = "checkpoint") -> None:
+    def restore(self, slot: int | SlotLease, files, source: str = "checkpoint") -> None:
         with self._entered(slot) as learner, self._timed("checkpoint_s"):
             learner.restore(files, source)
 
@@ -131,14 +140,14 @@ class SharedLearner:
             torch.cuda.empty_cache()
 
     # -- what tests and the pool's memory report read ---------------------------------------------------
-    def learner(self, slot: int) -> Learner:
+    def learner(self, slot: int | SlotLease) -> Learner:
         """The slot's learner (read it only between calls: its random streams are not swapped in)."""
         held = self._slots[self._index(slot)]
         if held is None:
             raise KeyError(f"slot {slot} is not open")
         return held.learner
 
-    def rng(self, slot: int) -> SlotRng:
+    def rng(self, slot: int | SlotLease) -> SlotRng:
         held = self._slots[self._index(slot)]
         if held is None:
             raise KeyError(f"slot {slot} is not open")
@@ -157,7 +166,8 @@ class SharedLearner:
         return out
 
     # -- internals -------------------------------------------------------------------------------------
-    def _index(self, slot: int) -> int:
+    def _index(self, slot: int | SlotLease) -> int:
+        slot = slot_index(slot)
         if not 0 <= slot < len(self._slots):
             raise IndexError(f"slot {slot} out of range: this shared learner has {len(self._slots)} slots")
         return slot
@@ -182,11 +192,12 @@ class SharedLearner:
                 self._busy[key] += time.perf_counter() - t0
 
     @contextmanager
-    def _entered(self, slot: int):
+    def _entered(self, slot: int | SlotLease):
         """The slot's learner with its random streams swapped in, one call at a time; the streams it leaves
-        (also after a failed call) are the slot's from then on."""
-        self._index(slot)
+        (also after a failed call) are the slot's from then on. A stale lease is refused here, under the locks."""
+        lease, slot = slot, self._index(slot)
         with self._lock, self._slot_locks[slot]:
+            self.fence.check(lease)
             held = self._slots[slot]
             if held is None:
                 raise KeyError(f"slot {slot} is not open")
