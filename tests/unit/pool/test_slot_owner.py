@@ -18,7 +18,7 @@ from orchestrator.pool.slots import SlotTable
 from orchestrator.storage import campaign_events
 from orchestrator.tune.scheduling import scheduling
 from orchestrator.tune.slot_owner import SlotOwner
-from tests.unit.tune.fake_steps import report_step
+from tests.unit.tune.fake_steps import add_trials, report_step
 
 
 def _campaign(directory: str, **extra) -> Campaign:
@@ -27,17 +27,6 @@ def _campaign(directory: str, **extra) -> Campaign:
         "resources": {"rollout_workers": 1, "worker_gpus": 1, "learner_gpus": 1, "shared_base": {"slots": 1}},
         **extra})
     return Campaign(cfg, "c.yaml", directory, "/tmp", expand(cfg, "c.yaml"))
-
-
-class _Controller:
-    def __init__(self, trials):
-        self.trials = trials
-
-    def get_trials(self):
-        return self.trials
-
-    def stop_trial(self, trial):
-        trial.status = Trial.TERMINATED
 
 
 def _owner(campaign: Campaign, table: SlotTable) -> SlotOwner:
@@ -54,11 +43,7 @@ def test_the_driver_frees_a_paused_trials_slot_for_the_next_one_lockstep(tmp_pat
                          schedule={"mode": "lockstep", "round_steps": 2})
     plan, table = scheduling(campaign), SlotTable(1)
     sched, owner = plan.scheduler, _owner(campaign, table)
-    trials = [SimpleNamespace(config={"trial": t.name}, status=Trial.PENDING, last_result={}, step=0)
-              for t in campaign.trials]
-    ctl = _Controller(trials)
-    for t in trials:
-        sched.on_trial_add(ctl, t)
+    trials, ctl = add_trials(sched, [t.name for t in campaign.trials])
     turns = []
     while (t := sched.choose_trial_to_run(ctl)) is not None:
         t.status = Trial.RUNNING

@@ -14,27 +14,13 @@ from ray.tune.schedulers import TrialScheduler
 from orchestrator.campaign.sections import BudgetConfig
 from orchestrator.storage import campaign_events
 from orchestrator.tune.lockstep import LockstepScheduler
-from tests.unit.tune.fake_steps import report_step
-
-
-class Controller:
-    def __init__(self, trials):
-        self.trials = trials
-
-    def get_trials(self):
-        return self.trials
-
-    def stop_trial(self, trial):
-        trial.status = Trial.TERMINATED
+from tests.unit.tune.fake_steps import Controller, add_trials, report_step
 
 
 def _drive(sched: LockstepScheduler, names: list[str], steps: int, hours_per_step: float = 0.0):
     """Run the trials as Tune would: start what the scheduler chooses, feed one result per step until it says
     PAUSE / STOP or the trial ends. Returns the executed (trial, step) in order."""
-    trials = [SimpleNamespace(config={"trial": n}, status=Trial.PENDING, last_result={}, step=0) for n in names]
-    ctl = Controller(trials)
-    for t in trials:
-        sched.on_trial_add(ctl, t)
+    trials, ctl = add_trials(sched, names)
     ran = []
     while (t := sched.choose_trial_to_run(ctl)) is not None:
         t.status = Trial.RUNNING
