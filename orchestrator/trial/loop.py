@@ -28,7 +28,7 @@ from orchestrator.trial.actors.context import TrialContext
 from orchestrator.trial.actors.engines import RolloutEngines
 from orchestrator.trial.actors.models import resolve_model
 from orchestrator.trial.actors.phases import Phases
-from orchestrator.trial.actors.ports import Engines, Learner
+from orchestrator.trial.actors.ports import EnginesPort, LearnerPort
 from orchestrator.trial.actors.shared import PoolClients, connect, pool_record
 from orchestrator.trial.actors.start import (
     placement_record,
@@ -92,7 +92,7 @@ def _resume(cfg: TrialConfig, out_dir: str) -> Resume:
     return Resume(state["step"] + 1, state["adapter_version"], state, files, restored.rows, pending)
 
 
-def _hang_handler(cfg: TrialConfig, out_dir: str, workers: list, learner: Learner, trackers: list):
+def _hang_handler(cfg: TrialConfig, out_dir: str, workers: list, learner: LearnerPort, trackers: list):
     """What a missed deadline does before the trial fails (orchestrator/trial/actors/calls.py raises after it): record
     the phase and the actors in events.jsonl and the W&B run, and kill this trial's actors (only them), whose
     GPUs would otherwise stay held by a frozen process; Tune then retries from the newest checkpoint."""
@@ -108,7 +108,7 @@ def _hang_handler(cfg: TrialConfig, out_dir: str, workers: list, learner: Learne
     return handle
 
 
-def _restore_actors(resume: Resume, learner: Learner, engines: Engines, task, sepa: SepaController,
+def _restore_actors(resume: Resume, learner: LearnerPort, engines: EnginesPort, task, sepa: SepaController,
                     source: str) -> None:
     """Put the checkpoint's learner state (saved by a group of any size), task cursor, SEPA controller and
     policy back."""
@@ -164,7 +164,7 @@ def _run(cfg: TrialConfig) -> None:
     calls = Calls(Deadlines(cfg.timeouts))
     if cfg.resources.shared_base is None:
         workers, learner = start_actors(cfg, pg, calls)
-        actors = _Actors(workers, learner, RolloutEngines(workers, calls))  # the step's Engines (actors/ports.py)
+        actors = _Actors(workers, learner, RolloutEngines(workers, calls))  # the step's EnginesPort (actors/ports.py)
     else:  # the campaign's shared pool: a slot of its own, opened fresh (orchestrator/trial/actors/shared.py)
         pool = connect(cfg, calls)  # gives the slot back itself when it fails after taking it
         actors = _Actors([], pool.learner, pool.engines, pool)
@@ -184,8 +184,8 @@ class _Actors:
     """What the trial's steps run on: its own rollout workers and learner group, or its slot of the pool."""
 
     workers: list
-    learner: Learner
-    engines: Engines
+    learner: LearnerPort
+    engines: EnginesPort
     pool: PoolClients | None = None
 
 

@@ -184,7 +184,7 @@ def test_no_function_takes_more_than_eight_parameters():
 # The boundaries of one training step (docs/architecture.md): the step loop <-> the rollout sources <-> the engines,
 # and the step loop <-> the learner. module -> the classes and functions there whose methods / returns cross one.
 BOUNDARIES = {
-    "orchestrator.trial.actors.ports": ["Engines", "Learner"],  # the step -> engines, learner
+    "orchestrator.trial.actors.ports": ["EnginesPort", "LearnerPort"],  # the step -> engines, learner
     "orchestrator.trial.actors.engines": ["RolloutEngines"],
     "orchestrator.trial.actors.learner_group": [f"LearnerGroup.{m}" for m in (
         "submit_train_step", "result", "train_step", "export_policy", "release_cache", "write_checkpoint", "restore")],

@@ -1,4 +1,4 @@
-"""`RolloutEngines`: the `Engines` interface (ports.py) over a trial's own rollout worker actors, every call waited
+"""`RolloutEngines`: the `EnginesPort` interface (ports.py) over a trial's own rollout worker actors, every call waited
 on under its phase's deadline (calls.py)."""
 
 from __future__ import annotations

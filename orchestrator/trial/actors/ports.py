@@ -1,4 +1,4 @@
-"""The two interfaces one training step reaches the outside through: the rollout `Engines` and the `Learner`.
+"""The two interfaces one training step reaches the outside through: the rollout `EnginesPort` and the `LearnerPort`.
 
 Today's implementations own their actors (engines.py: `RolloutEngines` over the trial's rollout workers;
 learner_group.py: `LearnerGroup` over its learner ranks). A trial that uses engines or a learner shared with other
@@ -15,7 +15,7 @@ from workers.rollout.worker import SamplingRequest
 from workers.sync.policy import PolicyUpdate
 
 
-class Engines(Protocol):
+class EnginesPort(Protocol):
     """The engines a trial samples from, as `count` shards (request shard j is seeded by `seeds[j]`)."""
 
     @property
@@ -47,7 +47,7 @@ class Engines(Protocol):
         ...
 
 
-class Learner(Protocol):
+class LearnerPort(Protocol):
     """The learner a trial trains: one step at a time, its policy exported for the engines, its state saved."""
 
     def submit_train_step(self, batch: LearnerBatch) -> object:

@@ -1,5 +1,5 @@
 """A trial of a shared-base campaign (`resources.shared_base`) reaches the campaign's pool (orchestrator/pool/)
-through these two clients: `PoolEngines` and `PoolLearner` are the `Engines` / `Learner` ports (ports.py) over
+through these two clients: `PoolEnginesClient` and `PoolLearnerClient` are the `EnginesPort` / `LearnerPort` ports (ports.py) over
 the pool's actors, every call naming the trial's slot by its lease (the slot and its epoch: workers/fence.py) and
 waited on under the trial's deadlines (calls.py), so the step does not know it shares. `connect` finds the pool's
 named actors, takes the trial's slot and opens it fresh under the lease (a new adapter from the trial's seed, zero
@@ -30,8 +30,8 @@ from workers.rollout.worker import SamplingRequest
 from workers.sync.policy import PolicyUpdate
 
 
-class PoolEngines:
-    """The `Engines` port over the pool's rollout engines, sampling under the trial's adapter (its slot's `lease`)."""
+class PoolEnginesClient:
+    """The `EnginesPort` port over the pool's rollout engines, sampling under the trial's adapter (its slot's `lease`)."""
 
     def __init__(self, engines: list, lease: SlotLease, calls: Calls):
         self.engines, self.lease, self.calls = list(engines), lease, calls
@@ -65,8 +65,8 @@ class PoolEngines:
         raise NotImplementedError("a shared pool's engines do not sleep")
 
 
-class PoolLearner:
-    """The `Learner` port over the pool's learner, training the trial's adapter (its slot's `lease`)."""
+class PoolLearnerClient:
+    """The `LearnerPort` port over the pool's learner, training the trial's adapter (its slot's `lease`)."""
 
     def __init__(self, learner, lease: SlotLease, calls: Calls):
         self.learner, self.lease, self.calls = learner, lease, calls
@@ -118,8 +118,8 @@ class PoolLearner:
 class PoolClients:
     pool: str  # the pool's id (orchestrator/config/pool_key.py)
     lease: SlotLease
-    engines: PoolEngines
-    learner: PoolLearner
+    engines: PoolEnginesClient
+    learner: PoolLearnerClient
     registry: object
     waited_s: float = 0.0  # how long the acquire waited for a free slot
 
@@ -177,7 +177,7 @@ def connect(cfg: TrialConfig, calls: Calls) -> PoolClients:
     await_restarts([*actors[0], actors[1]], cfg.timeouts.setup)
     at = time.monotonic()
     lease = acquire_slot(registry, cfg.name, ray.get_runtime_context().get_actor_id(), calls, cfg.timeouts.setup)
-    clients = PoolClients(pool, lease, PoolEngines(actors[0], lease, calls), PoolLearner(actors[1], lease, calls),
+    clients = PoolClients(pool, lease, PoolEnginesClient(actors[0], lease, calls), PoolLearnerClient(actors[1], lease, calls),
                           registry, time.monotonic() - at)
     try:
         clients.engines.drop()

@@ -139,7 +139,7 @@ def _fake_pool(monkeypatch, table: SlotTable, open_fails: bool):
         get=lambda refs, timeout=None: refs,
         get_runtime_context=lambda: SimpleNamespace(get_actor_id=lambda: "driver-1"))
     monkeypatch.setattr(client, "ray", fake_ray)
-    monkeypatch.setattr(client.PoolEngines, "load_policy", lambda self, update: update)
+    monkeypatch.setattr(client.PoolEnginesClient, "load_policy", lambda self, update: update)
     return client, SimpleNamespace(get=lambda refs, phase, named: refs)
 
 
