@@ -20,7 +20,7 @@ from orchestrator.trial.actors.ports import EnginesPort, LearnerPort
 
 @dataclass(frozen=True)
 class TrialContext:
-    """The trial's fixed parts. `learner`: the `LearnerPort` (ports.py; today a LearnerGroup, learner_group.py), None
+    """The trial's fixed parts. `learner`: the `LearnerPort` (ports.py: the backend's, backend.py), None
     where only rollouts run (tests); `actions`: the task's action token ids when the probability floor is on,
     else None; `calls`: the trial's deadlines (orchestrator/trial/actors/calls.py; the default ones where a test builds a
     context); `engines`: the `EnginesPort` the step samples from and pushes policies to (ports.py), by default
