@@ -12,11 +12,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from orchestrator.config.eval_sets import EvalSetConfig, check_unique
 
 
-class _Strict(BaseModel):
+class StrictConfig(BaseModel):
+    """A config section whose unknown keys are errors (every section here and in trial.py)."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class EvalConfig(_Strict):
+class EvalConfig(StrictConfig):
     """Held-out evaluation: at steps 0, every, 2*every, ... and the last step, before that step's update (so
     `eval/*` at step s measures the same policy as `train/correct_rate` at step s)."""
 
@@ -40,7 +42,7 @@ class EvalConfig(_Strict):
         return self
 
 
-class CheckpointSettings(_Strict):
+class CheckpointSettings(StrictConfig):
     every: int = Field(5, ge=1, description="report a checkpoint every this many steps (and at the end)")
     keep: int = Field(2, description="checkpoints kept per trial, at least 2: a newest checkpoint found damaged "
                       "on resume (a torn upload, a bad disk) needs an older one to fall back to")
@@ -54,7 +56,7 @@ class CheckpointSettings(_Strict):
         return v
 
 
-class SharedBaseConfig(_Strict):
+class SharedBaseConfig(StrictConfig):
     """One pool per base model of the campaign (orchestrator/pool/): the rollout engines (vLLM multi-LoRA) and one
     learner hold the base model once; every trial is an adapter in a slot of its own. LoRA trials only, one learner
     rank."""
@@ -64,7 +66,7 @@ class SharedBaseConfig(_Strict):
         "trials of a pool at once, the rest queue; a campaign sweeping base models gets a pool per model"))
 
 
-class ResourcesConfig(_Strict):
+class ResourcesConfig(StrictConfig):
     driver_cpus: float = Field(0.5, gt=0.0)
     worker_cpus: float = Field(1.0, gt=0.0)
     worker_gpus: float = Field(0.0, ge=0.0)
@@ -102,7 +104,7 @@ class ResourcesConfig(_Strict):
         "weight sync, so the trial needs learner_ranks GPUs instead of learner_ranks + num_workers x worker_gpus"))
 
 
-class TimeoutsConfig(_Strict):
+class TimeoutsConfig(StrictConfig):
     """Deadlines of the trial loop's actor calls (orchestrator/trial/actors/calls.py). A phase without a fixed value
     gets `multiple` x the median of its last `window` durations, at least `min_s`; before `warmup` durations are
     known, `first_s`. A missed deadline records the phase and the actor (events.jsonl, W&B), kills the trial's
@@ -134,7 +136,7 @@ class TimeoutsConfig(_Strict):
         return self
 
 
-class WandbConfig(_Strict):
+class WandbConfig(StrictConfig):
     """What a user writes under `wandb:`. The API key never appears here: it comes from WANDB_API_KEY or
     `api_key_file` (read on the node that runs the trial) and is never logged."""
 
@@ -156,13 +158,13 @@ class TrialWandb(WandbConfig):
     run_id: str | None = Field(None, description="stable id so a restored trial resumes its run")
 
 
-class PluginsConfig(_Strict):
+class PluginsConfig(StrictConfig):
     paths: list[str] = Field(default_factory=list, description=(
         "directories put first on the Python path of every process of the trial, where `task: {name: "
         "module:Class}` plugins are imported from (a campaign sets them, absolute, from its own plugins.paths)"))
 
 
-class SamplesSettings(_Strict):
+class SamplesSettings(StrictConfig):
     """Sampled text kept for reading (orchestrator/trial/artifacts/samples.py): `trials/<trial>/samples/step_<s>.jsonl.gz`
     (training groups) and `eval_step_<s>.jsonl.gz` (every held-out evaluation's generations)."""
 
@@ -176,7 +178,7 @@ class SamplesSettings(_Strict):
         "events.jsonl, `samples_capped`); earlier files are kept"))
 
 
-class LoggingConfig(_Strict):
+class LoggingConfig(StrictConfig):
     samples: SamplesSettings = SamplesSettings()
     batches: bool = Field(False, description=(
         "save every step's training batch (all sampled groups: token ids, loss masks, rollout log-probs, rewards; "

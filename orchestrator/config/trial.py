@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from orchestrator.config.eval_sets import agentic_mismatch, label_clash
@@ -21,6 +21,7 @@ from orchestrator.config.sections import (
     LoggingConfig,
     PluginsConfig,
     ResourcesConfig,
+    StrictConfig,
     TimeoutsConfig,
     TrialWandb,
 )
@@ -40,11 +41,7 @@ def _refuse(loc: tuple, value: Any, msg: str) -> None:
         {"type": PydanticCustomError("trial", msg), "loc": loc, "input": value}])
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ModelConfig(_Strict):
+class ModelConfig(StrictConfig):
     name: str = Field("tiny-reasoner", description=(
         "hub name, local path, or a locally built model: 'tiny-reasoner' (warm-started on the chain task), "
         "'tiny' (random init, arithmetic vocabulary), 'tiny-agent' (agentic tasks), or a tiny random-init model "
@@ -58,7 +55,7 @@ class ModelConfig(_Strict):
         "launch"))
 
 
-class EngineConfig(_Strict):
+class EngineConfig(StrictConfig):
     """`vllm.LLM` settings a GPU user tunes, passed through to every rollout worker's engine (workers/rollout/worker.py).
     None = vLLM's own default (or the platform's, for `enforce_eager`)."""
 
@@ -82,7 +79,7 @@ class EngineConfig(_Strict):
         return self
 
 
-class FillConfig(_Strict):
+class FillConfig(StrictConfig):
     """Refill (DAPO's dynamic sampling): sample rounds of `rollout.prompts_per_step` fresh prompts (or levels)
     until `groups` usable groups are in hand (rewards not all equal, finite, kept by the RV filter; under
     credit.advantage_mode gae, whose uniform groups still carry signal, rollout.skip_uninformative defaults to
@@ -93,7 +90,7 @@ class FillConfig(_Strict):
     max_rounds: int = Field(4, ge=1, description="rounds of prompts_per_step prompts at most per step")
 
 
-class OverlongConfig(_Strict):
+class OverlongConfig(StrictConfig):
     """What happens to samples that hit the length limit (single-turn: the completion stopped at
     rollout.max_tokens; multi-turn: a turn did, or the episode ran out of model.max_model_len)."""
 
@@ -105,7 +102,7 @@ class OverlongConfig(_Strict):
     penalty: float = Field(1.0, ge=0.0, description="penalty: reward subtracted at the limit")
 
 
-class RolloutConfig(_Strict):
+class RolloutConfig(StrictConfig):
     num_workers: int = Field(2, ge=1)
     prompts_per_step: int = Field(16, ge=1)
     n: int = Field(8, ge=1, description="rollouts per prompt (the group size G)")
@@ -154,7 +151,7 @@ class RolloutConfig(_Strict):
         return self
 
 
-class TrialConfig(_Strict):
+class TrialConfig(StrictConfig):
     name: str = "local"
     seed: int = 0
     steps: int = Field(40, ge=1)

@@ -23,7 +23,7 @@ from workers.rollout.worker import RolloutWorkerSettings, process_health
 from workers.sync.scratch import enter_scratch
 
 
-class PoolEngine(SharedRolloutWorker):
+class PoolEngineActor(SharedRolloutWorker):
     """One engine of the pool; threaded by `lifecycle.py` (max_concurrency = slots + 2: every slot's call reaches
     the engine thread at once and is batched with the others)."""
 
@@ -70,7 +70,7 @@ def _exit_soon(after_s: float = 1.0) -> None:
     threading.Timer(after_s, os._exit, args=(70,)).start()
 
 
-class PoolLearner(SharedLearner):
+class PoolLearnerActor(SharedLearner):
     """The pool's learner: every slot's adapter, optimizer and RNG on one copy of the base model. Calls run one at a
     time (a slot's train step, checkpoint, restore), except `export_policy`, which runs on threads of its own (one
     per slot: `pool_learner_actor`) beside another slot's call, and `health`, which answers on its own thread
@@ -105,6 +105,6 @@ class PoolLearner(SharedLearner):
 
 
 def pool_learner_actor(slots: int):
-    """`PoolLearner` as a Ray actor class with an export thread per slot (a concurrency group's size is fixed when
+    """`PoolLearnerActor` as a Ray actor class with an export thread per slot (a concurrency group's size is fixed when
     the class is made remote, not in `.options`)."""
-    return ray.remote(concurrency_groups={"health": 1, "export": int(slots)})(PoolLearner)
+    return ray.remote(concurrency_groups={"health": 1, "export": int(slots)})(PoolLearnerActor)

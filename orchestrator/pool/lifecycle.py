@@ -92,7 +92,7 @@ def _place(pool: str, cfg: TrialConfig) -> Pool:
 
 def _build(pool: Pool, cfg: TrialConfig) -> None:
     """Start the pool's actors in its placed group (not waited on here)."""
-    from orchestrator.pool.actors import PoolEngine, pool_learner_actor
+    from orchestrator.pool.actors import PoolEngineActor, pool_learner_actor
     from orchestrator.pool.slots import SlotRegistry
 
     slots, r, k = cfg.resources.shared_base.slots, cfg.resources, engines(cfg)
@@ -104,7 +104,7 @@ def _build(pool: Pool, cfg: TrialConfig) -> None:
     model_cfg, settings = cfg.model.model_dump(), rollout_settings(cfg)
     # the pool's temp files in one folder: a restarted actor removes its dead predecessor's, `stop` the rest
     pool.scratch = scratch_root(cfg.resources.scratch_dir, POOL, f"{pool.id}:{cfg.output_dir or cfg.name}")
-    engine_actor = ray.remote(PoolEngine)
+    engine_actor = ray.remote(PoolEngineActor)
     pool.engines = [engine_actor.options(name=engine_name(pool.id, i), max_concurrency=slots + 2,
                                          num_cpus=r.worker_cpus, num_gpus=r.worker_gpus, max_restarts=RESTARTS,
                                          **bundle(i)).remote(model_cfg, slots, settings, pool.scratch)

@@ -23,20 +23,13 @@ from orchestrator import storage as store
 from orchestrator.config.trial import TrialConfig, sepa_settings
 from orchestrator.storage import EVENTS_FILE, METRICS_FILE, PLACEMENT_FILE, STATE_FILE
 from orchestrator.tracking.run import TrialTracker
-from orchestrator.trial.actors.calls import Calls, Deadlines, Hang, check_health
+from orchestrator.trial.actors.backend import Backend, open_backend
+from orchestrator.trial.actors.calls import Calls, Deadlines, Hang
 from orchestrator.trial.actors.context import TrialContext
-from orchestrator.trial.actors.engines import RolloutEngines
 from orchestrator.trial.actors.models import resolve_model
 from orchestrator.trial.actors.phases import Phases
-from orchestrator.trial.actors.ports import Engines, Learner
-from orchestrator.trial.actors.shared import PoolClients, connect, pool_record
-from orchestrator.trial.actors.start import (
-    placement_record,
-    rollout_names,
-    shutdown_actors,
-    start_actors,
-    trial_scratch_root,
-)
+from orchestrator.trial.actors.ports import EnginesPort, LearnerPort
+from orchestrator.trial.actors.start import shutdown_actors, trial_scratch_root
 from orchestrator.trial.artifacts.batches import TrialBatches
 from orchestrator.trial.artifacts.restore import restore_checkpoint
 from orchestrator.trial.artifacts.samples import TrialSamples
@@ -92,7 +85,7 @@ def _resume(cfg: TrialConfig, out_dir: str) -> Resume:
     return Resume(state["step"] + 1, state["adapter_version"], state, files, restored.rows, pending)
 
 
-def _hang_handler(cfg: TrialConfig, out_dir: str, workers: list, learner: Learner, trackers: list):
+def _hang_handler(cfg: TrialConfig, out_dir: str, workers: list, learner: LearnerPort, trackers: list):
     """What a missed deadline does before the trial fails (orchestrator/trial/actors/calls.py raises after it): record
     the phase and the actors in events.jsonl and the W&B run, and kill this trial's actors (only them), whose
     GPUs would otherwise stay held by a frozen process; Tune then retries from the newest checkpoint."""
@@ -108,7 +101,7 @@ def _hang_handler(cfg: TrialConfig, out_dir: str, workers: list, learner: Learne
     return handle
 
 
-def _restore_actors(resume: Resume, learner: Learner, engines: Engines, task, sepa: SepaController,
+def _restore_actors(resume: Resume, learner: LearnerPort, engines: EnginesPort, task, sepa: SepaController,
                     source: str) -> None:
     """Put the checkpoint's learner state (saved by a group of any size), task cursor, SEPA controller and
     policy back."""
@@ -160,38 +153,19 @@ def _run(cfg: TrialConfig) -> None:
     if resume.start >= cfg.steps:
         return  # restored from the final checkpoint: nothing left to run
 
-    pg = get_current_placement_group()
     calls = Calls(Deadlines(cfg.timeouts))
-    if cfg.resources.shared_base is None:
-        workers, learner = start_actors(cfg, pg, calls)
-        actors = _Actors(workers, learner, RolloutEngines(workers, calls))  # the step's Engines (actors/ports.py)
-    else:  # the campaign's shared pool: a slot of its own, opened fresh (orchestrator/trial/actors/shared.py)
-        pool = connect(cfg, calls)  # gives the slot back itself when it fails after taking it
-        actors = _Actors([], pool.learner, pool.engines, pool)
+    backend = open_backend(cfg, get_current_placement_group(), calls)  # own actors, or a slot of the shared pool
     try:
-        if actors.pool is not None:
-            store.append_line(store.join(out_dir, EVENTS_FILE), {
-                "event": "slot", "pool": pool.pool, "slot": pool.slot, "epoch": pool.lease.epoch,
-                "waited_s": round(pool.waited_s, 3), "time": time.time()})
-        _steps(cfg, out_dir, resume, pg, calls, actors)
-    finally:
-        if actors.pool is not None:  # the campaign driver releases it too (orchestrator/tune/slot_owner.py)
-            actors.pool.release()
+        for event in backend.events:  # a pool slot: which slot, its epoch, how long the acquire waited
+            store.append_line(store.join(out_dir, EVENTS_FILE), event)
+        _steps(cfg, out_dir, resume, calls, backend)
+    finally:  # a pool slot: released (the campaign driver releases it too: orchestrator/tune/slot_owner.py)
+        backend.close()
 
 
-@dataclass
-class _Actors:
-    """What the trial's steps run on: its own rollout workers and learner group, or its slot of the pool."""
-
-    workers: list
-    learner: Learner
-    engines: Engines
-    pool: PoolClients | None = None
-
-
-def _steps(cfg: TrialConfig, out_dir: str, resume: Resume, pg, calls: Calls, actors: _Actors) -> None:
+def _steps(cfg: TrialConfig, out_dir: str, resume: Resume, calls: Calls, backend: Backend) -> None:
     metrics_loc, version, rows = store.join(out_dir, METRICS_FILE), resume.version, resume.rows
-    workers, learner, engines, pool = actors.workers, actors.learner, actors.engines, actors.pool
+    workers, learner, engines = backend.workers, backend.learner, backend.engines
     trackers: list[TrialTracker] = []  # the W&B run, once it exists, hears of a hang too
     calls.on_hang = _hang_handler(cfg, out_dir, workers, learner, trackers)
     tokenizer = load_tokenizer(resolve_model(cfg.model))
@@ -204,14 +178,7 @@ def _steps(cfg: TrialConfig, out_dir: str, resume: Resume, pg, calls: Calls, act
     sepa = SepaController(sepa_settings(cfg))
     learner.ready()
     _restore_actors(resume, learner, engines, task, sepa, f"{out_dir} checkpoint of step {resume.start - 1}")
-    if pool is None:
-        calls.get([w.ready.remote() for w in workers], "setup", rollout_names(workers))
-        health = check_health(calls, rollout_names(workers))  # also: the engines' pids, for the placement record
-        record = placement_record(pg, workers, learner, health, cfg.resources.placement)
-    else:  # the pool's processes, the same in every trial of the campaign (tests check the sharing with them)
-        shared = pool_record(pool, check_health(calls, pool.engines.names))
-        record = {**placement_record(pg, [], learner, [], "shared"), "workers": shared["workers"], "pool": shared}
-    store.write_text(store.join(out_dir, PLACEMENT_FILE), json.dumps(record))
+    store.write_text(store.join(out_dir, PLACEMENT_FILE), json.dumps(backend.placement()))
     tracker = TrialTracker(cfg)
     trackers.append(tracker)
     for row in rows:  # steps before the checkpoint that no earlier attempt got written (killed writer)

@@ -10,7 +10,10 @@
   modules this test process already holds do not count;
 - typed data at the boundaries of one training step (`BOUNDARIES`): no bare `dict` returned there;
 - no module imports a private name (`_x`) of another project module;
-- no folder holds more than `MAX_MODULES` modules directly (a newcomer finds things by folder name).
+- no folder holds more than `MAX_MODULES` modules directly (a newcomer finds things by folder name);
+- no class name is defined twice in orchestrator/ and workers/ (a name says which class it is);
+- the trial's loop and step never ask whether it shares a pool: `resources.shared_base` is read in orchestrator/trial/
+  only by `actors/backend.py:open_backend`.
 """
 
 from __future__ import annotations
@@ -184,7 +187,7 @@ def test_no_function_takes_more_than_eight_parameters():
 # The boundaries of one training step (docs/architecture.md): the step loop <-> the rollout sources <-> the engines,
 # and the step loop <-> the learner. module -> the classes and functions there whose methods / returns cross one.
 BOUNDARIES = {
-    "orchestrator.trial.actors.ports": ["Engines", "Learner"],  # the step -> engines, learner
+    "orchestrator.trial.actors.ports": ["EnginesPort", "LearnerPort"],  # the step -> engines, learner
     "orchestrator.trial.actors.engines": ["RolloutEngines"],
     "orchestrator.trial.actors.learner_group": [f"LearnerGroup.{m}" for m in (
         "submit_train_step", "result", "train_step", "export_policy", "release_cache", "write_checkpoint", "restore")],
@@ -282,3 +285,36 @@ def test_every_command_handler_lives_in_the_cli_folder():
     bad = [f"{name}.{h}" for name, path in _modules().items() if not name.startswith("orchestrator.cli")
            for h in _handlers(ast.parse(path.read_text(), str(path)))]
     assert not sorted(bad)
+
+
+def _class_names(tree: ast.AST) -> list[str]:
+    return [n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+
+
+def test_the_class_finder_finds_nested_ones():
+    assert _class_names(ast.parse("class A:\n    class B: ...\ndef f():\n    class C: ...\n")) == ["A", "B", "C"]
+
+
+def test_no_class_name_is_defined_twice():
+    """`Learner` the workers' class and `Learner` the trial's port, `PoolLearner` the pool's actor and the trial's
+    client of it: a reader (and a grep, and a Ray process title) cannot tell which is meant."""
+    where: dict[str, list[str]] = defaultdict(list)
+    for name, path in _modules().items():
+        for cls in _class_names(ast.parse(path.read_text(), str(path))):
+            where[cls].append(name)
+    assert not sorted(f"{cls}: {', '.join(sorted(mods))}" for cls, mods in where.items() if len(mods) > 1)
+
+
+def test_the_loop_and_the_step_never_ask_whether_the_trial_shares():
+    """One backend per trial (orchestrator/trial/actors/backend.py): the loop and the step call its ports only."""
+    trial = ROOT / "orchestrator" / "trial"
+    paths = [trial / "loop.py", *sorted((trial / "step").rglob("*.py"))]
+    assert not [p.relative_to(ROOT).as_posix() for p in paths if "shared_base" in p.read_text()]
+
+
+def test_only_open_backend_reads_shared_base_in_the_trial():
+    readers = sorted(
+        name for name, path in _modules().items() if name.startswith("orchestrator.trial.")
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Attribute) and node.attr == "shared_base")
+    assert readers == ["orchestrator.trial.actors.backend"]

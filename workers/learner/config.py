@@ -16,18 +16,20 @@ from workers.objectives.settings import Aggregation
 FULL_MODE_LR = 1e-6  # verl's / RAGEN's actor lr for full fine-tuning
 
 
-class _Strict(BaseModel):
+class _StrictLearnerConfig(BaseModel):
+    """A learner config section whose unknown keys are errors."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class LoraSettings(_Strict):
+class LoraSettings(_StrictLearnerConfig):
     rank: Literal[1, 8, 16, 32, 64, 128, 256] = 8
     alpha: float = 16.0
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-class OptimConfig(_Strict):
+class OptimConfig(_StrictLearnerConfig):
     lr: float = Field(2e-3, gt=0.0)
     betas: tuple[float, float] = (0.9, 0.99)
     weight_decay: float = Field(0.0, ge=0.0)
@@ -46,7 +48,7 @@ class OptimConfig(_Strict):
         "recomputed in backward: workers/learner/passes/token_stats.py); None = the whole micro-batch at once"))
 
 
-class LossConfig(_Strict):
+class LossConfig(_StrictLearnerConfig):
     clip_low: float = Field(0.2, ge=0.0, lt=1.0)
     clip_high: float = Field(0.2, ge=0.0)
     dual_clip: float | None = Field(3.0, gt=1.0, description=(
@@ -55,7 +57,7 @@ class LossConfig(_Strict):
     aggregation: Aggregation = "token-mean"
 
 
-class CriticConfig(_Strict):
+class CriticConfig(_StrictLearnerConfig):
     """The value model of `credit.advantage_mode: gae` (workers/learner/critic.py): a LoRA adapter on the policy's base
     weights plus a scalar head, or (`model: full`) its own full model plus a head; trained with its own optimizer
     on the same mini-batches as the policy."""
@@ -76,7 +78,7 @@ class CriticConfig(_Strict):
         "hidden states and its loss never moves them). None: the same as learner.mode"))
 
 
-class LearnerConfig(_Strict):
+class LearnerConfig(_StrictLearnerConfig):
     mode: Literal["lora", "full"] = Field("lora", description=(
         "lora: the policy is a LoRA adapter on frozen base weights, the KL reference is the base (adapter "
         "disabled), vLLM hot-swaps the adapter. full: every weight of the policy trains (seed 004's verl FSDP "

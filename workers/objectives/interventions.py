@@ -19,11 +19,13 @@ from workers.objectives.settings import KL_ESTIMATORS, scheduled_value
 FLOOR_CLASSES = ("planning", "execution", "all")
 
 
-class _Strict(BaseModel):
+class _StrictFiniteConfig(BaseModel):
+    """An interventions section whose unknown keys, and infinite or NaN numbers, are errors."""
+
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class EntropyBonusConfig(_Strict):
+class EntropyBonusConfig(_StrictFiniteConfig):
     """loss = pg - coeff * H, H the token-mean full-vocabulary entropy over response tokens."""
 
     coeff: float = Field(0.0, ge=0.0, description="entropy bonus coefficient (seed: entropy_coeff); 0 = off")
@@ -44,7 +46,7 @@ class EntropyBonusConfig(_Strict):
         return self.coeff > 0
 
 
-class KLConfig(_Strict):
+class KLConfig(_StrictFiniteConfig):
     """loss = pg + coef * KL, KL the token-mean of a per-token estimator against the frozen initial policy."""
 
     coef: float = Field(0.0, ge=0.0, description="KL loss coefficient (seed: kl_loss_coef); 0 = off, no ref pass")
@@ -64,7 +66,7 @@ class KLConfig(_Strict):
         return self.coef > 0
 
 
-class RVFilterConfig(_Strict):
+class RVFilterConfig(_StrictFiniteConfig):
     """Reward-variance filter: keep the top-p nucleus of prompt groups ranked by reward std."""
 
     enabled: bool = Field(False, description="apply the filter before the learner")
@@ -82,14 +84,14 @@ class RVFilterConfig(_Strict):
         return self.enabled and (self.value < 1.0 or not self.include_zero)
 
 
-class FloorSpec(_Strict):
+class FloorSpec(_StrictFiniteConfig):
     """One token class's entropy floor: penalty coef * max(0, floor - mean entropy of the class)^2."""
 
     floor: float = Field(0.0, ge=0.0, description="minimum mean entropy, in the units the learner passes (nats)")
     coef: float = Field(0.0, ge=0.0, description="penalty coefficient")
 
 
-class FloorSchedule(_Strict):
+class FloorSchedule(_StrictFiniteConfig):
     """Multiplies every floor by a factor going from start_factor to end_factor over training progress."""
 
     kind: Literal["constant", "linear", "cosine"] = "constant"
@@ -97,7 +99,7 @@ class FloorSchedule(_Strict):
     end_factor: float = Field(1.0, ge=0.0)
 
 
-class EntropyFloorConfig(_Strict):
+class EntropyFloorConfig(_StrictFiniteConfig):
     """Per token class (planning / execution / all response tokens) entropy floors; unset classes are off."""
 
     planning: FloorSpec | None = Field(None, description="floor on the planning tokens' mean entropy")
@@ -123,7 +125,7 @@ class EntropyFloorConfig(_Strict):
         return {c: s.coef for c, s in self.specs().items()}
 
 
-class ProbabilityFloorConfig(_Strict):
+class ProbabilityFloorConfig(_StrictFiniteConfig):
     """Hard floor on every valid action's probability at the action position of tasks that declare an action set
     (see workers/objectives/probability_floor.py); the sampler and the learner apply the same floored distribution."""
 
@@ -134,7 +136,7 @@ class ProbabilityFloorConfig(_Strict):
         return self.min_prob > 0
 
 
-class InterventionsConfig(_Strict):
+class InterventionsConfig(_StrictFiniteConfig):
     """All learner interventions, each off by default."""
 
     entropy_bonus: EntropyBonusConfig = Field(default_factory=EntropyBonusConfig)

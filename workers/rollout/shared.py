@@ -53,7 +53,7 @@ from workers.sync.policy import PolicyUpdate
 
 
 @dataclass
-class _Slot:
+class _EngineSlot:
     sync: AdapterSync
     version: int | None = None
     broken: str | None = None  # a failed load: this slot refuses to sample until a load succeeds
@@ -92,7 +92,7 @@ class SharedRolloutWorker:
         self.slots = int(slots)
         self._root = Path(tempfile.mkdtemp(prefix="shared_rollout_"))
         ids = itertools.count(1)  # one counter for the whole engine: an id is never reused, across slots too
-        self._slots = [_Slot(AdapterSync(self._root / f"slot{i}", s.max_lora_rank, ids)) for i in range(self.slots)]
+        self._slots = [_EngineSlot(AdapterSync(self._root / f"slot{i}", s.max_lora_rank, ids)) for i in range(self.slots)]
         self.fence = Fence(self.slots)
         self._queue: deque[_Call] = deque()
         self._cond = threading.Condition()

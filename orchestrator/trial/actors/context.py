@@ -15,26 +15,26 @@ from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.actors.calls import Calls
 from orchestrator.trial.actors.engines import RolloutEngines
 from orchestrator.trial.actors.phases import Phases
-from orchestrator.trial.actors.ports import Engines, Learner
+from orchestrator.trial.actors.ports import EnginesPort, LearnerPort
 
 
 @dataclass(frozen=True)
 class TrialContext:
-    """The trial's fixed parts. `learner`: the `Learner` (ports.py; today a LearnerGroup, learner_group.py), None
+    """The trial's fixed parts. `learner`: the `LearnerPort` (ports.py: the backend's, backend.py), None
     where only rollouts run (tests); `actions`: the task's action token ids when the probability floor is on,
     else None; `calls`: the trial's deadlines (orchestrator/trial/actors/calls.py; the default ones where a test builds a
-    context); `engines`: the `Engines` the step samples from and pushes policies to (ports.py), by default
+    context); `engines`: the `EnginesPort` the step samples from and pushes policies to (ports.py), by default
     `RolloutEngines` over `workers` (the trial's own rollout actors) under `calls`."""
 
     cfg: TrialConfig
     workers: list
-    learner: Learner | None
+    learner: LearnerPort | None
     tokenizer: object
     task: object
     actions: list[int] | None = None
     calls: Calls = field(default_factory=Calls)
     phases: Phases = field(default_factory=Phases.off)
-    engines: Engines | None = None
+    engines: EnginesPort | None = None
 
     def __post_init__(self):
         if self.engines is None:

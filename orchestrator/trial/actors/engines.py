@@ -1,5 +1,5 @@
-"""`RolloutEngines`: the `Engines` interface (ports.py) over a trial's own rollout worker actors, every call waited
-on under its phase's deadline (calls.py)."""
+"""`RolloutEngines`: the `EnginesPort` (ports.py) over a trial's own rollout worker actors, every call waited on
+under its phase's deadline (calls.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ def fan_out(calls: Calls, names: list[tuple[str, object]], submit: Callable[[obj
     return calls.get(futures, phase, called)
 
 
+OWN_INITIAL_VERSIONS: frozenset[int | None] = frozenset({None, 0})  # the bare base, or its adapter v0 (B = 0)
+
+
 class RolloutEngines:
     """`workers`: rollout worker actors (workers/rollout/worker.py), one shard each; `calls`: the trial's
     deadlines."""
@@ -37,6 +40,10 @@ class RolloutEngines:
     @property
     def count(self) -> int:
         return len(self.workers)
+
+    @property
+    def initial_versions(self) -> frozenset[int | None]:
+        return OWN_INITIAL_VERSIONS
 
     def generate(self, prompt_ids: list[list[int]], request: SamplingRequest, seeds: list[int],
                  phase: str) -> list[Generation]:

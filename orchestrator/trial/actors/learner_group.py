@@ -18,7 +18,7 @@ from workers.sync.policy import PolicyUpdate
 
 
 class LearnerGroup:
-    """The `Learner` interface (orchestrator/trial/actors/ports.py) over the trial's own rank actors. `ranks`: the learner actors (orchestrator/trial/actors/start.py:LearnerRankActor), rank order, built but not started; or
+    """The `LearnerPort` interface (orchestrator/trial/actors/ports.py) over the trial's own rank actors. `ranks`: the learner actors (orchestrator/trial/actors/start.py:LearnerRankActor), rank order, built but not started; or
     `started`: any actors with the Learner's methods whose models are already built (one rank, in tests).
     `calls`: the trial's deadlines (orchestrator/trial/actors/calls.py); every wait on a rank goes through it."""
 

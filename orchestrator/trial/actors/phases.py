@@ -16,16 +16,16 @@ from __future__ import annotations
 import time
 
 from orchestrator import storage as store
-from orchestrator.trial.actors.ports import Engines, Learner
+from orchestrator.trial.actors.ports import EnginesPort, LearnerPort
 
 
 class Phases:
-    """`engines`: the `Engines` to put to sleep (ports.py); `learner`: the `Learner` whose cached GPU memory is
+    """`engines`: the `EnginesPort` to put to sleep (ports.py); `learner`: the `LearnerPort` whose cached GPU memory is
     released before the engines wake (None: not released); `events`: the events.jsonl location (None: not
     written); `level`: vLLM sleep level, 1 under LoRA (the frozen base stays in host memory and keeps the adapter
     buffers), 2 under full fine-tuning (the weights come back from the learner at the sync)."""
 
-    def __init__(self, engines: Engines | None, learner: Learner | None, events: str | None, level: int,
+    def __init__(self, engines: EnginesPort | None, learner: LearnerPort | None, events: str | None, level: int,
                  enabled: bool = True):
         self.engines, self.learner, self.events, self.level, self.enabled = engines, learner, events, level, enabled
         self.asleep = False
@@ -35,7 +35,7 @@ class Phases:
         return cls(None, None, None, 1, enabled=False)
 
     @classmethod
-    def for_trial(cls, cfg, engines: Engines, learner: Learner, out_dir: str) -> Phases:
+    def for_trial(cls, cfg, engines: EnginesPort, learner: LearnerPort, out_dir: str) -> Phases:
         """Colocated trials sleep their engines; separate ones run as before."""
         if cfg.resources.placement != "colocated":
             return cls.off()

@@ -1,9 +1,10 @@
-"""The two interfaces one training step reaches the outside through: the rollout `Engines` and the `Learner`.
+"""The two interfaces one training step and the trial loop reach the outside through: the rollout `EnginesPort` and
+the `LearnerPort`.
 
-Today's implementations own their actors (engines.py: `RolloutEngines` over the trial's rollout workers;
-learner_group.py: `LearnerGroup` over its learner ranks). A trial that uses engines or a learner shared with other
-trials plugs in a second implementation (a client of the shared ones) through `TrialContext`; the step, the
-sources and the loop call only what is named here, so they do not change for it."""
+Two implementations of each, one per backend (backend.py: `open_backend` picks one for the trial): over the trial's
+own actors (engines.py: `RolloutEngines` over its rollout workers; learner_group.py: `LearnerGroup` over its learner
+ranks), and over its slot of the campaign's shared pool (shared.py: `PoolEnginesClient`, `PoolLearnerClient`). The
+step, the sources and the loop call only what is named here, so they never ask which backend they run on."""
 
 from __future__ import annotations
 
@@ -15,12 +16,20 @@ from workers.rollout.worker import SamplingRequest
 from workers.sync.policy import PolicyUpdate
 
 
-class Engines(Protocol):
+class EnginesPort(Protocol):
     """The engines a trial samples from, as `count` shards (request shard j is seeded by `seeds[j]`)."""
 
     @property
     def count(self) -> int:
         """How many shards a batch of prompts is split into (0: no engine, e.g. a replay without evaluation)."""
+        ...
+
+    @property
+    def initial_versions(self) -> frozenset[int | None]:
+        """The adapter versions a rollout may carry before the trial's first policy push: the trial's own engines
+        sample the bare base (None) or its adapter v0 (B = 0), {None, 0}; a pool slot always holds an adapter
+        (shared.py:connect loads v0 at once), {0}, so there a bare-base rollout is another slot's leak or a
+        restarted engine, never the trial's policy (step/sequence.py:prepare refuses it)."""
         ...
 
     def generate(self, prompt_ids: list[list[int]], request: SamplingRequest, seeds: list[int],
@@ -39,16 +48,22 @@ class Engines(Protocol):
         ...
 
     def sleep(self, level: int) -> None:
-        """Free the engines' GPU memory (colocated trials: the learner trains on the same GPUs)."""
+        """Free the engines' GPU memory (colocated trials: the learner trains on the same GPUs). Refused on a pool
+        (NotImplementedError): its engines serve other trials, and a shared base refuses colocated placement
+        before launch (orchestrator/campaign/shared.py), so no pool trial's phases ask."""
         ...
 
     def wake(self, parts: list[str]) -> None:
-        """Reallocate `parts` ("weights", "kv_cache") of sleeping engines."""
+        """Reallocate `parts` ("weights", "kv_cache") of sleeping engines. Refused on a pool, as `sleep`."""
         ...
 
 
-class Learner(Protocol):
+class LearnerPort(Protocol):
     """The learner a trial trains: one step at a time, its policy exported for the engines, its state saved."""
+
+    def ready(self) -> bool:
+        """Wait (under the setup deadline) until the learner has built its model; True once it has."""
+        ...
 
     def submit_train_step(self, batch: LearnerBatch) -> object:
         """Start one training step; returns a handle `result` waits on (the step may overlap generation)."""
@@ -71,4 +86,14 @@ class Learner(Protocol):
 
     def restore(self, files: dict[str, bytes], source: str) -> None:
         """Load the state `write_checkpoint` saved (`source` names where it came from, for errors)."""
+        ...
+
+    def placements(self) -> list[dict[str, object]]:
+        """Where the learner's processes run, rank 0 first (pid, node, placement group, GPU ids): placement.json's
+        `learner` and `learner_ranks`."""
+        ...
+
+    def shutdown(self) -> None:
+        """Kill the learner's own actors (a missed deadline: loop.py's hang handler); nothing on a pool, whose
+        learner serves other trials. Idempotent."""
         ...

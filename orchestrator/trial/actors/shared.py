@@ -1,10 +1,12 @@
 """A trial of a shared-base campaign (`resources.shared_base`) reaches the campaign's pool (orchestrator/pool/)
-through these two clients: `PoolEngines` and `PoolLearner` are the `Engines` / `Learner` ports (ports.py) over
-the pool's actors, every call naming the trial's slot by its lease (the slot and its epoch: workers/fence.py) and
-waited on under the trial's deadlines (calls.py), so the step does not know it shares. `connect` finds the pool's
-named actors, takes the trial's slot and opens it fresh under the lease (a new adapter from the trial's seed, zero
-optimizer moments; the engines drop whatever adapter the slot held), giving the slot back when anything after the
-acquire fails; a resumed trial then restores its checkpoint into it as a separate one would.
+through these two clients: `PoolEnginesClient` and `PoolLearnerClient` are the `EnginesPort` / `LearnerPort`
+(ports.py) over the pool's actors, every call naming the trial's slot by its lease (the slot and its epoch:
+workers/fence.py) and waited on under the trial's deadlines (calls.py), so the step does not know it shares.
+`connect` finds the pool's named actors, takes the trial's slot and opens it fresh under the lease (a new adapter
+from the trial's seed, zero optimizer moments; the engines drop whatever adapter the slot held), giving the slot
+back when anything after the acquire fails; a resumed trial then restores its checkpoint into it as a separate one
+would. What `connect` returns, `PoolSlot`, is the trial's backend on the pool (backend.py: `open_backend` picks
+it): its clients, its `slot` event, its placement record, and `close`, the slot's release.
 
 The pool's actors are named in the campaign's Ray namespace (the campaign driver and its trials' drivers are one
 Ray job) under the pool's id (orchestrator/config/pool_key.py: one pool per base model, the id a pure function of
@@ -23,15 +25,18 @@ from orchestrator.config.pool_key import engine_name, learner_name, pool_id, slo
 from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.actors.calls import Calls, check_health
 from orchestrator.trial.actors.engines import fan_out
+from orchestrator.trial.actors.start import placement_record
 from workers.fence import SlotLease
 from workers.learner.inputs import LearnerBatch, RunSettings, StepResult
 from workers.rollout.output import Generation
 from workers.rollout.worker import SamplingRequest
 from workers.sync.policy import PolicyUpdate
 
+POOL_INITIAL_VERSIONS: frozenset[int | None] = frozenset({0})  # the slot's v0 (`connect`), never the bare base
 
-class PoolEngines:
-    """The `Engines` port over the pool's rollout engines, sampling under the trial's adapter (its slot's `lease`)."""
+
+class PoolEnginesClient:
+    """The `EnginesPort` over the pool's rollout engines, sampling under the trial's adapter (its slot's `lease`)."""
 
     def __init__(self, engines: list, lease: SlotLease, calls: Calls):
         self.engines, self.lease, self.calls = list(engines), lease, calls
@@ -40,6 +45,10 @@ class PoolEngines:
     @property
     def count(self) -> int:
         return len(self.engines)
+
+    @property
+    def initial_versions(self) -> frozenset[int | None]:
+        return POOL_INITIAL_VERSIONS
 
     def generate(self, prompt_ids: list[list[int]], request: SamplingRequest, seeds: list[int],
                  phase: str) -> list[Generation]:
@@ -58,15 +67,15 @@ class PoolEngines:
     def health(self) -> None:
         check_health(self.calls, self.names)
 
-    def sleep(self, level: int) -> None:  # never called: shared_base refuses colocated placement
+    def sleep(self, level: int) -> None:  # refused: shared_base refuses colocated placement before launch
         raise NotImplementedError("a shared pool's engines do not sleep")
 
     def wake(self, parts: list[str]) -> None:
         raise NotImplementedError("a shared pool's engines do not sleep")
 
 
-class PoolLearner:
-    """The `Learner` port over the pool's learner, training the trial's adapter (its slot's `lease`)."""
+class PoolLearnerClient:
+    """The `LearnerPort` over the pool's learner, training the trial's adapter (its slot's `lease`)."""
 
     def __init__(self, learner, lease: SlotLease, calls: Calls):
         self.learner, self.lease, self.calls = learner, lease, calls
@@ -115,17 +124,31 @@ class PoolLearner:
 
 
 @dataclasses.dataclass
-class PoolClients:
+class PoolSlot:
+    """The trial's backend on its slot of the pool (backend.py): the pool's clients under the slot's lease, no
+    rollout worker of its own."""
+
     pool: str  # the pool's id (orchestrator/config/pool_key.py)
     lease: SlotLease
-    engines: PoolEngines
-    learner: PoolLearner
+    engines: PoolEnginesClient
+    learner: PoolLearnerClient
     registry: object
     waited_s: float = 0.0  # how long the acquire waited for a free slot
+    pg: object = None  # the trial's placement group (its driver's bundle only)
+    workers: list = dataclasses.field(default_factory=list)  # the trial's own rollout workers: none
+    events: list[dict] = dataclasses.field(default_factory=list)  # events.jsonl lines of the opening (`connect`)
 
     @property
     def slot(self) -> int:
         return self.lease.slot
+
+    def placement(self) -> dict:
+        """placement.json of a trial on the pool: the driver's part, the pool's learner, and the pool's engines as
+        `workers` (the same processes in every trial of the campaign: tests check the sharing with them), the
+        pool's own record under `pool`."""
+        shared = pool_record(self, check_health(self.engines.calls, self.engines.names))
+        record = placement_record(self.pg, [], self.learner, [], "shared", self.engines.calls)
+        return {**record, "workers": shared["workers"], "pool": shared}
 
     def release(self) -> None:
         """Give the slot back (the trial ended or failed) unless a later holder, or a later attempt of this trial,
@@ -135,6 +158,10 @@ class PoolClients:
             ray.get(self.registry.release.remote(self.lease.trial, self.lease.epoch), timeout=30)
         except Exception:  # noqa: BLE001 - a pool already stopped (the campaign ending) has nothing to release
             pass
+
+    def close(self) -> None:
+        """The trial is done with the pool: its slot released (the pool's actors live on for other trials)."""
+        self.release()
 
 
 def await_restarts(actors: list, timeout_s: float, poll_s: float = 0.5) -> None:
@@ -166,10 +193,11 @@ def acquire_slot(registry, trial: str, driver: str | None, calls: Calls, timeout
     return calls.get(registry.acquire.remote(trial, driver), "setup", named)
 
 
-def connect(cfg: TrialConfig, calls: Calls) -> PoolClients:
+def connect(cfg: TrialConfig, calls: Calls, pg=None) -> PoolSlot:
     """The trial's slot in its base model's running pool (the same slot again for a retried trial that still holds
     one), opened fresh under a new epoch: the engines drop the slot's adapter, the learner builds this trial's from
-    its seed. Anything failing after the acquire gives the slot back before the error goes on."""
+    its seed. Anything failing after the acquire gives the slot back before the error goes on. `pg`: the trial's
+    placement group, for its placement record."""
     pool = pool_id(cfg)
     registry = ray.get_actor(slots_name(pool))
     count = calls.get(registry.engines.remote(), "setup", [("pool.slots", registry)])
@@ -177,27 +205,28 @@ def connect(cfg: TrialConfig, calls: Calls) -> PoolClients:
     await_restarts([*actors[0], actors[1]], cfg.timeouts.setup)
     at = time.monotonic()
     lease = acquire_slot(registry, cfg.name, ray.get_runtime_context().get_actor_id(), calls, cfg.timeouts.setup)
-    clients = PoolClients(pool, lease, PoolEngines(actors[0], lease, calls), PoolLearner(actors[1], lease, calls),
-                          registry, time.monotonic() - at)
+    engines, learner = PoolEnginesClient(actors[0], lease, calls), PoolLearnerClient(actors[1], lease, calls)
+    slot = PoolSlot(pool, lease, engines, learner, registry, time.monotonic() - at, pg)
     try:
-        clients.engines.drop()
-        clients.learner.open(cfg)
+        slot.engines.drop()
+        slot.learner.open(cfg)
         # the slot's initial adapter (B = 0: the base model's outputs) on the engines at once, so that no request of
         # a shared engine goes without a LoRA: at 4 slots, a slot left on the bare base sampled some step-0 batches
         # mixed with other slots' adapters with another adapter's weights (README, Shared base)
-        clients.engines.load_policy(clients.learner.export_policy(0))
+        slot.engines.load_policy(slot.learner.export_policy(0))
     except BaseException:
-        clients.release()
+        slot.release()
         raise
-    return clients
+    slot.events.append({"event": "slot", "pool": pool, "slot": slot.slot, "epoch": lease.epoch,
+                        "waited_s": round(slot.waited_s, 3), "time": time.time()})
+    return slot
 
 
-def pool_record(clients: PoolClients, health: list[dict]) -> dict:
+def pool_record(slot: PoolSlot, health: list[dict]) -> dict:
     """The pool's part of a shared trial's placement.json: its id, the slot, the learner's and each engine's process
     (pid, node, placement group) and the engines' child processes: the same for every trial of that pool."""
-    where = clients.learner.calls.get([e.placement.remote() for e in clients.engines.engines], "setup",
-                                      clients.engines.names)
-    return {"id": clients.pool, "slot": clients.slot, "epoch": clients.lease.epoch,
-            "learner": clients.learner.placements()[0],
+    where = slot.engines.calls.get([e.placement.remote() for e in slot.engines.engines], "setup", slot.engines.names)
+    return {"id": slot.pool, "slot": slot.slot, "epoch": slot.lease.epoch,
+            "learner": slot.learner.placements()[0],
             "workers": [{**w, "engine_pids": [c["pid"] for c in h.get("children", [])]}
                         for w, h in zip(where, health, strict=True)]}

@@ -15,6 +15,7 @@ from orchestrator.config.trial import ModelConfig, TrialConfig
 from orchestrator.trial.actors.calls import Calls
 from orchestrator.trial.actors.learner_group import LearnerGroup
 from orchestrator.trial.actors.models import resolve_model
+from orchestrator.trial.actors.ports import LearnerPort
 from workers.learner.inputs import RunSettings
 from workers.learner.learner import Learner
 from workers.learner.ranks import Ranks, rendezvous_address
@@ -102,14 +103,15 @@ def rollout_names(workers: list) -> list[tuple[str, object]]:
     return [(f"rollout[{i}]", w) for i, w in enumerate(workers)]
 
 
-def placement_record(pg, workers, learner: LearnerGroup, health: list[dict], placement: str = "separate") -> dict:
+def placement_record(pg, workers, learner: LearnerPort, health: list[dict], placement: str = "separate",
+                     calls: Calls | None = None) -> dict:
     """Where the trial's actors run: their placement group, GPU ids and pids (checked by tests, handy on a
     cluster; a rollout worker's `engine_pids` are its engine's processes, from `health`); `learner` is rank 0,
     `learner_ranks` every rank; `placement`: separate or colocated (worker i then shares rank i's bundle and
-    GPU)."""
+    GPU), "shared" on a pool slot (orchestrator/trial/actors/shared.py). `calls`: the trial's deadlines."""
     ctx = ray.get_runtime_context()
     ranks = learner.placements()
-    where = learner.calls.get([w.placement.remote() for w in workers], "setup", rollout_names(workers))
+    where = (calls or Calls()).get([w.placement.remote() for w in workers], "setup", rollout_names(workers))
     return {
         "placement": placement,
         "placement_group": pg.id.hex() if pg is not None else None,
@@ -142,9 +144,10 @@ def rollout_settings(cfg: TrialConfig) -> RolloutWorkerSettings:
         sleep_mode=colocated(cfg))
 
 
-def shutdown_actors(workers: list, learner: LearnerGroup | None = None) -> None:
-    """End a trial's actors: every rollout worker and every learner rank; the one way benchmarks and tests
-    tear them down (a `LearnerGroup` is not an actor: `ray.kill` on it fails). A trial run by Tune needs none:
+def shutdown_actors(workers: list, learner: LearnerPort | None = None) -> None:
+    """End a trial's actors: every rollout worker and every learner rank (`learner.shutdown`: nothing for a pool
+    slot's learner); the one way benchmarks and tests tear them down (a `LearnerGroup` is not an actor: `ray.kill`
+    on it fails). A trial run by Tune needs none:
     its actors end with the trial. Killing an actor that is already dead is a no-op."""
     for w in workers:
         ray.kill(w)

@@ -52,10 +52,9 @@ def prepare(ctx: TrialContext, step: int, roll: Rollouts, sepa: SepaController,
     row and learner batch (None when no group is kept)."""
     cfg, actions = ctx.cfg, ctx.actions
     ro = cfg.rollout
-    # the initial policy: the bare base or its adapter v0 (B = 0); a shared engine's slot always holds an adapter
-    # (orchestrator/trial/actors/shared.py:connect), so there a bare-base rollout is another slot's leak or a
-    # restarted engine, never the trial's policy
-    expected = {version} if version or cfg.resources.shared_base is not None else {None, 0}
+    # before the first push: the engines' initial policy (ports.py:EnginesPort.initial_versions: the bare base or
+    # its adapter v0 on the trial's own engines, only v0 on a pool slot, which always holds an adapter)
+    expected = {version} if version else set(ctx.engines.initial_versions)
     if roll.versions - expected:
         raise RuntimeError(f"a rollout worker sampled with adapter {sorted(roll.versions - expected, key=str)}, "
                            f"expected {sorted(expected, key=str)}")

@@ -124,7 +124,7 @@ def _fake_pool(monkeypatch, table: SlotTable, open_fails: bool):
         get=lambda refs, timeout=None: refs,
         get_runtime_context=lambda: SimpleNamespace(get_actor_id=lambda: "driver-1"))
     monkeypatch.setattr(client, "ray", fake_ray)
-    monkeypatch.setattr(client.PoolEngines, "load_policy", lambda self, update: update)
+    monkeypatch.setattr(client.PoolEnginesClient, "load_policy", lambda self, update: update)
     return client, SimpleNamespace(get=lambda refs, phase, named: refs)
 
 
@@ -138,5 +138,10 @@ def test_connect_failing_after_the_acquire_gives_the_slot_back(monkeypatch, tmp_
     client, calls = _fake_pool(monkeypatch, table, open_fails=False)
     pool = client.connect(cfg, calls)
     assert (pool.slot, pool.lease.epoch, table.held()) == (0, 2, {cfg.name: 0})
-    pool.release()
+    # the trial's backend on the pool (orchestrator/trial/actors/backend.py): no rollout worker of its own, its
+    # opening recorded as one `slot` event, only v0 before its first push, and closing it frees the slot
+    assert pool.workers == [] and pool.engines.initial_versions == {0}
+    assert [{k: e[k] for k in ("event", "pool", "slot", "epoch")} for e in pool.events] == [
+        {"event": "slot", "pool": pool.pool, "slot": 0, "epoch": 2}]
+    pool.close()
     assert table.held() == {}

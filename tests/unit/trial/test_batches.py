@@ -199,14 +199,22 @@ def test_replay_refuses_the_same_model_name_holding_another_tokenizer(tmp_path, 
 
 def test_a_shared_trial_s_first_rollout_must_come_from_its_adapter_not_the_bare_base():
     """Step 0 accepts the bare base (None) or adapter v0 from a trial's own engine; on a shared engine only v0: a
-    slot there always holds its trial's adapter, so a bare-base rollout is a leak or an engine restarted empty."""
+    slot there always holds its trial's adapter, so a bare-base rollout is a leak or an engine restarted empty. The
+    step learns which from its engines (EnginesPort.initial_versions), never from the config."""
+    from orchestrator.trial.actors.calls import Calls
+    from orchestrator.trial.actors.engines import RolloutEngines
+    from orchestrator.trial.actors.shared import PoolEnginesClient
+    from workers.fence import SlotLease
+
     roll = _roll()
     separate = TrialConfig(**BASE)
     shared = TrialConfig(**{**BASE, "learner": {"mode": "lora"}, "resources": {"shared_base": {"slots": 2}}})
-    for cfg, ok in [(separate, {None, 0}), (shared, {0})]:
+    own, pool = RolloutEngines([]), PoolEnginesClient([], SlotLease(0, 1, shared.name), Calls())
+    for cfg, port, ok in [(separate, own, {None, 0}), (shared, pool, {0})]:
+        assert port.initial_versions == frozenset(ok)
         for version in (None, 0, 1):
             roll.versions = {version}
-            ctx = TrialContext(cfg, [], None, None, None)
+            ctx = TrialContext(cfg, [], None, None, None, engines=port)
             if version in ok:
                 prepare(ctx, 0, roll, SepaController(sepa_settings(cfg)), 0)
             else:

@@ -52,7 +52,7 @@ class SlotLearner(Learner):
 
 
 @dataclass
-class _Slot:
+class _LearnerSlot:
     learner: Learner
     rng: SlotRng
 
@@ -75,7 +75,7 @@ class SharedLearner:
             raise ValueError(f"a shared learner needs at least one slot, got {slots}")
         self.model_path = model_path
         self.base = SharedBase(model_path)
-        self._slots: list[_Slot | None] = [None] * slots
+        self._slots: list[_LearnerSlot | None] = [None] * slots
         self._lock = threading.Lock()
         self._slot_locks = [threading.Lock() for _ in range(slots)]
         self.fence = Fence(slots)
@@ -96,7 +96,7 @@ class SharedLearner:
             self._drop(slot)
             with swapped_rng(None) as rng:  # the learner seeds the streams itself
                 built = SlotLearner(self.base, learner=learner, credit=credit, interventions=interventions, run=run)
-            self._slots[slot] = _Slot(built, rng.state)
+            self._slots[slot] = _LearnerSlot(built, rng.state)
 
     def close(self, slot: int | SlotLease) -> None:
         """Drop the slot's learner (its adapter, optimizer state, RNG); the shared base stays."""
