@@ -29,7 +29,7 @@ def _sequential(x: np.ndarray) -> float:
     return float(acc)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(TERMS, st.randoms(use_true_random=False))
 def test_any_two_orders_are_within_the_bound(terms, rnd):
     x = np.array(terms, dtype=np.float32)
@@ -44,7 +44,7 @@ def test_any_two_orders_are_within_the_bound(terms, rnd):
         assert_sum_close(got, exact, magnitude=magnitude, terms=len(x), what="vs float64")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(TERMS, st.integers(0, 10**6))
 def test_a_dropped_term_fails_unless_it_is_rounding_sized(terms, pick):
     x = np.array(terms, dtype=np.float64)
