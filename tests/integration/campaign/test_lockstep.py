@@ -10,6 +10,7 @@ at the issue's size; the scheduler's decisions over a 3 x 2 grid are tests/unit/
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import yaml
 
 from orchestrator.campaign.expand import load_campaign
 from orchestrator.jobs.status import render
+from orchestrator.trial.actors.shared import acquire_slot
 from orchestrator.tune.launch import run_campaign
 
 SMALL = {"model": {"name": "tiny"}, "task": {"name": "arithmetic"}, "eval": {"every": 0},
@@ -80,8 +82,7 @@ def test_three_trials_take_turns_on_one_slot_round_by_round(ray_local, tmp_path)
               for n in names]
     assert all(a != b for i, a in enumerate(stable) for b in stable[i + 1:])
     # every pause handed the slot over: each resume is a new acquire of slot 0 under a new epoch (freed by whichever
-    # came first, the paused trial's own release or the campaign driver's `slot_release`), and no acquire waited
-    # longer than one trial step (the slowest step of any trial)
+    # came first, the paused trial's own release or the campaign driver's `slot_release`)
     events = _jsonl(cdir / "events.jsonl")
     pauses = [e for e in events if e["event"] == "pause"]
     starts = {n: [e for e in _jsonl(cdir / "trials" / n / "events.jsonl") if e["event"] == "start"] for n in names}
@@ -91,9 +92,10 @@ def test_three_trials_take_turns_on_one_slot_round_by_round(ray_local, tmp_path)
     slots = [e for n in names for e in _jsonl(cdir / "trials" / n / "events.jsonl") if e["event"] == "slot"]
     assert len(slots) == resumes + len(names) and {e["slot"] for e in slots} == {0}
     assert sorted(e["epoch"] for e in slots) == sorted(set(e["epoch"] for e in slots))  # a new epoch each time
-    step_s = max(r["time/generate_s"] + r.get("time/train_s", 0.0) + r.get("time/sync_s", 0.0)
-                 for n in names for r in rows[n])
-    assert max(e["waited_s"] for e in slots) <= step_s, ([e["waited_s"] for e in slots], step_s)
+    # every acquire found the slot free at its first try: a slot still held would have cost at least one poll
+    # interval (1 s: longer than any step of these trials), a leaked one the setup deadline
+    poll_s = inspect.signature(acquire_slot).parameters["poll_s"].default
+    assert max(e["waited_s"] for e in slots) < poll_s, [e["waited_s"] for e in slots]
     assert [b["round"] for b in events if b["event"] == "round"] == [1, 2, 3]  # the boundaries before the last
     assert "lockstep: all 4 rounds finished" in render(campaign)
 
