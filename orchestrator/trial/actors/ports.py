@@ -49,7 +49,7 @@ class EnginesPort(Protocol):
 
     def sleep(self, level: int) -> None:
         """Free the engines' GPU memory (colocated trials: the learner trains on the same GPUs). Refused on a pool
-        (NotImplementedError): its engines serve other trials, and a shared base refuses colocated placement
+        (RuntimeError): its engines serve other trials, and a shared base refuses colocated placement
         before launch (orchestrator/campaign/shared.py), so no pool trial's phases ask."""
         ...
 

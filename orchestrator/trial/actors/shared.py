@@ -67,11 +67,18 @@ class PoolEnginesClient:
     def health(self) -> None:
         check_health(self.calls, self.names)
 
-    def sleep(self, level: int) -> None:  # refused: shared_base refuses colocated placement before launch
-        raise NotImplementedError("a shared pool's engines do not sleep")
+    def sleep(self, level: int) -> None:
+        self._refuse("sleep")
 
     def wake(self, parts: list[str]) -> None:
-        raise NotImplementedError("a shared pool's engines do not sleep")
+        self._refuse("wake")
+
+    @staticmethod
+    def _refuse(what: str) -> None:
+        """A pool's engines serve other trials: never put to sleep by one. A shared base refuses colocated
+        placement before launch (orchestrator/campaign/shared.py), so reaching this is a bug, said as such."""
+        raise RuntimeError(f"a shared pool's engines serve every trial of the pool and do not {what} for one "
+                           "(resources.shared_base refuses placement: colocated before launch)")
 
 
 class PoolLearnerClient:
