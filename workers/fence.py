@@ -26,6 +26,15 @@ class StaleLease(RuntimeError):
     """A call from a slot's earlier holder (or an earlier attempt of its trial): refused, nothing done."""
 
 
+class SlotNotOpen(KeyError):
+    """A call on a slot that holds no learner: never opened, closed, or emptied by a restart of the learner's
+    process (Ray restarts a pool's learner with every slot empty); the holder's client reopens it and the trial
+    continues from its newest checkpoint (orchestrator/trial/actors/shared.py)."""
+
+    def __str__(self) -> str:  # KeyError's own str quotes its message
+        return str(self.args[0]) if self.args else "slot not open"
+
+
 def slot_index(slot: int | SlotLease) -> int:
     return slot.slot if isinstance(slot, SlotLease) else slot
 

@@ -17,6 +17,7 @@ from orchestrator.trial.actors.models import resolve_model
 from orchestrator.trial.actors.start import engine_dtype, where_am_i
 from workers.fence import SlotLease
 from workers.learner.pool.shared import SharedLearner
+from workers.models.cuda_faults import exit_on_poisoned_context
 from workers.models.gpu_runtime import check_gpu_runtime
 from workers.rollout.shared import SharedRolloutWorker
 from workers.rollout.worker import RolloutWorkerSettings, process_health
@@ -74,7 +75,9 @@ class PoolLearnerActor(SharedLearner):
     """The pool's learner: every slot's adapter, optimizer and RNG on one copy of the base model. Calls run one at a
     time (a slot's train step, checkpoint, restore), except `export_policy`, which runs on threads of its own (one
     per slot: `pool_learner_actor`) beside another slot's call, and `health`, which answers on its own thread
-    meanwhile."""
+    meanwhile. A call that meets a CUDA error poisoning the process's context ends the process
+    (workers/models/cuda_faults.py), which Ray restarts, every slot empty: each trial's client reopens its slot and
+    continues from its newest checkpoint (orchestrator/trial/actors/shared.py:PoolLearnerClient)."""
 
     def __init__(self, model_cfg: dict, slots: int, scratch: str | None = None):
         if scratch:
@@ -91,9 +94,26 @@ class PoolLearnerActor(SharedLearner):
     def _index(self, slot: SlotLease) -> int:
         return super()._index(_leased(slot))
 
+    def open(self, slot: SlotLease, **settings) -> None:
+        with exit_on_poisoned_context("pool learner open"):
+            super().open(slot, **settings)
+
+    def train_step(self, slot: SlotLease, batch):
+        with exit_on_poisoned_context("pool learner train_step"):
+            return super().train_step(slot, batch)
+
+    def checkpoint_files(self, slot: SlotLease) -> dict[str, bytes]:
+        with exit_on_poisoned_context("pool learner checkpoint_files"):
+            return super().checkpoint_files(slot)
+
+    def restore(self, slot: SlotLease, files, source: str = "checkpoint") -> None:
+        with exit_on_poisoned_context("pool learner restore"):
+            super().restore(slot, files, source)
+
     @ray.method(concurrency_group="export")
     def export_policy(self, slot: SlotLease, version: int):
-        return super().export_policy(slot, version)
+        with exit_on_poisoned_context("pool learner export_policy"):
+            return super().export_policy(slot, version)
 
     @ray.method(concurrency_group="health")
     def health(self) -> dict:

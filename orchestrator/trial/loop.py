@@ -28,7 +28,7 @@ from orchestrator.trial.actors.calls import Calls, Deadlines, Hang
 from orchestrator.trial.actors.context import TrialContext
 from orchestrator.trial.actors.models import resolve_model
 from orchestrator.trial.actors.phases import Phases
-from orchestrator.trial.actors.ports import EnginesPort, LearnerPort
+from orchestrator.trial.actors.ports import EnginesPort, LearnerPort, LearnerRestarted
 from orchestrator.trial.actors.start import shutdown_actors, trial_scratch_root
 from orchestrator.trial.artifacts.batches import TrialBatches
 from orchestrator.trial.artifacts.restore import restore_checkpoint
@@ -60,6 +60,7 @@ class Resume:
     learner_files: dict[str, bytes] = field(default_factory=dict)  # the learner's blob and shards, by name
     rows: list[dict] = field(default_factory=list)  # metrics rows up to the checkpoint's step
     pending: object = None  # one_step_off: the prefetched batch of `start`
+    rewound: bool = False  # taken in process after the learner restarted (the engines hold a later policy)
 
 
 def _resume(cfg: TrialConfig, out_dir: str) -> Resume:
@@ -104,15 +105,26 @@ def _hang_handler(cfg: TrialConfig, out_dir: str, workers: list, learner: Learne
 def _restore_actors(resume: Resume, learner: LearnerPort, engines: EnginesPort, task, sepa: SepaController,
                     source: str) -> None:
     """Put the checkpoint's learner state (saved by a group of any size), task cursor, SEPA controller and
-    policy back."""
-    if resume.state is None:
-        return
-    learner.restore(resume.learner_files, source)
-    resume.learner_files = {}  # not held by the driver for the rest of the trial (tens of GB in full mode)
-    task.load_state_dict(resume.state["task"])
-    sepa.load_state_dict(resume.state["sepa"])
-    if resume.version and engines.count:
+    policy back. A rewind puts the checkpoint's policy on the engines even at version 0: they hold a later one."""
+    if resume.state is not None:
+        learner.restore(resume.learner_files, source)
+        resume.learner_files = {}  # not held by the driver for the rest of the trial (tens of GB in full mode)
+        task.load_state_dict(resume.state["task"])
+        sepa.load_state_dict(resume.state["sepa"])
+    if (resume.version or resume.rewound) and engines.count:
         engines.load_policy(learner.export_policy(resume.version))
+
+
+def _rewind(cfg: TrialConfig, out_dir: str, restart: LearnerRestarted) -> Resume:
+    """After `LearnerRestarted`: the trial's newest checkpoint, as a Tune retry would take it, and metrics.jsonl
+    back to it (the steps after it run again, as they would after a retry)."""
+    resume = _resume(cfg, out_dir)
+    resume.rewound = True
+    store.append_line(store.join(out_dir, EVENTS_FILE), restart.event(resume.start))
+    store.write_text(store.join(out_dir, METRICS_FILE), "".join(json.dumps(r) + "\n" for r in resume.rows))
+    print(f"[{cfg.name}] {restart.reason}; continuing from step {resume.start} in process (no retry charged)",
+          flush=True)
+    return resume
 
 
 def _checkpoint(ctx: TrialContext, step: int, version: int, row: dict, rows: list[dict], sepa: SepaController,
@@ -163,9 +175,22 @@ def _run(cfg: TrialConfig) -> None:
         backend.close()
 
 
+@dataclass
+class TrialRun:
+    """What a trial's steps share across in-process rewinds: fixed once the backend is open."""
+
+    cfg: TrialConfig
+    out_dir: str
+    calls: Calls
+    backend: Backend
+    tokenizer: object
+    tracker: TrialTracker | None = None  # the W&B run, made once (a rewind's replayed rows are skipped by it)
+
+
 def _steps(cfg: TrialConfig, out_dir: str, resume: Resume, calls: Calls, backend: Backend) -> None:
-    metrics_loc, version, rows = store.join(out_dir, METRICS_FILE), resume.version, resume.rows
-    workers, learner, engines = backend.workers, backend.learner, backend.engines
+    """The trial's steps from `resume`; a learner restarted under the trial (`LearnerRestarted`, raised by its
+    port) is absorbed here: the newest checkpoint restored in process and the steps after it run again."""
+    workers, learner = backend.workers, backend.learner
     trackers: list[TrialTracker] = []  # the W&B run, once it exists, hears of a hang too
     calls.on_hang = _hang_handler(cfg, out_dir, workers, learner, trackers)
     tokenizer = load_tokenizer(resolve_model(cfg.model))
@@ -174,36 +199,83 @@ def _steps(cfg: TrialConfig, out_dir: str, resume: Resume, calls: Calls, backend
     store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "model", "name": cfg.model.name, **fmt})
     print(f"[{cfg.name}] {cfg.model.name}: chat template {fmt['chat_template'] or 'none'}, eos {fmt['eos']}, "
           f"end of turn {fmt['end_of_turn']}, stop token ids {fmt['stop_token_ids']}", flush=True)
+    learner.ready()
+    run = TrialRun(cfg, out_dir, calls, backend, tokenizer)
+    while True:
+        try:
+            _train(run, resume, trackers)
+            return
+        except LearnerRestarted as restart:
+            resume = _rewind(cfg, out_dir, restart)
+
+
+def _train(run: TrialRun, resume: Resume, trackers: list[TrialTracker]) -> None:
+    """Restore `resume` onto the backend and run the steps after it (what a Tune attempt does once open)."""
+    cfg, out_dir, calls, backend, tokenizer = run.cfg, run.out_dir, run.calls, run.backend, run.tokenizer
+    version, rows = resume.version, resume.rows
+    workers, learner, engines = backend.workers, backend.learner, backend.engines
     task = make_task(cfg.task, cfg.seed)
     sepa = SepaController(sepa_settings(cfg))
-    learner.ready()
-    _restore_actors(resume, learner, engines, task, sepa, f"{out_dir} checkpoint of step {resume.start - 1}")
-    store.write_text(store.join(out_dir, PLACEMENT_FILE), json.dumps(backend.placement()))
-    tracker = TrialTracker(cfg)
-    trackers.append(tracker)
-    for row in rows:  # steps before the checkpoint that no earlier attempt got written (killed writer)
-        tracker.log(row)
+    eval_sets = None
+    try:
+        _restore_actors(resume, learner, engines, task, sepa, f"{out_dir} checkpoint of step {resume.start - 1}")
+        store.write_text(store.join(out_dir, PLACEMENT_FILE), json.dumps(backend.placement()))
+        if run.tracker is None:
+            run.tracker = TrialTracker(cfg)
+            trackers.append(run.tracker)
+        tracker = run.tracker
+        for row in rows:  # steps before the checkpoint that no earlier attempt got written (killed writer)
+            tracker.log(row)
 
-    ctx = TrialContext(cfg, workers, learner, tokenizer, task, action_ids(cfg, task, tokenizer), calls,
-                       Phases.for_trial(cfg, engines, learner, out_dir), engines)
-    source = trial_source(ctx)  # one task, episodes or a mix, refilled; `replay:` saved batches
-    training = TrainingStep.for_trial(ctx, source, resume.pending)  # sync or one_step_off: one sequence
-    samples = TrialSamples(cfg, out_dir, tokenizer)
-    batches = TrialBatches(cfg, out_dir, tokenizer_fingerprint(tokenizer) if cfg.logging.batches else None)
-    eval_sets = EvalSets(ctx)  # eval.sets: more held-out sets, logged as eval/<set>/... (trial/eval_sets.py)
+        ctx = TrialContext(cfg, workers, learner, tokenizer, task, action_ids(cfg, task, tokenizer), calls,
+                           Phases.for_trial(cfg, engines, learner, out_dir), engines)
+        source = trial_source(ctx)  # one task, episodes or a mix, refilled; `replay:` saved batches
+        training = TrainingStep.for_trial(ctx, source, resume.pending)  # sync or one_step_off: one sequence
+        samples = TrialSamples(cfg, out_dir, tokenizer)
+        batches = TrialBatches(cfg, out_dir, tokenizer_fingerprint(tokenizer) if cfg.logging.batches else None)
+        eval_sets = EvalSets(ctx)  # eval.sets: more held-out sets, logged as eval/<set>/... (trial/eval_sets.py)
+        _loop(run, resume, _StepParts(ctx, sepa, source, training, samples, batches, eval_sets), version, rows)
+    except LearnerRestarted:
+        task.close()  # this attempt's task and sets end here; the rewind makes new ones from the checkpoint
+        if eval_sets is not None:
+            eval_sets.close()
+        raise
+    run.tracker.finish()
+    task.close()
+    eval_sets.close()
+    store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "end", "step": cfg.steps - 1, "time": time.time()})
+
+
+@dataclass
+class _StepParts:
+    """One attempt's step machinery (made from its checkpoint by `_train`)."""
+
+    ctx: TrialContext
+    sepa: SepaController
+    source: object
+    training: TrainingStep
+    samples: TrialSamples
+    batches: TrialBatches
+    eval_sets: EvalSets
+
+
+def _loop(run: TrialRun, resume: Resume, parts: _StepParts, version: int, rows: list[dict]) -> None:
+    cfg, out_dir, calls, tracker = run.cfg, run.out_dir, run.calls, run.tracker
+    ctx, sepa, source, training = parts.ctx, parts.sepa, parts.source, parts.training
+    engines, metrics_loc = ctx.engines, store.join(out_dir, METRICS_FILE)
     for step in range(resume.start, cfg.steps):
         held, calls.step, eval_version = HeldOut(), step, version
         engines.health()  # a frozen engine fails here, before a long phase waits on it
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps - 1):
             held = source.evaluate(step)
-            held.metrics.update(eval_sets.evaluate(step))
+            held.metrics.update(parts.eval_sets.evaluate(step))
         outcome = training.run(step, sepa, version)
         outcome.row, outcome.eval_samples = {**outcome.row, **held.metrics}, held.samples
         row, version = outcome.row, outcome.version
         if outcome.uncertainty is not None:
             write_uncertainty(out_dir, step, outcome.uncertainty)
-        batches.record(step, outcome.rollouts)  # logging.batches: trials/<trial>/batches/ (trial/batches.py)
-        tables = samples.record(step, outcome, eval_version)  # trials/<trial>/samples/ (trial/samples.py)
+        parts.batches.record(step, outcome.rollouts)  # logging.batches: trials/<trial>/batches/ (trial/batches.py)
+        tables = parts.samples.record(step, outcome, eval_version)  # trials/<trial>/samples/ (trial/samples.py)
         rows.append(row)
         store.write_text(metrics_loc, "".join(json.dumps(r) + "\n" for r in rows))
         tracker.log(row, tables)
@@ -214,7 +286,3 @@ def _steps(cfg: TrialConfig, out_dir: str, resume: Resume, calls: Calls, backend
             _checkpoint(ctx, step, version, row, rows, sepa, training)
         else:
             tune.report(row)
-    tracker.finish()
-    task.close()
-    eval_sets.close()
-    store.append_line(store.join(out_dir, EVENTS_FILE), {"event": "end", "step": cfg.steps - 1, "time": time.time()})

@@ -8,12 +8,29 @@ step, the sources and the loop call only what is named here, so they never ask w
 
 from __future__ import annotations
 
+import time
 from typing import Protocol
 
 from workers.learner.inputs import LearnerBatch, StepResult
 from workers.rollout.output import Generation
 from workers.rollout.worker import SamplingRequest
 from workers.sync.policy import PolicyUpdate
+
+
+class LearnerRestarted(RuntimeError):  # noqa: N818 - an event the loop handles, not a failure of the trial
+    """Any `LearnerPort` call may raise it: the learner's process died and was restarted under the trial (a shared
+    pool's learner, restarted by Ray with every slot empty), so the trial's learner state is gone; the port has
+    waited for the learner to be back and reopened the trial's part of it fresh (a pure function of the seed). The
+    loop then restores the trial's newest checkpoint in this process, as a Tune retry would from the same
+    checkpoint (orchestrator/trial/loop.py), and the restart costs the trial none of its `max_failures`."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(reason)
+
+    def event(self, from_step: int) -> dict[str, object]:
+        """The trial's events.jsonl line: the restart, and the step it continues from."""
+        return {"event": "learner_restart", "from_step": from_step, "reason": self.reason, "time": time.time()}
 
 
 class EnginesPort(Protocol):
@@ -59,7 +76,8 @@ class EnginesPort(Protocol):
 
 
 class LearnerPort(Protocol):
-    """The learner a trial trains: one step at a time, its policy exported for the engines, its state saved."""
+    """The learner a trial trains: one step at a time, its policy exported for the engines, its state saved. Any
+    call may raise `LearnerRestarted` (the trial's learner state lost with a restarted process)."""
 
     def ready(self) -> bool:
         """Wait (under the setup deadline) until the learner has built its model; True once it has."""

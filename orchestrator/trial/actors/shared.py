@@ -25,6 +25,9 @@ from orchestrator.config.pool_key import engine_name, learner_name, pool_id, slo
 from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.actors.calls import Calls, check_health
 from orchestrator.trial.actors.engines import fan_out
+from orchestrator.trial.actors.leak_guard import check_rollout_policy
+from orchestrator.trial.actors.ports import LearnerRestarted
+from orchestrator.trial.actors.restart import await_learner, first_line, learner_lost, ready_within
 from orchestrator.trial.actors.start import placement_record
 from workers.fence import SlotLease
 from workers.learner.inputs import LearnerBatch, RunSettings, StepResult
@@ -82,15 +85,24 @@ class PoolEnginesClient:
 
 
 class PoolLearnerClient:
-    """The `LearnerPort` over the pool's learner, training the trial's adapter (its slot's `lease`)."""
+    """The `LearnerPort` over the pool's learner, training the trial's adapter (its slot's `lease`).
+
+    The pool's learner restarting under the trial (its process killed, or exiting on a poisoned CUDA context:
+    orchestrator/pool/actors.py) is absorbed here: the call that meets it waits (up to the setup deadline) for the
+    learner to be back, reopens the slot under the same lease and raises `LearnerRestarted`, on which the loop
+    restores the trial's newest checkpoint in process. Each restart spends one of the pool's (Ray's `max_restarts`
+    of the learner actor), none of the trial's `max_failures`; once they are spent the call fails in one line.
+    Every step's result passes the leak guard (leak_guard.py)."""
 
     def __init__(self, learner, lease: SlotLease, calls: Calls):
         self.learner, self.lease, self.calls = learner, lease, calls
         self.named = [("pool.learner", learner)]
+        self.cfg: TrialConfig | None = None  # what `open` built the slot from, to reopen it after a restart
 
     def open(self, cfg: TrialConfig) -> None:
         """The slot as a fresh learner of this trial: a pure function of its seed (SharedLearner.open), opened
         under the lease (older ones refused from now on)."""
+        self.cfg = cfg
         run = RunSettings(seed=cfg.seed, total_steps=cfg.steps, dtype=cfg.model.dtype,
                           collective_timeout_s=cfg.timeouts.collective)
         self.calls.get(self.learner.open.remote(self.lease, learner=cfg.learner, credit=cfg.credit,
@@ -103,16 +115,20 @@ class PoolLearnerClient:
         return self.learner.train_step.remote(self.lease, batch)
 
     def result(self, handle: object) -> StepResult:
-        return self.calls.get(handle, "train", self.named)
+        out = self._absorbing(lambda: self.calls.get(handle, "train", self.named))
+        check_rollout_policy(out.metrics, self.lease)
+        return out
 
     def export_policy(self, version: int) -> PolicyUpdate:
-        return self.calls.get(self.learner.export_policy.remote(self.lease, version), "sync", self.named)
+        return self._absorbing(lambda: self.calls.get(self.learner.export_policy.remote(self.lease, version), "sync",
+                                                      self.named))
 
     def release_cache(self) -> None:
-        self.calls.get(self.learner.release_cache.remote(), "sync", self.named)
+        self._absorbing(lambda: self.calls.get(self.learner.release_cache.remote(), "sync", self.named))
 
     def write_checkpoint(self, directory: str) -> list[str]:
-        files = self.calls.get(self.learner.checkpoint_files.remote(self.lease), "checkpoint", self.named)
+        files = self._absorbing(lambda: self.calls.get(self.learner.checkpoint_files.remote(self.lease), "checkpoint",
+                                                       self.named))
         for name, data in files.items():
             path = Path(directory) / name
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -120,14 +136,35 @@ class PoolLearnerClient:
         return list(files)
 
     def restore(self, files: dict[str, bytes], source: str) -> None:
-        self.calls.get(self.learner.restore.remote(self.lease, files, source), "checkpoint", self.named)
+        self._absorbing(lambda: self.calls.get(self.learner.restore.remote(self.lease, files, source), "checkpoint",
+                                               self.named))
 
     def placements(self) -> list[dict]:
-        return [self.calls.get(self.learner.placement.remote(), "setup", self.named)]
+        return [self._absorbing(lambda: self.calls.get(self.learner.placement.remote(), "setup", self.named))]
 
     def shutdown(self) -> None:
         """Nothing to kill: the learner is the pool's (a hang fails this trial only; the pool's health check and
         the campaign decide about the pool)."""
+
+    def _absorbing(self, call):
+        """`call()`, or, when the learner's process died under it: wait for it, reopen the slot, `LearnerRestarted`."""
+        try:
+            return call()
+        except Exception as e:
+            if not learner_lost(e) or self.cfg is None:
+                raise
+            reason = first_line(e)
+        what = f"shared pool learner, slot {self.lease.slot} of trial {self.lease.trial}"
+        end = time.monotonic() + self.cfg.timeouts.setup
+        while True:  # a learner that dies again while the slot reopens: wait again, within the same bound
+            await_learner(lambda s: ready_within(self.learner, s), max(end - time.monotonic(), 0.0), what)
+            try:
+                self.open(self.cfg)
+                break
+            except Exception as e:
+                if not learner_lost(e):
+                    raise
+        raise LearnerRestarted(f"{what}: the learner restarted under the trial ({reason}); slot reopened")
 
 
 @dataclasses.dataclass

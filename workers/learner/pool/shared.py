@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from workers.credit import CreditConfig
-from workers.fence import Fence, SlotLease, slot_index
+from workers.fence import Fence, SlotLease, SlotNotOpen, slot_index
 from workers.learner.config import LearnerConfig
 from workers.learner.inputs import LearnerBatch, RunSettings, StepResult
 from workers.learner.learner import Learner
@@ -120,7 +120,7 @@ class SharedLearner:
             self.fence.check(lease)
             held = self._slots[slot]
             if held is None:
-                raise KeyError(f"slot {slot} is not open")
+                raise SlotNotOpen(f"slot {slot} is not open")
             with self._timed("export_s"):
                 return held.learner.export_policy(version)
 
@@ -144,13 +144,13 @@ class SharedLearner:
         """The slot's learner (read it only between calls: its random streams are not swapped in)."""
         held = self._slots[self._index(slot)]
         if held is None:
-            raise KeyError(f"slot {slot} is not open")
+            raise SlotNotOpen(f"slot {slot} is not open")
         return held.learner
 
     def rng(self, slot: int | SlotLease) -> SlotRng:
         held = self._slots[self._index(slot)]
         if held is None:
-            raise KeyError(f"slot {slot} is not open")
+            raise SlotNotOpen(f"slot {slot} is not open")
         return held.rng
 
     def stats(self) -> dict[str, float]:
@@ -200,7 +200,7 @@ class SharedLearner:
             self.fence.check(lease)
             held = self._slots[slot]
             if held is None:
-                raise KeyError(f"slot {slot} is not open")
+                raise SlotNotOpen(f"slot {slot} is not open")
             try:
                 with swapped_rng(held.rng) as rng:
                     yield held.learner
