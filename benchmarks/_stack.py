@@ -50,11 +50,12 @@ class Stack:
         import ray
 
         from orchestrator import storage as store
+        from orchestrator.actors.models import resolve_model
+        from orchestrator.actors.setup import rollout_settings
         from orchestrator.config.trial import sepa_settings
         from orchestrator.trial.actors.context import TrialContext
         from orchestrator.trial.actors.learner_group import LearnerGroup
-        from orchestrator.trial.actors.models import resolve_model
-        from orchestrator.trial.actors.start import LearnerRankActor, TrialRolloutActor, rollout_settings
+        from orchestrator.trial.actors.start import LearnerRankActor, TrialRolloutActor
         from orchestrator.trial.artifacts.samples import TrialSamples
         from orchestrator.trial.collect.sampling import action_ids
         from orchestrator.trial.step.sequence import TrainingStep

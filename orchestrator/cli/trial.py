@@ -51,8 +51,8 @@ def trial(args: argparse.Namespace) -> int:
     from orchestrator.tune.launch import run_single_trial
 
     check_model_limits(cfg.model, args.config or "<default trial>")
+    from orchestrator.actors.models import resolve_model_quietly
     from orchestrator.preflight.learner_memory import check_learner_memory
-    from orchestrator.trial.actors.models import resolve_model_quietly
 
     memory = check_learner_memory(cfg, resolve_model_quietly(cfg.model), args.config or "<default trial>", cfg.name)
     if memory is not None:

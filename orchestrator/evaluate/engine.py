@@ -16,9 +16,9 @@ from pathlib import Path
 
 import ray
 
+from orchestrator.actors.models import resolve_model
+from orchestrator.actors.setup import engine_dtype
 from orchestrator.config.trial import ModelConfig
-from orchestrator.trial.actors.models import resolve_model
-from orchestrator.trial.actors.start import engine_dtype
 from workers.learner.config import LearnerConfig
 from workers.models.gpu_runtime import check_gpu_runtime
 from workers.rollout.output import Generation

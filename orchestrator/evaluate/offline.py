@@ -190,7 +190,7 @@ def plan_eval(campaign, directory: str, request: EvalRequest) -> list[TrialEval]
 def engine_key(cfg: TrialConfig) -> str:
     """Trials sharing an engine: the same base model and engine settings (the global seed aside: every request
     carries its own)."""
-    from orchestrator.trial.actors.start import rollout_settings
+    from orchestrator.actors.setup import rollout_settings
 
     settings = dataclasses.replace(rollout_settings(cfg), seed=0, sleep_mode=False)
     return json.dumps({"model": cfg.model.model_dump(mode="json"), "settings": dataclasses.asdict(settings)},
@@ -211,8 +211,8 @@ def engine_count(cfg: TrialConfig, trials: int, asked: int | None, cluster_gpus:
 
 
 def _start_engines(cfg: TrialConfig, count: int) -> list:
+    from orchestrator.actors.setup import rollout_settings
     from orchestrator.evaluate.engine import EvalEngine
-    from orchestrator.trial.actors.start import rollout_settings
 
     settings = dataclasses.replace(rollout_settings(cfg), sleep_mode=False)
     return [EvalEngine.options(num_cpus=cfg.resources.worker_cpus, num_gpus=engine_gpus(cfg)).remote(
@@ -221,9 +221,9 @@ def _start_engines(cfg: TrialConfig, count: int) -> list:
 
 def evaluate_trial(engine, plan: TrialEval) -> list[dict]:
     """`plan`'s checkpoint on `engine`, every set of it: one CSV row per set."""
+    from orchestrator.actors.models import resolve_model
     from orchestrator.trial.actors.calls import Calls, Deadlines
     from orchestrator.trial.actors.context import TrialContext
-    from orchestrator.trial.actors.models import resolve_model
     from orchestrator.trial.artifacts.samples import SampleText, sample_rows
     from orchestrator.trial.collect.eval_sets import close_context, set_context
     from orchestrator.trial.collect.sampling import action_ids

@@ -12,9 +12,9 @@ import threading
 
 import ray
 
+from orchestrator.actors.models import resolve_model
+from orchestrator.actors.setup import engine_dtype, where_am_i
 from orchestrator.config.trial import ModelConfig
-from orchestrator.trial.actors.models import resolve_model
-from orchestrator.trial.actors.start import engine_dtype, where_am_i
 from workers.fence import SlotLease
 from workers.learner.pool.shared import SharedLearner
 from workers.models.cuda_faults import exit_on_poisoned_context

@@ -24,10 +24,10 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from orchestrator.actors.setup import rollout_settings
 from orchestrator.config.placement import bundles, engines
 from orchestrator.config.pool_key import POOL, engine_name, learner_name, pool_groups, slots_name
 from orchestrator.config.trial import TrialConfig
-from orchestrator.trial.actors.start import rollout_settings
 from workers.sync.scratch import scratch_root
 
 RESTARTS = 3  # per pool actor and campaign run: a pool that keeps dying is a bug to see, not to retry forever

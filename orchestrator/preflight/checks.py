@@ -8,13 +8,13 @@ import json
 import os
 from pathlib import Path
 
+from orchestrator.actors.models import local_tokenizer
 from orchestrator.campaign.schema import Campaign
 from orchestrator.config.errors import UserError
 from orchestrator.config.trial import TrialConfig
 from orchestrator.preflight.cluster import check_campaign
 from orchestrator.preflight.model_limits import check_model_limits
 from orchestrator.preflight.working_dir import refuse_storage_inside
-from orchestrator.trial.actors.models import local_tokenizer
 
 
 def check_episodes(source: str, trials: list[tuple[str, TrialConfig]]) -> None:

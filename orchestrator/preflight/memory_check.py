@@ -35,7 +35,7 @@ def check_campaign_learners(campaign, local_only: bool = False, resolve=None,
     other option, not refused). UserError for the first that cannot fit; shapes whose model config cannot be read
     here are left out. `resolve`: model settings -> the path its config is read from (default: the trial's own
     resolution)."""
-    from orchestrator.trial.actors.models import resolve_model_quietly
+    from orchestrator.actors.models import resolve_model_quietly
 
     resolve = resolve or resolve_model_quietly
 
@@ -75,7 +75,7 @@ def check_campaign_learners(campaign, local_only: bool = False, resolve=None,
 def pool_kv_tokens(cfg, slots: int, resolve=None) -> int | None:
     """Tokens the KV caches of the pool's engines hold together (None: the model's config is not on this machine,
     or the GPU's memory is not named)."""
-    from orchestrator.trial.actors.models import resolve_model_quietly
+    from orchestrator.actors.models import resolve_model_quietly
 
     have = gpu_memory_gib(cfg)
     counts = model_counts((resolve or resolve_model_quietly)(cfg.model), cfg, local_only=True) if have else None

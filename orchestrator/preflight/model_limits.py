@@ -30,7 +30,7 @@ def position_limit(model_path: str) -> tuple[str, int] | None:
 def check_model_limits(model: ModelConfig, source: str, where: str = "model") -> None:
     """Refuse (UserError, one line naming `source`, the key, the value and the limit) a max_model_len the model
     cannot hold. Local model names are built (cached) to read their config."""
-    from orchestrator.trial.actors.models import resolve_model_quietly
+    from orchestrator.actors.models import resolve_model_quietly
 
     found = position_limit(resolve_model_quietly(model))
     if found is not None and model.max_model_len > found[1]:

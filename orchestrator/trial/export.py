@@ -15,8 +15,8 @@ import shutil
 from pathlib import Path
 
 from orchestrator import storage as store
+from orchestrator.actors.models import resolve_model
 from orchestrator.config.trial import TrialConfig
-from orchestrator.trial.actors.models import resolve_model
 from orchestrator.trial.artifacts.restore import verified_checkpoint
 from orchestrator.trial.model_card import CARD_FILE, CONFIG_FILE, Exported, card_text
 

@@ -20,13 +20,13 @@ from ray import tune
 from ray.util import get_current_placement_group
 
 from orchestrator import storage as store
+from orchestrator.actors.models import resolve_model
 from orchestrator.config.trial import TrialConfig, sepa_settings
 from orchestrator.storage import EVENTS_FILE, METRICS_FILE, PLACEMENT_FILE, STATE_FILE
 from orchestrator.tracking.run import TrialTracker
 from orchestrator.trial.actors.backend import Backend, open_backend
 from orchestrator.trial.actors.calls import Calls, Deadlines, Hang
 from orchestrator.trial.actors.context import TrialContext
-from orchestrator.trial.actors.models import resolve_model
 from orchestrator.trial.actors.phases import Phases
 from orchestrator.trial.actors.ports import EnginesPort, LearnerPort, LearnerRestarted
 from orchestrator.trial.actors.start import shutdown_actors, trial_scratch_root

@@ -12,6 +12,7 @@
 - no module imports a private name (`_x`) of another project module;
 - no folder holds more than `MAX_MODULES` modules directly (a newcomer finds things by folder name);
 - no class name is defined twice in orchestrator/ and workers/ (a name says which class it is);
+- the shared pool (orchestrator/pool/) imports nothing of the trial (orchestrator/trial/);
 - the trial's loop and step never ask whether it shares a pool: `resources.shared_base` is read in orchestrator/trial/
   only by `actors/backend.py:open_backend`.
 """
@@ -37,17 +38,19 @@ ALLOWED = {
     "orchestrator.tune": {"orchestrator.preflight", "orchestrator.pool", "orchestrator.trial", "orchestrator.tracking",
                           "orchestrator.campaign", "orchestrator.config", "orchestrator.stats",
                           "orchestrator.storage"},
-    "orchestrator.evaluate": {"orchestrator.preflight", "orchestrator.trial", "orchestrator.tracking",
+    "orchestrator.evaluate": {"orchestrator.preflight", "orchestrator.trial", "orchestrator.actors", "orchestrator.tracking",
                               "orchestrator.campaign", "orchestrator.config", "orchestrator.stats",
                               "orchestrator.storage", "workers.*"},
-    "orchestrator.preflight": {"orchestrator.trial", "orchestrator.campaign", "orchestrator.config",
+    "orchestrator.preflight": {"orchestrator.trial", "orchestrator.actors", "orchestrator.campaign", "orchestrator.config",
                                "orchestrator.stats", "orchestrator.storage", "workers.*"},
     "orchestrator.report": {"orchestrator.tracking", "orchestrator.campaign", "orchestrator.config",
                             "orchestrator.stats", "orchestrator.storage"},
-    # the shared pool: started by tune/, built from trial/actors' settings; trials reach it by their client only
-    "orchestrator.pool": {"orchestrator.trial", "orchestrator.config", "workers.*"},
-    "orchestrator.trial": {"orchestrator.tracking", "orchestrator.campaign", "orchestrator.config",
-                           "orchestrator.stats", "orchestrator.storage", "workers.*"},
+    # the shared pool: started by tune/, built on the actor floor; trials reach it by their client only
+    "orchestrator.pool": {"orchestrator.actors", "orchestrator.config", "workers.*"},
+    "orchestrator.trial": {"orchestrator.actors", "orchestrator.tracking", "orchestrator.campaign",
+                           "orchestrator.config", "orchestrator.stats", "orchestrator.storage", "workers.*"},
+    # the actor floor: the model an actor loads, its engine settings, where it runs (trial, pool, evaluate use it)
+    "orchestrator.actors": {"orchestrator.config", "workers.*"},
     "orchestrator.tracking": {"orchestrator.campaign", "orchestrator.config", "orchestrator.stats",
                               "orchestrator.storage"},
     "orchestrator.campaign": {"orchestrator.config", "orchestrator.stats", "orchestrator.storage",
@@ -303,6 +306,14 @@ def test_no_class_name_is_defined_twice():
         for cls in _class_names(ast.parse(path.read_text(), str(path))):
             where[cls].append(name)
     assert not sorted(f"{cls}: {', '.join(sorted(mods))}" for cls, mods in where.items() if len(mods) > 1)
+
+
+def test_the_pool_imports_nothing_of_the_trial():
+    """The pool serves trials without knowing them: its actors are built on the actor floor (orchestrator/actors/),
+    and the trials reach the pool by their client (orchestrator/trial/actors/shared.py)."""
+    bad = sorted(f"{m} -> {d}" for m, deps in _graph().items() if m.startswith("orchestrator.pool")
+                 for d in deps if d.startswith("orchestrator.trial"))
+    assert not bad
 
 
 def test_the_loop_and_the_step_never_ask_whether_the_trial_shares():

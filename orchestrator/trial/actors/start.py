@@ -4,17 +4,17 @@ and learner actor classes, and the placement-group bundles that pack them ([driv
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import ray
 import torch
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from orchestrator.actors.models import resolve_model
+from orchestrator.actors.setup import engine_dtype, rollout_settings, where_am_i
 from orchestrator.config.placement import colocated, learner_slots, worker_slots
 from orchestrator.config.trial import ModelConfig, TrialConfig
 from orchestrator.trial.actors.calls import Calls
 from orchestrator.trial.actors.learner_group import LearnerGroup
-from orchestrator.trial.actors.models import resolve_model
 from orchestrator.trial.actors.ports import LearnerPort
 from workers.learner.inputs import RunSettings
 from workers.learner.learner import Learner
@@ -22,19 +22,6 @@ from workers.learner.ranks import Ranks, rendezvous_address
 from workers.models.gpu_runtime import check_gpu_runtime
 from workers.rollout.worker import RolloutWorker, RolloutWorkerSettings, process_health
 from workers.sync.scratch import enter_scratch, scratch_root
-
-
-def where_am_i() -> dict:
-    ctx = ray.get_runtime_context()
-    return {"placement_group": ctx.get_placement_group_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-            "pid": os.getpid(), "actor_id": ctx.get_actor_id()}  # a restarted actor: the same id, a new pid
-
-
-def engine_dtype(dtype: str) -> str:
-    """'auto' is decided where the engine runs: bf16 on a real GPU, fp32 on CPU (logical GPUs included)."""
-    if dtype != "auto":
-        return dtype
-    return "bfloat16" if torch.cuda.is_available() else "float32"
 
 
 @ray.remote(concurrency_groups={"health": 1})
@@ -122,26 +109,6 @@ def placement_record(pg, workers, learner: LearnerPort, health: list[dict], plac
         "learner_ranks": ranks,
         "node_id": ctx.get_node_id(),
     }
-
-
-def rollout_engine(cfg: TrialConfig) -> dict:
-    """`rollout.engine` as the workers get it. `in_process: null` is decided by the worker (on for the CPU build),
-    except with `one_step_off`, where it means separate processes: generation then overlaps the learner, and vLLM's
-    CPU worker inside the actor fought the learner for the same cores (measured on 2 cores, benchmarks/async.py:
-    one_step_off ran at 0.24x sync's steps/s in-process, 0.93x with separate processes)."""
-    engine = cfg.rollout.engine.model_dump()
-    if engine["in_process"] is None and cfg.rollout.mode == "one_step_off":
-        engine["in_process"] = False
-    return engine
-
-
-def rollout_settings(cfg: TrialConfig) -> RolloutWorkerSettings:
-    """How the trial's rollout workers build their engines. Full mode: no LoRA in the engine, the weights
-    themselves are reloaded."""
-    return RolloutWorkerSettings(
-        dtype=cfg.model.dtype, seed=cfg.seed, max_model_len=cfg.model.max_model_len,
-        max_lora_rank=cfg.learner.lora.rank, engine=rollout_engine(cfg), enable_lora=cfg.learner.mode == "lora",
-        sleep_mode=colocated(cfg))
 
 
 def shutdown_actors(workers: list, learner: LearnerPort | None = None) -> None:

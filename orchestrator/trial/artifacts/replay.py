@@ -78,7 +78,7 @@ def mismatches(cfg: TrialConfig, header: dict, tokenizer: str | None = None) -> 
 def _tokenizer_of(cfg: TrialConfig) -> str | None:
     """The replaying trial's tokenizer fingerprint, None where its tokenizer is not on this machine (a hub model
     not downloaded here: the trial checks it itself, `ReplaySource`)."""
-    from orchestrator.trial.actors.models import local_tokenizer
+    from orchestrator.actors.models import local_tokenizer
     from workers.models.loading import tokenizer_fingerprint
 
     tok = local_tokenizer(cfg.model)

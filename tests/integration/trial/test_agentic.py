@@ -34,8 +34,8 @@ def stable(row: dict) -> dict:
 @pytest.fixture(scope="session")
 def agent_model_dir() -> str:
     """The cached tiny-agent model (the same directory trials resolve `tiny-agent` to)."""
+    from orchestrator.actors.models import resolve_model
     from orchestrator.config.trial import ModelConfig
-    from orchestrator.trial.actors.models import resolve_model
 
     return resolve_model(ModelConfig(name="tiny-agent"))
 

@@ -118,9 +118,9 @@ def test_export_gathers_the_two_rank_checkpoint_into_one_model(runs, tmp_path, c
     equal the learner's at its last step (the 2-rank checkpoint restored on one rank by the learner's own code)."""
     from transformers import AutoModelForCausalLM
 
+    from orchestrator.actors.models import resolve_model
     from orchestrator.cli import main
     from orchestrator.storage import filesystem
-    from orchestrator.trial.actors.models import resolve_model
     from orchestrator.trial.artifacts.restore import verified_checkpoint
     from workers.learner.inputs import RunSettings
     from workers.learner.learner import Learner

@@ -81,9 +81,9 @@ def test_lora_export_of_the_trial_equals_the_learner_at_its_last_step(demo, tmp_
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from orchestrator.actors.models import resolve_model
     from orchestrator.cli import main
     from orchestrator.storage import filesystem
-    from orchestrator.trial.actors.models import resolve_model
     from orchestrator.trial.artifacts.restore import verified_checkpoint
     from tests.integration.trial.test_full_mode import heldout_logprobs
     from workers.learner.inputs import RunSettings

@@ -60,7 +60,7 @@ def test_in_process_engine_is_the_cpu_default_in_an_actor_only():
 
 
 def test_one_step_off_keeps_vllm_in_its_own_processes_unless_told():
-    from orchestrator.trial.actors.start import rollout_engine
+    from orchestrator.actors.setup import rollout_engine
 
     sync, async_ = TrialConfig(), TrialConfig(rollout={"mode": "one_step_off"})
     assert rollout_engine(sync)["in_process"] is None  # the worker decides: in-process on the CPU build

@@ -27,7 +27,7 @@ def test_first_turn_that_does_not_fit_is_refused_before_launch(tmp_path):
 
 
 def test_check_episode_fits_measures_the_longest_first_prompt():
-    from orchestrator.trial.actors.models import resolve_model
+    from orchestrator.actors.models import resolve_model
     from orchestrator.trial.collect.episodes import check_episode_fits
     from workers.envs.tokens import first_prompt_ids
     from workers.models.loading import load_tokenizer

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.actors.models import resolve_model
 from orchestrator.config.trial import TrialConfig
 from orchestrator.tracking.names import logged_metrics
 from orchestrator.trial.actors.context import TrialContext
-from orchestrator.trial.actors.models import resolve_model
 from orchestrator.trial.collect import sources
 from orchestrator.trial.collect.eval_sets import EvalSets, under_set
 from orchestrator.trial.collect.sampling import step_seed

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from orchestrator import storage as store
+from orchestrator.actors.models import resolve_model
 from orchestrator.cli import main
 from orchestrator.config.trial import TrialConfig
-from orchestrator.trial.actors.models import resolve_model
 
 IDS = torch.tensor([[1, 5, 7, 9, 11, 4, 2, 8]])
 
