@@ -35,7 +35,8 @@ def _other_adapter(update: PolicyUpdate, version: int) -> PolicyUpdate:
     swapped = {k: torch.randn(v.shape, generator=gen, dtype=v.dtype) if "lora_B" in k else v
                for k, v in tensors.items()}
     assert any("lora_B" in k for k in tensors), sorted(tensors)
-    return PolicyUpdate(update.kind, version, {**update.files, ADAPTER: save(swapped)}, update.checksum)
+    files = {**update.files, ADAPTER: save(swapped, metadata={"format": "pt"})}
+    return PolicyUpdate(update.kind, version, files, update.checksum)
 
 
 def test_a_step_sampled_under_another_adapter_fails_on_the_guard(ray_local, reasoner_dir, tmp_path, capsys):
