@@ -5,11 +5,11 @@ slots the first two released.
 
 The last queued trial meets the three faults, one after each of its first three checkpoints: its own driver
 SIGKILLed (while the other queued trial runs beside it, which must go on stepping), then the pool's engine process,
-then the pool's learner. Ray restarts a pool actor in place (the same actor, a new process, every slot empty); after the driver's and the engine's deaths the trial fails, Tune
-retries it and it resumes inside the running pool from its newest checkpoint; the learner's death is the pool's
-and costs no retry: the trial reopens its slot and restores its newest checkpoint in its own process
-(orchestrator/trial/actors/shared.py:PoolLearnerClient; three of them: test_shared_learner_restarts.py). The
-faulted trial then equals the same trial run separately (its own engine and learner, no fault) at every step,
+then the pool's learner. Ray restarts a pool actor in place (the same actor, a new process, every slot empty);
+after the driver's and the engine's deaths the trial fails, Tune retries it and it resumes inside the running pool
+from its newest checkpoint; the learner's death is the pool's and costs no retry: the trial reopens its slot and
+restores its newest checkpoint in its own process (orchestrator/trial/actors/shared.py:PoolLearnerClient; three
+of them: test_shared_learner_restarts.py). The faulted trial then equals the same trial run separately (its own engine and learner, no fault) at every step,
 and the queued pair's step 0 equals across conditions (common random numbers)."""
 
 from __future__ import annotations
