@@ -26,13 +26,11 @@ class StaleLease(RuntimeError):
     """A call from a slot's earlier holder (or an earlier attempt of its trial): refused, nothing done."""
 
 
-class SlotNotOpen(KeyError):
-    """A call on a slot that holds no learner: never opened, closed, or emptied by a restart of the learner's
-    process (Ray restarts a pool's learner with every slot empty); the holder's client reopens it and the trial
-    continues from its newest checkpoint (orchestrator/trial/actors/shared.py)."""
-
-    def __str__(self) -> str:  # KeyError's own str quotes its message
-        return str(self.args[0]) if self.args else "slot not open"
+class SlotNotOpen(RuntimeError):
+    """A leased call on a slot this process holds nothing for (never opened here, closed, or emptied by a restart
+    of the process: Ray restarts a pool actor with every slot empty): nothing done. The holder's client reopens the
+    slot (the learner's: orchestrator/trial/actors/shared.py:PoolLearnerClient, and the trial goes on from its newest
+    checkpoint)."""
 
 
 def slot_index(slot: int | SlotLease) -> int:
