@@ -7,8 +7,9 @@ batch's sampled tokens, the learner's taken before its update. Measured on the t
 - the same adapter (sync): ~5e-6;
 - one_step_off, the batch sampled by the policy one update behind the learner's: 0.004-0.055 (test_async's
   Sokoban PPO + GAE, 5 steps; benchmarks/step.py 0.029), the largest single token 1.57;
-- a slot sampled under another slot's adapter: 10.9 (docs/measurements.md, Shared base).
-`LEAK_GAP` sits ~18x above the largest drift and ~11x below the wrong adapter."""
+- a slot sampled under another slot's adapter: 10.9 (docs/measurements.md, Shared base); under its own adapter with
+  the LoRA B matrices drawn at random: 6.74 (its own: 3.5e-7; tests/integration/campaign/test_shared_leak_guard.py).
+`LEAK_GAP` sits ~18x above the largest drift and ~7-11x below another adapter."""
 
 from __future__ import annotations
 

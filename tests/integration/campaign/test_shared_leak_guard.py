@@ -43,8 +43,8 @@ def test_a_step_sampled_under_another_adapter_fails_on_the_guard(ray_local, reas
     cfg = TrialConfig(name="leak_s0", output_dir=str(tmp_path / "out"), steps=4, model={"name": "tiny-reasoner"},
                       task={"name": "chain"},
                       rollout={"prompts_per_step": 4, "n": 4, "max_tokens": 24, "skip_uninformative": False,
-                               "engine": {"in_process": True}},
-                      resources={"rollout_workers": 1, "worker_cpus": 0.5, "learner_cpus": 0.5, "driver_cpus": 0.25,
+                               "num_workers": 1, "engine": {"in_process": True}},
+                      resources={"worker_cpus": 0.5, "learner_cpus": 0.5, "driver_cpus": 0.25,
                                  "shared_base": {"slots": 1}},
                       wandb={"mode": "disabled"})
     with running_pools([cfg]):
