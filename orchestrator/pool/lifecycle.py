@@ -7,10 +7,12 @@ side by side (each placed and its actors started in turn, then all waited on tog
 stops them all. A re-submitted campaign starts new pools; its trials resume from their own checkpoints.
 
 An engine or the learner that dies (its process killed, out of memory, its engine core gone: actors.py) is
-restarted by Ray in its bundle, up to `RESTARTS` times, with every slot empty: each trial's next call to it fails
-(a raised call, a slot the learner no longer holds, or a rollout under another adapter version than the trial
-pushed: orchestrator/trial/step/sequence.py), Tune retries that trial, and it reopens its slot and resumes from
-its newest checkpoint, as after its own driver's death."""
+restarted by Ray in its bundle, up to `RESTARTS` times (the pool's restart budget), with every slot empty. After an
+engine's restart each trial's next call to it fails (a raised call, or a rollout under another adapter version than
+the trial pushed: orchestrator/trial/step/sequence.py), Tune retries that trial, and it reopens its slot and
+resumes from its newest checkpoint, as after its own driver's death. A learner's restart costs no trial a retry:
+each trial's client waits for it, reopens its slot and the trial restores its newest checkpoint in its own process
+(orchestrator/trial/actors/shared.py:PoolLearnerClient); once the budget is spent its calls fail in one line."""
 
 from __future__ import annotations
 
