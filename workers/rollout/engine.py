@@ -30,9 +30,15 @@ def use_engine_processes(in_process: bool) -> None:
 
 def quiet_sampler_compile() -> None:
     """An eager CPU engine (the CPU default) still traces vLLM's two `torch.compile`d sampler helpers (a rank count
-    and a seedless sampler) on its first batch: ~2.5 s of Dynamo per engine start for a comparison and a sum.
-    Off here (and in the engine-core process vLLM starts, through the environment); the tokens and log-probs are
-    the same (checked by tests/integration/rollout/test_rollout.py against a transformers forward)."""
+    and a seedless sampler) on its first batch: ~2.5 s of Dynamo per engine start for a comparison and a sum, and
+    on a machine whose kernel cache is empty a C++ compile of each kernel and of torch's precompiled header in the
+    process's temp dir (a trial's scratch folder: redone by every engine). Off here and in the engine-core process
+    vLLM starts (through the environment, read when that process imports torch); the tokens and log-probs are the
+    same (checked by tests/integration/rollout/test_rollout.py against a transformers forward).
+
+    Dynamo's `disable` set from Python is a per-thread override (torch's config module), so this runs on every
+    thread that drives the engine: `open_engine`'s, and each `generate`'s (a Ray actor with concurrency groups runs
+    its methods on another thread than its `__init__`)."""
     import torch
 
     os.environ["TORCH_COMPILE_DISABLE"] = "1"

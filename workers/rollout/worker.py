@@ -126,6 +126,7 @@ class RolloutWorker:
                                   else FullWeightSync(self._root))
         self._sleep = SleepState(real=bool(s.sleep_mode) and torch.cuda.is_available())
         self._llm, self.engine_kwargs, self.in_process = open_engine(model, s, self._sync.engine_args())
+        self._eager_cpu = not torch.cuda.is_available() and bool(self.engine_kwargs.get("enforce_eager"))
         self._version: int | None = None
         self._broken: str | None = None  # set by a failed load: generate raises until a load succeeds
 
@@ -181,6 +182,8 @@ class RolloutWorker:
             what = "adapter" if self.enable_lora else "weights"
             raise RuntimeError(f"rollout worker unusable since a failed {what} load: {self._broken}")
         prompts, params, action_ids = sampling_params(prompt_token_ids, request)
+        if self._eager_cpu:
+            quiet_sampler_compile()  # this thread's, which may not be open_engine's (its docstring)
         t0 = time.perf_counter()
         outs = self._llm.generate(prompts, params, lora_request=self._sync.lora_request(), use_tqdm=False)
         groups, num_tokens = completions(outs, request.stop_token_ids, action_ids)
