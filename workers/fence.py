@@ -4,6 +4,12 @@ every acquire), so that a late call of a slot's previous holder (a paused or kil
 still on its way) cannot act on the slot's new holder. The pool's engine and learner learn a slot's epoch when the
 holder opens it (`Fence.open`: the engine's `drop`, the learner's `open`) and refuse older ones (`Fence.check`).
 
+The engine serves a leased call only under the lease the slot was opened under (`Fence.require`): an older one is
+stale, and a newer one, or any on a slot this process never opened (the engine restarted since: every slot empty),
+is `SlotNotOpen`, which the holder's client answers by opening the slot again with its current adapter
+(orchestrator/trial/actors/engine_recovery.py), so a restarted engine never samples a slot with another's adapter
+or none.
+
 A bare int slot is not fenced: the engine and learner used alone (tests, benchmarks); the pool's actors refuse one
 (orchestrator/pool/actors.py)."""
 
@@ -24,6 +30,10 @@ class SlotLease:
 
 class StaleLease(RuntimeError):
     """A call from a slot's earlier holder (or an earlier attempt of its trial): refused, nothing done."""
+
+
+class SlotNotOpen(RuntimeError):
+    """A leased call on a slot its holder has not opened in this process (a restarted engine): nothing done."""
 
 
 def slot_index(slot: int | SlotLease) -> int:
@@ -49,6 +59,17 @@ class Fence:
         if isinstance(lease, SlotLease):
             with self._lock:
                 self._refuse_older(lease)
+
+    def require(self, lease: int | SlotLease) -> None:
+        """`check`, and the slot was opened under this very lease here (else `SlotNotOpen`)."""
+        if isinstance(lease, SlotLease):
+            with self._lock:
+                self._refuse_older(lease)
+                now = self._opened[lease.slot]
+                if now is None or now.epoch != lease.epoch:
+                    was = "never opened" if now is None else f"opened at epoch {now.epoch}"
+                    raise SlotNotOpen(f"slot {lease.slot} is not open for trial {lease.trial} at epoch {lease.epoch} "
+                                      f"in this process ({was}): its holder opens it again")
 
     def _refuse_older(self, lease: SlotLease) -> None:
         now = self._opened[lease.slot]

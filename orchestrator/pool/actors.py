@@ -13,6 +13,7 @@ import threading
 import ray
 
 from orchestrator.config.trial import ModelConfig
+from orchestrator.pool.probe import CallClock, ProbeAnswer
 from orchestrator.trial.actors.models import resolve_model
 from orchestrator.trial.actors.start import engine_dtype, where_am_i
 from workers.fence import SlotLease
@@ -22,10 +23,13 @@ from workers.rollout.shared import SharedRolloutWorker
 from workers.rollout.worker import RolloutWorkerSettings, process_health
 from workers.sync.scratch import enter_scratch
 
+CONTROL = "control"  # the concurrency group of an actor's control calls: never queued behind generate or train
+
 
 class PoolEngineActor(SharedRolloutWorker):
     """One engine of the pool; threaded by `lifecycle.py` (max_concurrency = slots + 2: every slot's call reaches
-    the engine thread at once and is batched with the others)."""
+    the engine thread at once and is batched with the others); its control calls (health, ready, placement, stats,
+    probe) on threads of their own (`pool_engine_actor`)."""
 
     def __init__(self, model_cfg: dict, slots: int, settings: RolloutWorkerSettings, scratch: str | None = None):
         if scratch:
@@ -34,9 +38,25 @@ class PoolEngineActor(SharedRolloutWorker):
         super().__init__(resolve_model(ModelConfig(**model_cfg)), slots,
                          dataclasses.replace(settings, dtype=engine_dtype(settings.dtype)))
 
+    @ray.method(concurrency_group=CONTROL)
     def placement(self) -> dict:
         return where_am_i()
 
+    @ray.method(concurrency_group=CONTROL)
+    def ready(self) -> bool:
+        return super().ready()
+
+    @ray.method(concurrency_group=CONTROL)
+    def stats(self) -> dict:
+        return super().stats()
+
+    @ray.method(concurrency_group=CONTROL)
+    def probe(self) -> ProbeAnswer:
+        """The supervisor's probe: this process's health and whether the engine thread is making progress."""
+        live = self.liveness()
+        return ProbeAnswer.of(process_health(), progress=live["progress"], pending=live["pending"])
+
+    @ray.method(concurrency_group=CONTROL)
     def health(self) -> dict:
         """`SharedRolloutWorker.health`; when the engine's own processes are stopped or gone (a killed engine
         core), this actor exits once it has answered, so that Ray restarts it with a new engine (lifecycle.py)
@@ -80,20 +100,46 @@ class PoolLearnerActor(SharedLearner):
         if scratch:
             enter_scratch(scratch, "pool-learner")
         check_gpu_runtime()
+        self.clock = CallClock()  # how long each slot call has run: the supervisor's probe reads it
         super().__init__(resolve_model(ModelConfig(**model_cfg)), slots)
 
+    @ray.method(concurrency_group="health")
     def placement(self) -> dict:
         return where_am_i()
 
+    @ray.method(concurrency_group="health")
     def ready(self) -> bool:
         return True
+
+    @ray.method(concurrency_group="health")
+    def probe(self) -> ProbeAnswer:
+        """The supervisor's probe: this process's health and its oldest running call's age."""
+        call, age = self.clock.oldest()
+        return ProbeAnswer.of(process_health(), call=call, call_s=age)
+
+    def open(self, slot: SlotLease, **settings) -> None:
+        with self.clock.running("open"):
+            super().open(slot, **settings)
+
+    def train_step(self, slot: SlotLease, batch):
+        with self.clock.running("train_step"):
+            return super().train_step(slot, batch)
+
+    def checkpoint_files(self, slot: SlotLease) -> dict[str, bytes]:
+        with self.clock.running("checkpoint_files"):
+            return super().checkpoint_files(slot)
+
+    def restore(self, slot: SlotLease, files, source: str = "checkpoint") -> None:
+        with self.clock.running("restore"):
+            super().restore(slot, files, source)
 
     def _index(self, slot: SlotLease) -> int:
         return super()._index(_leased(slot))
 
     @ray.method(concurrency_group="export")
     def export_policy(self, slot: SlotLease, version: int):
-        return super().export_policy(slot, version)
+        with self.clock.running("export_policy"):
+            return super().export_policy(slot, version)
 
     @ray.method(concurrency_group="health")
     def health(self) -> dict:
@@ -102,6 +148,12 @@ class PoolLearnerActor(SharedLearner):
     @ray.method(concurrency_group="health")
     def stats(self) -> dict:
         return super().stats()
+
+
+def pool_engine_actor():
+    """`PoolEngineActor` as a Ray actor class with its control group (two threads: the supervisor's probe and a
+    trial's health check at once)."""
+    return ray.remote(concurrency_groups={CONTROL: 2})(PoolEngineActor)
 
 
 def pool_learner_actor(slots: int):
