@@ -48,6 +48,7 @@ class Watch:
     name: str  # "engine0", "learner"
     kind: str  # "engine" | "learner"
     progress: int | None = None  # the engine's progress counter at `since`
+    busy: bool = False  # the engine had work pending at `since`
     since: float = 0.0  # when the engine's progress last moved, or its work began
     down_since: float | None = None  # killed or seen dead, not answering since
 
@@ -64,7 +65,8 @@ def judge(w: Watch, seen: Seen, now: float, cfg: SupervisorConfig) -> Verdict:
     if w.down_since is not None:  # restarting: only its coming back counts
         if not isinstance(seen, ProbeAnswer):
             return Verdict()
-        down_s, w.down_since, w.progress = now - w.down_since, None, None
+        down_s, w.down_since = now - w.down_since, None
+        w.progress, w.busy, w.since = seen.progress, bool(seen.pending), now  # the new process's baseline
         return Verdict(event={"event": "pool_actor_back", **head, "down_s": round(down_s, 3), "pid": seen.pid})
     if isinstance(seen, Down):
         w.down_since = now
@@ -86,8 +88,9 @@ def _missed(w: Watch, seen: ProbeAnswer | NoAnswer, now: float, cfg: SupervisorC
         if seen.call_s > cfg.learner_call_s:
             return f"its call {seen.call} has run {seen.call_s:.0f} s, over {cfg.learner_call_s:g} s"
         return None
-    if not seen.pending or w.progress is None or seen.progress != w.progress:
-        w.progress, w.since = seen.progress, now  # idle, first seen, or moving: the stall clock starts again
+    if not (seen.pending and w.busy) or seen.progress != w.progress:
+        # idle, its work just begun, or moving: the stall clock starts again
+        w.progress, w.since, w.busy = seen.progress, now, bool(seen.pending)
         return None
     if now - w.since > cfg.engine_stall_s:
         return (f"its engine made no progress for {now - w.since:.0f} s with {seen.pending} request(s) or call(s) "

@@ -44,8 +44,10 @@ def recoverable(error: BaseException) -> bool:
 class EngineRecovery:
     """Runs a trial's calls on the pool's engines, reopening a restarted engine's slot and redoing the call."""
 
-    def __init__(self, lease: SlotLease, calls: Calls, wait_s: float, poll_s: float = 0.5):
+    def __init__(self, lease: SlotLease, calls: Calls, wait_s: float, poll_s: float = 0.5,
+                 ready: Callable[[object, float], bool] | None = None):
         self.lease, self.calls, self.wait_s, self.poll_s = lease, calls, wait_s, poll_s
+        self.ready = ready or _ready  # whether an engine answers `ready` within a timeout (raises while it cannot)
         self.current: PolicyUpdate | None = None  # the adapter the trial last pushed (reloaded after a restart)
         self.reopened: list[dict] = []  # one record per slot reopened on a restarted engine
 
@@ -61,14 +63,17 @@ class EngineRecovery:
         return [self._one(j, ref, phase) for j, ref in zip(jobs, refs, strict=True)]
 
     def _one(self, job: Job, ref, phase: str):
+        error: BaseException | None = None
         for attempt in range(ATTEMPTS):
             try:
+                if error is not None:  # the engine died again while reopening counts as one more try
+                    self.reopen(job, error)
+                    ref = job.submit(job.engine)
                 return self.calls.get(ref, phase, [(job.name, job.engine)])
             except Exception as e:  # noqa: BLE001 - as in gather
                 if not recoverable(e) or attempt == ATTEMPTS - 1:
                     raise
-                self.reopen(job, e)
-                ref = job.submit(job.engine)
+                error = e
         raise AssertionError("unreachable")
 
     def reopen(self, job: Job, error: BaseException) -> None:
@@ -95,8 +100,12 @@ class EngineRecovery:
                 raise EngineLost(f"pool {job.name} did not come back within {self.wait_s:g} s (timeouts.setup) after "
                                  f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
             try:
-                if ray.get(job.engine.ready.remote(), timeout=left):
+                if self.ready(job.engine, left):
                     return
             except (RayActorError, GetTimeoutError):
                 pass
             time.sleep(min(self.poll_s, max(end - time.monotonic(), 0.0)))
+
+
+def _ready(engine, timeout: float) -> bool:
+    return ray.get(engine.ready.remote(), timeout=timeout)
