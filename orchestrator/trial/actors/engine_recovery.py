@@ -45,9 +45,10 @@ class EngineRecovery:
     """Runs a trial's calls on the pool's engines, reopening a restarted engine's slot and redoing the call."""
 
     def __init__(self, lease: SlotLease, calls: Calls, wait_s: float, poll_s: float = 0.5,
-                 ready: Callable[[object, float], bool] | None = None):
+                 ready: Callable[[object, float], bool] | None = None, record: Callable[[dict], None] | None = None):
         self.lease, self.calls, self.wait_s, self.poll_s = lease, calls, wait_s, poll_s
         self.ready = ready or _ready  # whether an engine answers `ready` within a timeout (raises while it cannot)
+        self.record = record  # each reopening as an events.jsonl line of the trial (None: kept in `reopened` only)
         self.current: PolicyUpdate | None = None  # the adapter the trial last pushed (reloaded after a restart)
         self.reopened: list[dict] = []  # one record per slot reopened on a restarted engine
 
@@ -88,6 +89,8 @@ class EngineRecovery:
                   "version": None if self.current is None else self.current.version,
                   "why": f"{type(error).__name__}", "waited_s": round(time.monotonic() - t0, 3), "time": time.time()}
         self.reopened.append(record)
+        if self.record is not None:
+            self.record(record)
         print(f"trial {self.lease.trial}: {job.name} restarted ({record['why']}); slot {self.lease.slot} reopened "
               f"with adapter v{record['version']} after {record['waited_s']} s, its call redone", flush=True)
 

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import ray
 from ray.exceptions import ActorUnavailableError
 
+from orchestrator import storage as store
 from orchestrator.config.pool_key import engine_name, learner_name, pool_id, slots_name
 from orchestrator.config.trial import TrialConfig
+from orchestrator.storage import EVENTS_FILE
 from orchestrator.trial.actors.calls import Calls, check_health
 from orchestrator.trial.actors.engine_recovery import EngineRecovery, Job
 from orchestrator.trial.actors.engines import shares
@@ -41,10 +44,11 @@ class PoolEnginesClient:
     An engine that restarts under a call costs the trial only time: its slot is reopened with the adapter last
     pushed and the call redone (engine_recovery.py; waiting up to `wait_s` for the engine to be back)."""
 
-    def __init__(self, engines: list, lease: SlotLease, calls: Calls, wait_s: float = 3600.0):
+    def __init__(self, engines: list, lease: SlotLease, calls: Calls, wait_s: float = 3600.0,
+                 record: Callable[[dict], None] | None = None):
         self.engines, self.lease, self.calls = list(engines), lease, calls
         self.names = [(f"pool.engine[{i}]", e) for i, e in enumerate(self.engines)]
-        self.recovery = EngineRecovery(lease, calls, wait_s)
+        self.recovery = EngineRecovery(lease, calls, wait_s, record=record)
 
     @property
     def count(self) -> int:
@@ -226,7 +230,9 @@ def connect(cfg: TrialConfig, calls: Calls, pg=None) -> PoolSlot:
     await_restarts([*actors[0], actors[1]], cfg.timeouts.setup)
     at = time.monotonic()
     lease = acquire_slot(registry, cfg.name, ray.get_runtime_context().get_actor_id(), calls, cfg.timeouts.setup)
-    engines = PoolEnginesClient(actors[0], lease, calls, wait_s=cfg.timeouts.setup)
+    events = None if cfg.output_dir is None else store.join(cfg.output_dir, EVENTS_FILE)
+    engines = PoolEnginesClient(actors[0], lease, calls, wait_s=cfg.timeouts.setup,
+                                record=None if events is None else lambda e: store.append_line(events, e))
     learner = PoolLearnerClient(actors[1], lease, calls)
     slot = PoolSlot(pool, lease, engines, learner, registry, time.monotonic() - at, pg)
     try:
