@@ -54,7 +54,8 @@ class PoolEngineActor(SharedRolloutWorker):
     def probe(self) -> ProbeAnswer:
         """The supervisor's probe: this process's health and whether the engine thread is making progress."""
         live = self.liveness()
-        return ProbeAnswer.of(process_health(), progress=live["progress"], pending=live["pending"])
+        return ProbeAnswer.of(process_health(), progress=live["progress"], pending=live["pending"],
+                              requests=live["requests"])
 
     @ray.method(concurrency_group=CONTROL)
     def health(self) -> dict:

@@ -20,6 +20,7 @@ class ProbeAnswer:
     reason: str = ""  # why not ok
     progress: int | None = None  # engine: steps plus engine-thread calls finished since the process started
     pending: int | None = None  # engine: requests in flight, calls queued or running
+    requests: int | None = None  # engine: requests in flight
     call: str | None = None  # learner: its oldest running call's name
     call_s: float = 0.0  # learner: how long that call has run
 

@@ -170,9 +170,10 @@ class SharedRolloutWorker:
     def liveness(self) -> dict:
         """What a supervisor reads to tell a live engine thread from a stuck one (orchestrator/pool/supervisor.py):
         `progress` (engine steps plus engine-thread calls finished) must advance while `pending` (requests in flight,
-        calls queued, a call running) is above 0. Answered without waiting for the engine thread."""
+        calls queued, a call running) is above 0; `requests`: the requests in flight. Answered without waiting for
+        the engine thread."""
         with self._cond:
-            return {"progress": self._stats["engine_steps"] + self._stats["runs"],
+            return {"progress": self._stats["engine_steps"] + self._stats["runs"], "requests": len(self._running),
                     "pending": len(self._running) + len(self._queue) + int(self._in_run)}
 
     def lora_state(self) -> dict:
