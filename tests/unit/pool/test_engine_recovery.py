@@ -171,3 +171,30 @@ def test_an_engine_that_never_comes_back_is_a_clear_error_and_other_errors_are_n
     with pytest.raises(RuntimeError, match="slot 0 unusable since a failed adapter load"):
         client.generate([[10]], _req(1), [1], "generate")
     assert handle.calls[before:] == ["load_policy", "generate"]  # no drop, no second try
+
+
+def test_with_two_engines_only_the_one_that_died_is_reopened_and_its_share_redone(worker, monkeypatch):  # noqa: F811
+    w, _ = worker
+    lease = SlotTable(3).acquire("A_s0")
+    other = _restarted(monkeypatch)
+    h0, h1 = Handle(w), Handle(other)
+    client = PoolEnginesClient([h0, h1], lease, Calls(), wait_s=2.0)
+    client.recovery.poll_s = 0.01
+    _opened(client, 5)
+    unfaulted = _sampled(client.generate([[10], [11], [12], [13]], _req(3), [3, 30], "generate"))
+    assert unfaulted == [([(10, 3), (11, 4)], 5), ([(12, 30), (13, 31)], 5)]  # engine j's share, seeded seeds[j]
+    fresh = _restarted(monkeypatch)
+    h1.dead = True
+
+    def ready(engine, timeout):
+        h1.obj, h1.dead = fresh, False
+        return True
+
+    client.recovery.ready = ready
+    before0, before1 = len(h0.calls), len(h1.calls)
+    assert _sampled(client.generate([[10], [11], [12], [13]], _req(3), [3, 30], "generate")) == unfaulted
+    assert h0.calls[before0:] == ["generate"]  # the live engine's share ran once
+    assert h1.calls[before1:] == ["generate", "drop", "load_policy", "generate"]
+    assert [r["engine"] for r in client.recovery.reopened] == ["pool.engine[1]"]
+    other.close()
+    fresh.close()
