@@ -6,7 +6,8 @@ process stopped or dead; an engine whose engine thread finished no step or call 
 work (workers/rollout/shared.py:liveness); a learner call running longer than `learner_call_s`. Each kill, each
 death the supervisor did not cause, and each actor back after either, is an event handed to `record` (the
 campaign's events.jsonl: orchestrator/tune/launch.py; `status` prints them). A restarting actor is not judged
-until it answers again.
+until it answers again, except that a probe sent `answer_s` or more after it went down that goes unanswered for
+`answer_s` is its new process frozen (a restarting actor refuses calls at once), killed again.
 
 `judge` is the decision, pure over a `Watch` (what was seen of one actor) and what its probe gave; `Supervisor`
 the thread around it."""
@@ -27,7 +28,9 @@ from orchestrator.pool.probe import ProbeAnswer
 
 @dataclass(frozen=True)
 class NoAnswer:
-    """The probe did not answer within `answer_s`."""
+    """The probe sent at `sent` did not answer within `answer_s`."""
+
+    sent: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,13 @@ class Verdict:
 def judge(w: Watch, seen: Seen, now: float, cfg: SupervisorConfig) -> Verdict:
     """What to do about actor `w` after its probe gave `seen` at `now`; updates `w`."""
     head = {"pool": w.pool, "actor": w.name}
-    if w.down_since is not None:  # restarting: only its coming back counts
+    if w.down_since is not None:  # restarting: only its coming back counts, or its new process frozen
+        if isinstance(seen, NoAnswer) and seen.sent - w.down_since >= cfg.answer_s:
+            # a restarting actor refuses calls at once (Ray's ActorUnavailableError); one that holds a probe sent
+            # well after it went down is its new process, alive and not answering (stopped right after it came back)
+            w.down_since = now
+            return Verdict(kill=True, event={"event": "pool_actor_killed", **head, "reason": (
+                f"no answer to a probe within {cfg.answer_s:g} s after its restart (a stopped or frozen process)")})
         if not isinstance(seen, ProbeAnswer):
             return Verdict()
         down_s, w.down_since = now - w.down_since, None
@@ -153,9 +162,8 @@ class Supervisor:
         if not done:
             if self.clock() - it.sent < it.cfg.answer_s:
                 return None
-            if it.watch.down_since is None:
-                return NoAnswer()  # judged now; the probe stays in flight (a killed actor's fails with its death)
-            return None
+            it.probe = None  # given up on: the next round sends a fresh one (to the new process after a kill)
+            return NoAnswer(it.sent)
         ref, it.probe = it.probe, None
         try:
             return ray.get(ref)

@@ -128,13 +128,15 @@ def test_the_supervisor_kills_a_stopped_engine_within_its_deadline_and_records_i
     stopped_at, stopped_pid = done[1][2], done[1][1]
     kills = [e for e in pool if e["event"] == "pool_actor_killed"]
     assert len(kills) == 1 and kills[0]["actor"] == "engine0", pool  # the stopped engine, and nothing else
-    assert "no answer to a probe within 8 s" in kills[0]["reason"]
+    assert kills[0]["reason"].startswith("no answer to a probe within 8 s")
     print(f"SIGSTOP to the supervisor's kill: {kills[0]['time'] - stopped_at:.1f} s (deadline {DEADLINE_S:g} s)")
     assert 0 < kills[0]["time"] - stopped_at <= DEADLINE_S
     assert not Path(f"/proc/{stopped_pid}").exists()  # Ray killed the stopped process
-    # the SIGKILL seen as a death, and the engine back after each fault; the learner never touched
-    assert [e["event"] for e in pool] == ["pool_actor_died", "pool_actor_back", "pool_actor_killed",
-                                          "pool_actor_back"], pool
+    # the SIGKILL seen as a death (the SIGSTOP may land before the supervisor saw the engine back from it), the
+    # engine back at the end; the learner never touched
+    seen = [e["event"] for e in pool]
+    assert seen in (["pool_actor_died", "pool_actor_back", "pool_actor_killed", "pool_actor_back"],
+                    ["pool_actor_died", "pool_actor_killed", "pool_actor_back"]), pool
     assert {e["actor"] for e in pool} == {"engine0"}
     assert not [e for e in campaign_events(clean.directory) if e["event"].startswith("pool_actor_")]
     # `status` says what happened to the pool

@@ -76,6 +76,18 @@ def test_a_killed_actor_is_not_judged_while_it_restarts_and_its_return_is_an_eve
     assert not judge(w, _engine(0, 1), 85.0, CFG).kill and judge(w, _engine(0, 1), 90.5, CFG).kill
 
 
+def test_a_new_process_frozen_right_after_its_restart_is_killed_again():
+    w = Watch("p", "engine0", "engine")
+    assert not judge(w, Down("ActorUnavailableError: restarting"), 10.0, CFG).kill  # SIGKILLed: it went down at 10
+    # a probe sent within answer_s of the death may have reached the dying process: given up on, not judged
+    assert judge(w, NoAnswer(sent=14.0), 19.0, CFG) == judge(w, Down("restarting"), 20.0, CFG)
+    # one sent later reached the new process (a restarting actor refuses calls at once): frozen, killed again
+    again = judge(w, NoAnswer(sent=15.0), 20.5, CFG)
+    assert again.kill and "after its restart" in again.event["reason"] and w.down_since == 20.5
+    assert not judge(w, NoAnswer(sent=21.0), 26.5, CFG).kill  # the next probes count from the new kill
+    assert judge(w, _engine(0, 0), 40.0, CFG).event["event"] == "pool_actor_back"
+
+
 def test_a_death_the_supervisor_did_not_cause_is_recorded_not_killed():
     w = Watch("p", "learner", "learner")
     died = judge(w, Down("ActorDiedError: killed"), 3.0, CFG)
