@@ -94,8 +94,9 @@ def _exit_soon(after_s: float = 1.0) -> None:
 class PoolLearnerActor(SharedLearner):
     """The pool's learner: every slot's adapter, optimizer and RNG on one copy of the base model. Calls run one at a
     time (a slot's train step, checkpoint, restore), except `export_policy`, which runs on threads of its own (one
-    per slot: `pool_learner_actor`) beside another slot's call, and `health`, which answers on its own thread
-    meanwhile."""
+    per slot: `pool_learner_actor`) beside another slot's call, and the control calls (health, ready, placement,
+    stats, the supervisor's probe), which answer on a thread of their own meanwhile; every slot call is timed
+    (`clock`), so the probe tells how long the current one has run."""
 
     def __init__(self, model_cfg: dict, slots: int, scratch: str | None = None):
         if scratch:
