@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from pathlib import Path
 
 LOCK_FILE = ".driver.lock"  # held by the campaign's driver (tune/launch.py: driver_lock), probed by status
@@ -124,9 +125,13 @@ def file_sizes(location: str) -> dict[str, int]:
     return {i.base_name: i.size for i in infos if i.type == pyarrow.fs.FileType.File}
 
 
+_APPENDING = threading.Lock()  # a read and a rewrite: two threads of one process (Tune's, the pool supervisor's)
+
+
 def append_line(location: str, obj: dict) -> None:
-    old = read_text(location) or ""
-    write_text(location, old + json.dumps(obj) + "\n")
+    with _APPENDING:
+        old = read_text(location) or ""
+        write_text(location, old + json.dumps(obj) + "\n")
 
 
 def read_jsonl(location: str) -> list[dict]:

@@ -4,6 +4,12 @@ every acquire), so that a late call of a slot's previous holder (a paused or kil
 still on its way) cannot act on the slot's new holder. The pool's engine and learner learn a slot's epoch when the
 holder opens it (`Fence.open`: the engine's `drop`, the learner's `open`) and refuse older ones (`Fence.check`).
 
+The engine serves a leased call only under the lease the slot was opened under (`Fence.require`): an older one is
+stale, and a newer one, or any on a slot this process never opened (the engine restarted since: every slot empty),
+is `SlotNotOpen`, which the holder's client answers by opening the slot again with its current adapter
+(orchestrator/trial/actors/engine_recovery.py), so a restarted engine never samples a slot with another's adapter
+or none.
+
 A bare int slot is not fenced: the engine and learner used alone (tests, benchmarks); the pool's actors refuse one
 (orchestrator/pool/actors.py)."""
 
@@ -27,10 +33,11 @@ class StaleLease(RuntimeError):
 
 
 class SlotNotOpen(RuntimeError):
-    """A leased call on a slot this process holds nothing for (never opened here, closed, or emptied by a restart
-    of the process: Ray restarts a pool actor with every slot empty): nothing done. The holder's client reopens the
-    slot (the learner's: orchestrator/trial/actors/shared.py:PoolLearnerClient, and the trial goes on from its newest
-    checkpoint)."""
+    """A leased call on a slot this process holds nothing for under the caller's lease (never opened here, opened
+    under another epoch, closed, or emptied by a restart of the process: Ray restarts a pool actor with every slot
+    empty): nothing done. The holder's client reopens the slot: the engines' with its current adapter and the call
+    redone (orchestrator/trial/actors/engine_recovery.py), the learner's and the trial goes on from its newest
+    checkpoint (orchestrator/trial/actors/shared.py:PoolLearnerClient)."""
 
 
 def slot_index(slot: int | SlotLease) -> int:
@@ -56,6 +63,17 @@ class Fence:
         if isinstance(lease, SlotLease):
             with self._lock:
                 self._refuse_older(lease)
+
+    def require(self, lease: int | SlotLease) -> None:
+        """`check`, and the slot was opened under this very lease here (else `SlotNotOpen`)."""
+        if isinstance(lease, SlotLease):
+            with self._lock:
+                self._refuse_older(lease)
+                now = self._opened[lease.slot]
+                if now is None or now.epoch != lease.epoch:
+                    was = "never opened" if now is None else f"opened at epoch {now.epoch}"
+                    raise SlotNotOpen(f"slot {lease.slot} is not open for trial {lease.trial} at epoch {lease.epoch} "
+                                      f"in this process ({was}): its holder opens it again")
 
     def _refuse_older(self, lease: SlotLease) -> None:
         now = self._opened[lease.slot]

@@ -56,6 +56,21 @@ class CheckpointSettings(StrictConfig):
         return v
 
 
+class SupervisorConfig(StrictConfig):
+    """How the campaign driver watches a shared pool's actors (orchestrator/pool/supervisor.py): an actor that
+    misses a deadline is killed, and Ray restarts it (an engine's trials then redo their requests on it)."""
+
+    every_s: float = Field(10.0, gt=0.0, description="seconds between two probes of each pool actor")
+    answer_s: float = Field(30.0, gt=0.0, description=(
+        "seconds an actor has to answer a probe (on its control thread, not behind generate or train): a stopped "
+        "or frozen process does not"))
+    engine_stall_s: float = Field(120.0, gt=0.0, description=(
+        "seconds an engine may go without finishing an engine step or call while it has requests in flight"))
+    learner_call_s: float = Field(3600.0, gt=0.0, description=(
+        "seconds one call of the learner (a slot's train step, export, checkpoint, restore) may run; raise it for "
+        "steps longer than an hour"))
+
+
 class SharedBaseConfig(StrictConfig):
     """One pool per base model of the campaign (orchestrator/pool/): the rollout engines (vLLM multi-LoRA) and one
     learner hold the base model once; every trial is an adapter in a slot of its own. LoRA trials only, one learner
@@ -64,6 +79,8 @@ class SharedBaseConfig(StrictConfig):
     slots: int = Field(ge=1, description=(
         "trials a pool serves at once (each its adapter, optimizer and RNG in a slot); Tune runs at most this many "
         "trials of a pool at once, the rest queue; a campaign sweeping base models gets a pool per model"))
+    supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig, description=(
+        "deadlines under which the campaign driver probes the pool's engines and learner"))
 
 
 class ResourcesConfig(StrictConfig):

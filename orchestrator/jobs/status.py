@@ -109,7 +109,10 @@ def render(campaign: Campaign) -> str:
     head = (f"campaign {campaign.config.name}: {done}/{len(rows)} trials finished ({campaign.directory})"
             + (f"; {driver}" if driver else "")
             + (f"; {waiting} pending on autoscaling (waiting for nodes to be added)" if waiting else ""))
-    extra = schedule_lines(campaign, finished=done == len(rows)) + plan_vs_actual(campaign)
+    from orchestrator.storage import campaign_events
+
+    extra = (schedule_lines(campaign, finished=done == len(rows)) + pool_lines(campaign_events(campaign.directory))
+             + plan_vs_actual(campaign))
     return head + "".join(f"\n{x}" for x in extra) + "\n" + "\n".join(lines)
 
 
@@ -135,6 +138,30 @@ def schedule_lines(campaign: Campaign, finished: bool = False) -> list[str]:
         out.append(f"adaptive seeds: look {e['look']} at {e['seeds']} seeds: {e['contrast']} {e['measure']} "
                    f"delta {e['delta']:+.4g} [{e['lo']:.4g}, {e['hi']:.4g}] p {e['p']:.3g} (level "
                    f"{e['level']:.3g}): {e['decision']}")
+    return out
+
+
+POOL_EVENTS = ("pool_actor_killed", "pool_actor_died", "pool_actor_back")  # orchestrator/pool/supervisor.py
+
+
+def pool_lines(events: list[dict]) -> list[str]:
+    """One line per shared pool actor the supervisor killed or saw die: how often, and the last time's why."""
+    by_actor: dict[tuple[str, str], list[dict]] = {}
+    for e in events:
+        if e.get("event") in POOL_EVENTS:
+            by_actor.setdefault((e.get("pool", "?"), e.get("actor", "?")), []).append(e)
+    out = []
+    for (pool, actor), seen in by_actor.items():
+        killed = [e for e in seen if e["event"] == "pool_actor_killed"]
+        died = [e for e in seen if e["event"] == "pool_actor_died"]
+        faults = [e for e in seen if e["event"] != "pool_actor_back"]
+        if not faults:
+            continue
+        last = faults[-1]
+        back = seen[-1]["event"] == "pool_actor_back"
+        why = last.get("reason") or last.get("error", "")
+        out.append(f"shared pool {pool} {actor}: killed by the supervisor {len(killed)}x, died {len(died)}x; last: "
+                   f"{why} ({'back' if back else 'restarting'})")
     return out
 
 

@@ -7,18 +7,20 @@ side by side (each placed and its actors started in turn, then all waited on tog
 stops them all. A re-submitted campaign starts new pools; its trials resume from their own checkpoints.
 
 An engine or the learner that dies (its process killed, out of memory, its engine core gone: actors.py) is
-restarted by Ray in its bundle, up to `RESTARTS` times (the pool's restart budget), with every slot empty. After an
-engine's restart each trial's next call to it fails (a raised call, or a rollout under another adapter version than
-the trial pushed: orchestrator/trial/step/sequence.py), Tune retries that trial, and it reopens its slot and
-resumes from its newest checkpoint, as after its own driver's death. A learner's restart costs no trial a retry:
-each trial's client waits for it, reopens its slot and the trial restores its newest checkpoint in its own process
-(orchestrator/trial/actors/shared.py:PoolLearnerClient); once the budget is spent its calls fail in one line."""
+restarted by Ray in its bundle, up to `RESTARTS` times (the pool's restart budget), with every slot empty; one that
+is stopped, frozen or stuck is killed by the campaign's supervisor (supervisor.py) and restarted the same way. A
+restarted engine costs its trials only time: each trial's engine client opens its slot again with its current
+adapter and resubmits the requests it had in flight (trial/actors/engine_recovery.py). A learner's
+restart costs no trial a retry either: each trial's client waits for it, reopens its slot and the trial restores its
+newest checkpoint in its own process (trial/actors/shared.py:PoolLearnerClient). Once an actor's
+budget is spent its calls fail in one line."""
 
 from __future__ import annotations
 
 import dataclasses
 import shutil
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -94,7 +96,7 @@ def _place(pool: str, cfg: TrialConfig) -> Pool:
 
 def _build(pool: Pool, cfg: TrialConfig) -> None:
     """Start the pool's actors in its placed group (not waited on here)."""
-    from orchestrator.pool.actors import PoolEngineActor, pool_learner_actor
+    from orchestrator.pool.actors import pool_engine_actor, pool_learner_actor
     from orchestrator.pool.slots import SlotRegistry
 
     slots, r, k = cfg.resources.shared_base.slots, cfg.resources, engines(cfg)
@@ -106,7 +108,7 @@ def _build(pool: Pool, cfg: TrialConfig) -> None:
     model_cfg, settings = cfg.model.model_dump(), rollout_settings(cfg)
     # the pool's temp files in one folder: a restarted actor removes its dead predecessor's, `stop` the rest
     pool.scratch = scratch_root(cfg.resources.scratch_dir, POOL, f"{pool.id}:{cfg.output_dir or cfg.name}")
-    engine_actor = ray.remote(PoolEngineActor)
+    engine_actor = pool_engine_actor()
     pool.engines = [engine_actor.options(name=engine_name(pool.id, i), max_concurrency=slots + 2,
                                          num_cpus=r.worker_cpus, num_gpus=r.worker_gpus, max_restarts=RESTARTS,
                                          **bundle(i)).remote(model_cfg, slots, settings, pool.scratch)
@@ -147,13 +149,32 @@ def start_pools(cfgs: list[TrialConfig]) -> list[Pool]:
 
 
 @contextmanager
-def running_pools(cfgs: list[TrialConfig]):
-    """The pools of these trials while the block runs (none for separate trials): one per base model."""
+def running_pools(cfgs: list[TrialConfig], record: Callable[[dict], None] | None = None):
+    """The pools of these trials while the block runs (none for separate trials): one per base model, watched by
+    the supervisor (supervisor.py), whose events go to `record` (None: printed only)."""
     pools = start_pools(cfgs)
     try:
-        yield pools
+        with supervised(pools, cfgs, record or (lambda event: None)):
+            yield pools
     finally:
         stop_all(pools)
+
+
+@contextmanager
+def supervised(pools: list[Pool], cfgs: list[TrialConfig], record: Callable[[dict], None]):
+    """The supervisor watching every pool's engines and learner under its pool's `shared_base.supervisor` while
+    the block runs (stopped before the pools are)."""
+    from orchestrator.pool.supervisor import Supervisor, Watch
+
+    settings = {pid: group[0].resources.shared_base.supervisor for pid, group in pool_groups(cfgs).items()}
+    actors = [(Watch(p.id, f"engine{i}", "engine"), e, settings[p.id]) for p in pools for i, e in enumerate(p.engines)]
+    actors += [(Watch(p.id, "learner", "learner"), p.learner, settings[p.id]) for p in pools]
+    supervisor = Supervisor(actors, record).start() if actors else None
+    try:
+        yield supervisor
+    finally:
+        if supervisor is not None:
+            supervisor.stop()
 
 
 def stop_all(pools: list[Pool]) -> None:

@@ -2,7 +2,7 @@
 trial that still holds one gets it back; otherwise the lowest free slot) and gets a lease (workers/fence.py): the
 slot and its epoch, a count of the slot's acquires, bumped on every one, so each attempt of each holder has an epoch
 of its own and the pool's engine and learner refuse a late call from an earlier one. The trial opens whatever slot
-it gets fresh before use (orchestrator/trial/actors/shared.py:connect), so a reused slot never carries its last
+it gets fresh before use (trial/actors/shared.py:connect), so a reused slot never carries its last
 holder's state.
 
 A slot comes back when it is released: by the campaign driver, which sees every trial end, pause and error in Tune

@@ -197,6 +197,11 @@ def campaign_cpus(campaign: Campaign) -> float:
     return pool_cpus + (concurrency_limit(campaign) or len(campaign.trials)) * first.resources.driver_cpus
 
 
+def events_writer(directory: str):
+    """`record(event)`: one line of the campaign's events.jsonl in `directory`."""
+    return lambda event: store.append_line(store.join(directory, store.EVENTS_FILE), event)
+
+
 def run_campaign(campaign: Campaign) -> int:
     """Run (or resume) every trial of the campaign; returns the number of trials that did not finish."""
     imports_done()  # a driver that may run for days collects at the default thresholds: workers/startup.py
@@ -223,7 +228,8 @@ def run_campaign(campaign: Campaign) -> int:
         callbacks = [PendingOnAutoscaling(campaign.directory), *([plan.owner] if plan.owner else [])]
         tuner = _tuner(cfg.name, campaign.storage, {t.name: t.config for t in campaign.trials}, plan,
                        max_failures=cfg.max_failures, keep=keep, callbacks=callbacks)
-        with running_pools([t.trial for t in campaign.trials]):  # resources.shared_base: a pool per model
+        with running_pools([t.trial for t in campaign.trials],  # resources.shared_base: a pool per model
+                           record=events_writer(campaign.directory)):  # the pool supervisor's kills and restarts
             results = tuner.fit()
     failed = [r for r in results if r.error]
     ended = "stopped by the budget at a round boundary" if getattr(plan.scheduler, "stopped", False) else "finished"
@@ -273,7 +279,7 @@ def run_single_trial(cfg: TrialConfig, storage: Path, max_failures: int = 0):
         owner = SlotOwner({cfg.name: pool_id(cfg)}, str(storage / cfg.name))
     tuner = _tuner(cfg.name, str(storage), {cfg.name: cfg.model_dump(mode="json")}, TuneScheduling(),
                    max_failures=max_failures, keep=cfg.checkpoint.keep, callbacks=[owner] if owner else None)
-    with running_pools([cfg]):  # resources.shared_base: the trial on a pool of its own (one slot used)
+    with running_pools([cfg], record=events_writer(str(storage / cfg.name))):  # shared_base: a pool of its own
         result = tuner.fit()[0]
     if result.error:
         print(f"trial {cfg.name} failed: {failure_line(result.error)}")

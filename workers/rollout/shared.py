@@ -44,7 +44,7 @@ from typing import Any
 
 import ray
 
-from workers.fence import Fence, SlotLease, StaleLease, slot_index
+from workers.fence import Fence, SlotLease, SlotNotOpen, StaleLease, slot_index
 from workers.rollout.output import Generation
 from workers.rollout.sampling import SamplingRequest, completions, sampling_params
 from workers.rollout.worker import RolloutWorkerSettings, open_engine, process_health
@@ -97,7 +97,8 @@ class SharedRolloutWorker:
         self._queue: deque[_Call] = deque()
         self._cond = threading.Condition()
         self._stats = {"admissions": 0, "served_calls": 0, "max_in_flight": 0, "engine_steps": 0,
-                       "step_s": 0.0, "adapter_s": 0.0}
+                       "step_s": 0.0, "adapter_s": 0.0, "runs": 0}
+        self._in_run = False  # the engine thread is inside a call of its own (an adapter load, a drop)
         self._born = time.perf_counter()
         self._running: dict[str, tuple[_Call, int]] = {}  # request id -> (its call, prompt index): in flight
         self._request_ids = itertools.count()
@@ -165,6 +166,15 @@ class SharedRolloutWorker:
         adapter_s: seconds spent loading and dropping adapters; up_s: seconds since this object was made."""
         with self._cond:
             return {**self._stats, "up_s": time.perf_counter() - self._born}
+
+    def liveness(self) -> dict:
+        """What a supervisor reads to tell a live engine thread from a stuck one (orchestrator/pool/supervisor.py):
+        `progress` (engine steps plus engine-thread calls finished) must advance while `pending` (requests in flight,
+        calls queued, a call running) is above 0; `requests`: the requests in flight. Answered without waiting for
+        the engine thread."""
+        with self._cond:
+            return {"progress": self._stats["engine_steps"] + self._stats["runs"], "requests": len(self._running),
+                    "pending": len(self._running) + len(self._queue) + int(self._in_run)}
 
     def lora_state(self) -> dict:
         """Debug view: the adapter ids vLLM holds, and per slot its id and directories on disk."""
@@ -234,10 +244,15 @@ class SharedRolloutWorker:
                 return
             runs = [c for c in admitted if c.run is not None]
             for c in runs:
+                self._in_run = True
                 try:
                     c.future.set_result(c.run())
                 except BaseException as e:  # the caller raises it; the engine thread goes on
                     c.future.set_exception(e)
+                finally:
+                    with self._cond:
+                        self._in_run = False
+                        self._stats["runs"] += 1
             self._admit([c for c in admitted if c.run is None])
             if self._running:
                 self._step()
@@ -272,8 +287,8 @@ class SharedRolloutWorker:
         for c in calls:
             sl = self._slots[c.slot]
             try:
-                self.fence.check(c.lease)  # here, in the slot's order: after any drop queued before it
-            except StaleLease as e:
+                self.fence.require(c.lease)  # here, in the slot's order: after any drop queued before it
+            except (StaleLease, SlotNotOpen) as e:
                 c.future.set_exception(e)
                 continue
             if sl.broken is not None:
@@ -344,7 +359,7 @@ class SharedRolloutWorker:
             self._stats["served_calls"] += 1
 
     def _load(self, lease: int | SlotLease, update: PolicyUpdate) -> int:
-        self.fence.check(lease)
+        self.fence.require(lease)
         slot = slot_index(lease)
         sl, t0 = self._slots[slot], time.perf_counter()
         try:

@@ -17,13 +17,20 @@ def fan_out(calls: Calls, names: list[tuple[str, object]], submit: Callable[[obj
     """The prompts split in order over the engines of `names` ((name, handle) pairs; one with no share gets no
     call), engine j's share sent by `submit(handle, prompts, request)` with seed `seeds[j]`, waited on under
     `phase`'s deadline: one `Generation` per engine called. A trial's own workers and a pool's engines alike."""
-    parts = shard(list(range(len(prompt_ids))), len(names))
     futures, called = [], []
-    for j, ((name, handle), idx) in enumerate(zip(names, parts, strict=True)):
-        if idx:
-            futures.append(submit(handle, [prompt_ids[i] for i in idx], dataclasses.replace(request, seed=seeds[j])))
-            called.append((name, handle))
+    for name, handle, prompts, req in shares(names, prompt_ids, request, seeds):
+        futures.append(submit(handle, prompts, req))
+        called.append((name, handle))
     return calls.get(futures, phase, called)
+
+
+def shares(names: list[tuple[str, object]], prompt_ids: list[list[int]], request: SamplingRequest,
+           seeds: list[int]) -> list[tuple[str, object, list[list[int]], SamplingRequest]]:
+    """(name, handle, prompts, request) of every engine with a share: the prompts split in order, engine j's
+    request seeded `seeds[j]`."""
+    parts = shard(list(range(len(prompt_ids))), len(names))
+    return [(name, handle, [prompt_ids[i] for i in idx], dataclasses.replace(request, seed=seeds[j]))
+            for j, ((name, handle), idx) in enumerate(zip(names, parts, strict=True)) if idx]
 
 
 OWN_INITIAL_VERSIONS: frozenset[int | None] = frozenset({None, 0})  # the bare base, or its adapter v0 (B = 0)

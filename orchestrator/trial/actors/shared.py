@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import ray
 from ray.exceptions import ActorUnavailableError
 
+from orchestrator import storage as store
 from orchestrator.config.pool_key import engine_name, learner_name, pool_id, slots_name
 from orchestrator.config.trial import TrialConfig
+from orchestrator.storage import EVENTS_FILE
 from orchestrator.trial.actors.calls import Calls, check_health
-from orchestrator.trial.actors.engines import fan_out
+from orchestrator.trial.actors.engine_recovery import EngineRecovery, Job
+from orchestrator.trial.actors.engines import shares
 from orchestrator.trial.actors.leak_guard import check_rollout_policy
 from orchestrator.trial.actors.ports import LearnerRestarted
 from orchestrator.trial.actors.restart import await_learner, first_line, learner_lost, ready_within
@@ -39,11 +43,15 @@ POOL_INITIAL_VERSIONS: frozenset[int | None] = frozenset({0})  # the slot's v0 (
 
 
 class PoolEnginesClient:
-    """The `EnginesPort` over the pool's rollout engines, sampling under the trial's adapter (its slot's `lease`)."""
+    """The `EnginesPort` over the pool's rollout engines, sampling under the trial's adapter (its slot's `lease`).
+    An engine that restarts under a call costs the trial only time: its slot is reopened with the adapter last
+    pushed and the call redone (engine_recovery.py; waiting up to `wait_s` for the engine to be back)."""
 
-    def __init__(self, engines: list, lease: SlotLease, calls: Calls):
+    def __init__(self, engines: list, lease: SlotLease, calls: Calls, wait_s: float = 3600.0,
+                 record: Callable[[dict], None] | None = None):
         self.engines, self.lease, self.calls = list(engines), lease, calls
         self.names = [(f"pool.engine[{i}]", e) for i, e in enumerate(self.engines)]
+        self.recovery = EngineRecovery(lease, calls, wait_s, record=record)
 
     @property
     def count(self) -> int:
@@ -55,11 +63,14 @@ class PoolEnginesClient:
 
     def generate(self, prompt_ids: list[list[int]], request: SamplingRequest, seeds: list[int],
                  phase: str) -> list[Generation]:
-        return fan_out(self.calls, self.names, lambda e, prompts, req: e.generate.remote(self.lease, prompts, req),
-                       prompt_ids, request, seeds, phase)
+        jobs = [Job(name, e, _generate_call(self.lease, prompts, req))
+                for name, e, prompts, req in shares(self.names, prompt_ids, request, seeds)]
+        return self.recovery.gather(jobs, phase)
 
     def load_policy(self, update: PolicyUpdate) -> int:
-        self.calls.get([e.load_policy.remote(self.lease, update) for e in self.engines], "sync", self.names)
+        self.recovery.current = update  # what a restarted engine gets back (engine_recovery.py)
+        self.recovery.gather([Job(name, e, lambda e: e.load_policy.remote(self.lease, update))
+                              for name, e in self.names], "sync")
         return update.version
 
     def drop(self) -> None:
@@ -68,6 +79,8 @@ class PoolEnginesClient:
         self.calls.get([e.drop.remote(self.lease) for e in self.engines], "setup", self.names)
 
     def health(self) -> None:
+        """Every engine answers `health` (one that died is waited for and its slot reopened first) and is ok."""
+        self.recovery.gather([Job(name, e, lambda e: e.health.remote()) for name, e in self.names], "health")
         check_health(self.calls, self.names)
 
     def sleep(self, level: int) -> None:
@@ -82,6 +95,11 @@ class PoolEnginesClient:
         placement before launch (orchestrator/campaign/shared.py), so reaching this is a bug, said as such."""
         raise RuntimeError(f"a shared pool's engines serve every trial of the pool and do not {what} for one "
                            "(resources.shared_base refuses placement: colocated before launch)")
+
+
+def _generate_call(lease: SlotLease, prompts: list[list[int]], request: SamplingRequest):
+    """An engine's share of a generate call, as a submit that can be made again (the same prompts and seeds)."""
+    return lambda engine: engine.generate.remote(lease, prompts, request)
 
 
 class PoolLearnerClient:
@@ -249,7 +267,10 @@ def connect(cfg: TrialConfig, calls: Calls, pg=None) -> PoolSlot:
     await_restarts([*actors[0], actors[1]], cfg.timeouts.setup)
     at = time.monotonic()
     lease = acquire_slot(registry, cfg.name, ray.get_runtime_context().get_actor_id(), calls, cfg.timeouts.setup)
-    engines, learner = PoolEnginesClient(actors[0], lease, calls), PoolLearnerClient(actors[1], lease, calls)
+    events = None if cfg.output_dir is None else store.join(cfg.output_dir, EVENTS_FILE)
+    engines = PoolEnginesClient(actors[0], lease, calls, wait_s=cfg.timeouts.setup,
+                                record=None if events is None else lambda e: store.append_line(events, e))
+    learner = PoolLearnerClient(actors[1], lease, calls)
     slot = PoolSlot(pool, lease, engines, learner, registry, time.monotonic() - at, pg)
     try:
         slot.engines.drop()

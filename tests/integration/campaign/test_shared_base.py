@@ -3,14 +3,15 @@
 seeds on the tiny reasoner, 2 slots, so Tune runs two trials at a time and the other two queue and reuse the
 slots the first two released.
 
-The last queued trial meets the three faults, one after each of its first three checkpoints: its own driver
-SIGKILLed (while the other queued trial runs beside it, which must go on stepping), then the pool's engine process,
-then the pool's learner. Ray restarts a pool actor in place (the same actor, a new process, every slot empty);
-after the driver's and the engine's deaths the trial fails, Tune retries it and it resumes inside the running pool
-from its newest checkpoint; the learner's death is the pool's and costs no retry: the trial reopens its slot and
-restores its newest checkpoint in its own process (orchestrator/trial/actors/shared.py:PoolLearnerClient; three
-of them: test_shared_learner_restarts.py). The faulted trial then equals the same trial run separately (its own engine and learner, no fault) at every step,
-and the queued pair's step 0 equals across conditions (common random numbers)."""
+The last queued trial meets two faults, one after each of its first two checkpoints: its own driver SIGKILLed
+(while the other queued trial runs beside it, which must go on stepping), then the pool's learner. After the
+driver's death the trial fails, Tune retries it and it resumes inside the running pool from its newest checkpoint.
+Ray restarts a pool actor in place (the same actor, a new process, every slot empty); the learner's death is the
+pool's and costs no trial a retry: each trial that held a slot reopens it and restores its newest checkpoint in its
+own process (orchestrator/trial/actors/shared.py:PoolLearnerClient; three of them: test_shared_learner_restarts.py).
+(The engine's faults cost no trial anything but time: test_engine_restart.py.) The faulted trial then equals the
+same trial run separately (its own engine and learner, no fault) at every step, and the queued pair's step 0 equals
+across conditions (common random numbers)."""
 
 from __future__ import annotations
 
@@ -29,14 +30,14 @@ from orchestrator.tune.launch import run_campaign, run_single_trial
 from tests.integration.campaign.test_campaign import _jsonl, _trial_dir, _write
 from tests.integration.trial.test_trial import stable
 
-STEPS = 4  # a fault after each of the first three checkpoints, one step left to run after the last
+STEPS = 3  # a fault after each of the first two checkpoints, one step left to run after the last
 RESOURCES = {"rollout_workers": 1, "worker_cpus": 0.5, "learner_cpus": 0.5, "driver_cpus": 0.25,
              "shared_base": {"slots": 2}}
 BASE = {"steps": STEPS, "model": {"name": "tiny-reasoner"}, "task": {"name": "chain"},
         "rollout": {"prompts_per_step": 4, "n": 4, "max_tokens": 32, "skip_uninformative": False},
         "eval": {"every": 2, "problems": 4, "n": 2, "k": 2}, "checkpoint": {"every": 1, "keep": 2}}
 CONDITIONS = {"grpo": {"credit": {"advantage_mode": "grpo"}}, "maxrl": {"credit": {"advantage_mode": "maxrl"}}}
-FAULTS = [(0, "driver"), (1, "engine"), (2, "learner")]  # (after the checkpoint of step, SIGKILL this process)
+FAULTS = [(0, "driver"), (1, "learner")]  # (after the checkpoint of step, SIGKILL this process)
 
 
 def _sealed_step(campaign, name: str) -> int:
@@ -125,7 +126,7 @@ def test_one_pool_serves_every_trial_two_at_a_time(shared_campaign, ray_local):
     # the first two ran before any fault, uninterrupted, on the pool's first processes
     first = campaign.trials[:2]
     assert all([e["from_step"] for e in records[t.name]["starts"]] == [0] for t in first)
-    engine0, learner0 = done[1][1], done[2][1]
+    engine0 = done[1][3]["pool"]["workers"][0]["pid"]
     assert all(records[t.name]["placement"]["pool"]["workers"][0]["pid"] == engine0 for t in first)
     # the pool is gone with the campaign (its actors are named by its pool id: one pool, one id)
     import ray
@@ -136,51 +137,55 @@ def test_one_pool_serves_every_trial_two_at_a_time(shared_campaign, ray_local):
     assert {p["id"] for p in pools} == {pool_id(campaign.trials[0].trial)}
     with pytest.raises(ValueError):
         ray.get_actor(learner_name(pool_id(campaign.trials[0].trial)))
-    assert learner0 == done[1][3]["pool"]["learner"]["pid"]  # the engine's death left the learner's process alone
+    # the learner's death left the engine's process alone: one engine process for the whole campaign
+    assert {r["placement"]["pool"]["workers"][0]["pid"] for r in records.values()} == {engine0}
 
 
 def test_each_fault_restarts_what_it_killed_and_the_trial_resumes_from_its_checkpoint(shared_campaign):
     campaign, _, done = shared_campaign
     name = campaign.trials[3].name
     record = _records(campaign)[name]
-    (_, driver0, t_driver, at_driver), (_, engine0, t_engine, at_engine), (_, learner0, t_learner, at_learner) = done
+    (_, driver0, t_driver, at_driver), (_, learner0, t_learner, at_learner) = done
     # the driver kill restarted no pool process; the campaign driver freed the dead attempt's slot (a SIGKILLed
-    # driver releases nothing itself) and the retry took one afresh, under a new epoch; the engine kill restarted
-    # the engine only; the learner kill the learner only
+    # driver releases nothing itself) and the retry took one afresh, under a new epoch; the learner kill restarted
+    # the learner only, and the trial kept its slot and epoch through it
     same = ("id", "learner", "workers")
-    assert {k: at_engine["pool"][k] for k in same} == {k: at_driver["pool"][k] for k in same}
-    assert at_engine["driver"]["pid"] != driver0
+    assert {k: at_learner["pool"][k] for k in same} == {k: at_driver["pool"][k] for k in same}
+    assert at_learner["driver"]["pid"] != driver0
     released = [e for e in campaign_events(campaign.directory) if e["event"] == "slot_release" and e["trial"] == name]
     assert released and released[0]["why"] == "error" and released[0]["time"] < record["starts"][1]["time"]
     events = _jsonl(_trial_dir(campaign, name) / "events.jsonl")
     epochs = [e["epoch"] for e in events if e["event"] == "slot"]
-    assert len(epochs) == 3 and at_engine["pool"]["epoch"] == epochs[1], epochs  # one acquire per Tune attempt
-    assert at_learner["pool"]["workers"][0]["pid"] != engine0
-    assert at_learner["pool"]["learner"]["pid"] == at_engine["pool"]["learner"]["pid"] == learner0
-    final = record["placement"]
+    assert len(epochs) == 2 and at_learner["pool"]["epoch"] == epochs[1], epochs  # one acquire per Tune attempt
+    final = record["placement"]  # rewritten by the in-process rewind: the learner's new process
     assert final["pool"]["learner"]["pid"] != learner0
     assert final["pool"]["workers"][0]["pid"] == at_learner["pool"]["workers"][0]["pid"]
-    # one start per Tune attempt (the driver's and the engine's deaths) and an in-process rewind for the learner's,
-    # each after the fault before it, each from a newer checkpoint (a kill may land after the next checkpoint is
-    # sealed on a slow machine: at or after the one it waited for)
-    starts = record["starts"] + [e for e in events if e["event"] == "learner_restart"]
+    assert final["pool"]["epoch"] == epochs[1]
+    # one start per Tune attempt (the driver's death) and an in-process rewind for the learner's, each after the
+    # fault before it, each from a newer checkpoint (a kill may land after the next checkpoint is sealed on a slow
+    # machine: at or after the one it waited for)
+    rewinds = [e for e in events if e["event"] == "learner_restart"]
+    starts = record["starts"] + rewinds
     froms = [s["from_step"] for s in starts]
-    assert len(record["starts"]) == 3 and len(starts) == 4 and froms[0] == 0 and froms == sorted(set(froms)), froms
+    assert len(record["starts"]) == 2 and len(rewinds) == 1, (record["starts"], rewinds)
+    assert froms[0] == 0 and froms == sorted(set(froms)), froms
     assert all(f >= step + 1 for f, (step, _) in zip(froms[1:], FAULTS, strict=True)), froms
-    assert all(t < s["time"] for t, s in zip((t_driver, t_engine, t_learner), starts[1:], strict=True))
-    # the trial beside it retried at most once per pool fault it ran through: a retry waits for a restarting pool
-    # actor (trial/actors/shared.py:await_restarts) instead of failing on it again
+    assert all(t < s["time"] for t, s in zip((t_driver, t_learner), starts[1:], strict=True))
+    # the trial beside it never retried: no fault was its own, and the learner's death is the pool's (at most one
+    # in-process rewind, had it held its slot when the learner died)
     beside = _records(campaign)[campaign.trials[2].name]
-    assert len(beside["starts"]) <= 3
-    # while the killed driver was retried, reconnected, restored and ran its first step again (until t_engine: the
+    assert len(beside["starts"]) == 1, beside["starts"]
+    beside_events = _jsonl(_trial_dir(campaign, campaign.trials[2].name) / "events.jsonl")
+    assert len([e for e in beside_events if e["event"] == "learner_restart"]) <= 1
+    # while the killed driver was retried, reconnected, restored and ran its first step again (until t_learner: the
     # injector saw that step's checkpoint sealed), the trial beside it kept stepping on the pool: a step of it
     # reported inside that window (skipped when it had no step left after the kill)
     later = [ts for ts in beside["reported"] if ts > t_driver]
-    during = [ts for ts in later if ts <= t_engine]
-    print(f"driver restart to its next checkpoint: {t_engine - t_driver:.1f}s; the trial beside it reported "
+    during = [ts for ts in later if ts <= t_learner]
+    print(f"driver restart to its next checkpoint: {t_learner - t_driver:.1f}s; the trial beside it reported "
           f"{len(during)} step(s) meanwhile")
     if later:
-        assert during, (t_driver, t_engine, beside["reported"])
+        assert during, (t_driver, t_learner, beside["reported"])
 
 
 def test_the_faulted_trial_equals_its_separate_twin_and_step_0_matches_across_conditions(shared_campaign):
@@ -192,8 +197,8 @@ def test_the_faulted_trial_equals_its_separate_twin_and_step_0_matches_across_co
     assert "identical across conditions for 2 of 2" in rep.markdown, rep.markdown
 
     # the faulted trial run separately (its own engine and learner, no fault) has the same metrics at every step:
-    # sharing, the three restarts and their restores changed nothing (the engine is batch-invariant here:
-    # workers/rollout/shared.py)
+    # sharing, the driver's retry, the learner's rewind and their restores changed nothing (the engine is
+    # batch-invariant here: workers/rollout/shared.py)
     from orchestrator.config.trial import TrialConfig
 
     twin = campaign.trials[3]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.pool.actors import PoolLearnerActor
+from orchestrator.pool.probe import CallClock
 from workers.learner.pool.shared import SharedLearner
 from workers.models.cuda_faults import EXIT_CODE, exit_on_poisoned_context, poisoned_by
 
@@ -81,6 +82,7 @@ def test_the_pool_learner_exits_its_process_on_a_poisoned_context(monkeypatch, c
     monkeypatch.setattr(SharedLearner, call, poisoned)
     monkeypatch.setattr(os, "_exit", _exit)
     actor = PoolLearnerActor.__new__(PoolLearnerActor)  # no model: what is checked is the call's exit path
+    actor.clock = CallClock()  # the supervisor's call clock, which __init__ would have made
     args = {"train_step": ("lease", None), "checkpoint_files": ("lease",), "restore": ("lease", {}),
             "export_policy": ("lease", 1), "open": ("lease",)}[call]
     with pytest.raises(Exited):
