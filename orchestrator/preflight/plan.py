@@ -261,7 +261,7 @@ def compare_lines(plan: Plan, other: Plan | None) -> list[str]:
     """`--compare-placement`: the chosen placement and the other side by side."""
     if other is None:
         return ["", "compare placement: the other placement does not apply (no learner GPU to share, or "
-                "rollout.mode one_step_off, which colocated refuses)"]
+                "rollout.mode one_step_off or async, which colocated refuses)"]
     rows = [("placement", "GPUs per trial", "trials at once", "GPU-hours", "makespan")]
     for p, mark in ((plan, " (chosen)"), (other, "")):
         rows.append((placement_of(p) + mark, f"{max(t.gpus for t in p.trials):g}", str(p.at_once),
