@@ -1,0 +1,130 @@
+"""The staleness schedule of `TrainingStep` (orchestrator/trial/step/sequence.py, staleness.py) with fakes for the
+engines, the learner and the source (the real stack: tests/integration/trial/test_async.py): which steps' batches
+are sampled with which policy, what is trained, dropped and logged, and the queue through a checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.config.trial import TrialConfig
+from orchestrator.trial.actors.context import TrialContext
+from orchestrator.trial.collect.rollouts import Rollouts
+from orchestrator.trial.step.prefetch import load_queue
+from orchestrator.trial.step.sequence import TrainingStep
+from workers.credit import SepaController
+from workers.credit.config import SepaConfig
+from workers.learner.inputs import StepResult
+
+
+class _Engines:
+    count, initial_versions = 1, (None, 0)
+
+    def __init__(self):
+        self.version = 0
+
+    def load_policy(self, version: int) -> int:
+        self.version = version
+        return version
+
+
+class _Learner:
+    def __init__(self):
+        self.batches = []
+
+    def submit_train_step(self, batch):
+        self.batches.append(batch)
+        return batch
+
+    def result(self, future) -> StepResult:
+        return StepResult(metrics={"loss/policy": 0.0}, exec_values=None)
+
+    def export_policy(self, version: int) -> int:
+        return version
+
+
+class _Source:
+    """Two informative groups per step, sampled with the engines' version; records (step, version) per collect."""
+
+    def __init__(self, engines: _Engines, groups: int = 2):
+        self.engines, self.groups, self.calls = engines, groups, []
+
+    def collect(self, step: int) -> Rollouts:
+        self.calls.append((step, self.engines.version))
+        n = self.groups
+        return Rollouts(prompt_ids=[[[1]] * 2] * n, response_ids=[[[2, 3]] * 2] * n,
+                        loss_mask=[[[True, True]] * 2] * n, logprobs=[[[-0.5, -0.5]] * 2] * n,
+                        rewards=[[1.0, 0.0]] * n, correct=[[True, False]] * n, num_tokens=4 * n,
+                        versions={self.engines.version or None} if self.engines.version == 0 else
+                        {self.engines.version}, metrics={"time/generate_s": 0.0})
+
+
+def _run(rollout: dict, steps: int = 7, stop_at: int | None = None, pending=None):
+    cfg = TrialConfig(steps=steps, model={"name": "tiny"}, task={"name": "arithmetic"}, rollout=rollout)
+    engines, learner = _Engines(), _Learner()
+    source = _Source(engines)
+    ctx = TrialContext(cfg, [], learner, None, None, None, engines=engines)
+    pipe = TrainingStep.for_trial(ctx, source, pending)
+    sepa, version, rows = SepaController(SepaConfig(steps=0)), engines.version, []
+    for step in range(steps if stop_at is None else stop_at):
+        out = pipe.run(step, sepa, version)
+        rows.append(out.row)
+        version = out.version
+    return rows, source.calls, learner.batches, pipe
+
+
+def _trained_staleness(rows):
+    """Each step's staleness derived from the rows alone: the learner's version when it trains step s is the
+    number of earlier steps that trained; minus the oldest version its batch was sampled with."""
+    out, trained = [], 0
+    for r in rows:
+        out.append(trained - r["async/version_oldest"])
+        trained += r["train/groups_kept"] > 0
+    return out
+
+
+def test_paced_k2_samples_two_steps_ahead_and_drops_nothing():
+    rows, calls, batches, _ = _run({"mode": "async", "max_staleness": 2})
+    assert calls == [(0, 0), (1, 0), (2, 0), (3, 1), (4, 2), (5, 3), (6, 4)]
+    assert [r["rollout/staleness"] for r in rows] == [0, 1, 2, 2, 2, 2, 2] == _trained_staleness(rows)
+    assert all(r["async/groups_dropped"] == 0 and r["train/groups_kept"] == 2 for r in rows)
+    assert [r["async/groups_delayed"] for r in rows] == [0, 2, 2, 2, 2, 2, 2]
+    assert rows[3]["async/staleness_tokens_2"] == 8 and rows[3]["async/staleness_tokens_0"] == 0
+    assert rows[3]["async/staleness_mean"] == 2 and rows[3]["async/staleness_max"] == 2
+    assert batches[3].offpolicy.correction == "tis" and batches[3].offpolicy.log_mismatch
+
+
+def test_discard_k1_samples_one_further_and_drops_past_the_bound():
+    rows, calls, batches, _ = _run({"mode": "async", "max_staleness": 1, "admission": "discard"})
+    stale = _trained_staleness(rows)
+    assert stale == [r["rollout/staleness"] for r in rows]
+    for r, s in zip(rows, stale, strict=True):
+        assert r["async/groups_dropped"] == (r["async/groups_offered"] if s > 1 else 0), (r, s)
+        assert r["train/groups_kept"] == (0 if s > 1 else 2)
+    assert sum(r["async/groups_dropped"] for r in rows) > 0
+    assert len(batches) == sum(r["train/groups_kept"] > 0 for r in rows)  # a step with nothing left skips
+    assert calls[:3] == [(0, 0), (1, 0), (2, 0)]  # the generator ran two ahead without waiting
+
+
+def test_k0_is_sync_and_k1_is_one_step_off():
+    sync, sync_calls, sync_batches, _ = _run({"mode": "sync"})
+    k0, k0_calls, k0_batches, _ = _run({"mode": "async", "max_staleness": 0})
+    assert sync_calls == k0_calls == [(s, s) for s in range(7)]
+    extra = {"rollout/staleness"} | {k for k in k0[0] if k.startswith("async/")}
+    for a, b in zip(sync, k0, strict=True):
+        assert set(b) - set(a) <= extra and {k: v for k, v in b.items() if not k.startswith("time/")
+                                             and k in a} == {k: v for k, v in a.items() if not k.startswith("time/")}
+    off, off_calls, off_batches, _ = _run({"mode": "one_step_off"})
+    k1, k1_calls, k1_batches, _ = _run({"mode": "async", "max_staleness": 1, "correction": "tis"})
+    assert off_calls == k1_calls == [(0, 0)] + [(s, s - 1) for s in range(1, 7)]
+    assert [b.offpolicy.correction for b in off_batches + k1_batches] == ["tis"] * 14
+    assert all(not k.startswith("async/") for r in off + sync for k in r)  # their rows are as before
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_queue_survives_a_checkpoint(tmp_path, k):
+    full, full_calls, _, _ = _run({"mode": "async", "max_staleness": k})
+    _, _, _, pipe = _run({"mode": "async", "max_staleness": k}, stop_at=3)
+    pipe.save(tmp_path)
+    queue = load_queue(tmp_path)
+    assert len(queue) == k and [v for _, v in queue] == [v for s, v in full_calls[3:3 + k]]
+    assert all(r.policy_versions == [[v, v]] * 2 for r, v in queue)
