@@ -29,7 +29,7 @@ OFFLOAD = ("memory/offloaded_bytes", "time/offload_s", "time/reload_s")  # learn
 TIS = ("tis/weight_mean", "tis/ratio_max", "tis/ratio_min", "tis/truncated_frac")
 DECOUPLED = ("decoupled/weight_mean", "decoupled/ratio_max", "decoupled/ratio_min", "decoupled/masked_frac")
 MISMATCH = ("mismatch/k1", "mismatch/k2", "mismatch/k3")  # KL(pi_behav || pi_prox) estimates, token means
-ASYNC = ("async/staleness_mean", "async/staleness_max", "async/groups_offered", "async/groups_dropped",
+ASYNC = ("async/staleness_mean", "async/staleness_max", "async/completion_len_trained", "async/groups_offered", "async/groups_dropped",
          "async/groups_delayed", "async/version_oldest", "async/version_newest")
 FLOOR_CLASSES = ("planning", "execution", "all")
 EVAL_SET = ("pass@1", "pass@k", "k", "problems")  # eval/<set>/<name> (orchestrator/trial/collect/eval_sets.py)

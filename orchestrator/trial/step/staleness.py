@@ -62,7 +62,7 @@ def group_staleness(roll: Rollouts, trained_version: int) -> list[int]:
 def staleness_metrics(roll: Rollouts, staleness: list[int], kept: list[int], dropped: list[int], delayed: bool,
                       bound: int) -> dict[str, float]:
     """The step's `async/*` row: the trained tokens' staleness (histogram over 0..k, mean and max when any were
-    trained), the groups offered, dropped past k and delayed (sampled at an earlier step, waiting in the queue for
+    trained) and mean completion length (tokens per trained sequence), the groups offered, dropped past k and delayed (sampled at an earlier step, waiting in the queue for
     the learner), and the offered groups' oldest / newest versions."""
     tokens = {i: sum(sum(m) for m in roll.loss_mask[i]) for i in kept}
     total = sum(tokens.values())
@@ -71,6 +71,8 @@ def staleness_metrics(roll: Rollouts, staleness: list[int], kept: list[int], dro
     if total:
         row["async/staleness_mean"] = sum(staleness[i] * n for i, n in tokens.items()) / total
         row["async/staleness_max"] = max(staleness[i] for i in kept)
+        # the trained batch's composition against the offered one's (train/completion_len): the report's table
+        row["async/completion_len_trained"] = total / sum(len(roll.loss_mask[i]) for i in kept)
     row.update({
         "async/groups_offered": len(roll), "async/groups_dropped": len(dropped),
         "async/groups_delayed": len(kept) if delayed else 0,
