@@ -325,7 +325,7 @@ class TrialConfig(StrictConfig):
         if self.rollout.top_p < 1.0 and self.learner.old_logprobs != "rollout":
             raise ValueError(f"rollout.top_p {self.rollout.top_p} needs learner.old_logprobs 'rollout': with "
                              "'recompute' the learner's pi_old is the full softmax, not vLLM's renormalised nucleus")
-        if self.rollout.tis_cap is not None and self.learner.old_logprobs == "rollout":
+        if self.rollout.correction == "tis" and self.learner.old_logprobs == "rollout":
             raise ValueError("rollout.tis_cap weights the loss by pi_old / pi_rollout: it needs learner.old_logprobs "
                              "'recompute' (with 'rollout' the ratio is already to vLLM's log-probs)")
         if self.rollout.checks_mismatch and self.learner.old_logprobs == "rollout":

@@ -128,3 +128,22 @@ def test_the_queue_survives_a_checkpoint(tmp_path, k):
     queue = load_queue(tmp_path)
     assert len(queue) == k and [v for _, v in queue] == [v for s, v in full_calls[3:3 + k]]
     assert all(r.policy_versions == [[v, v]] * 2 for r, v in queue)
+
+
+def test_the_metric_list_names_every_async_key():
+    """orchestrator/tracking/names.py lists what the step and the off-policy math write under async."""
+    import torch
+
+    from orchestrator.tracking.names import logged_metrics
+    from orchestrator.trial.step.staleness import offpolicy_settings
+    from workers.objectives.offpolicy import offpolicy_weights
+
+    rollout = {"mode": "async", "max_staleness": 1, "admission": "discard", "correction": "decoupled",
+               "rejection": {"measure": "k2", "threshold": 0.5}}
+    rows, _, _, _ = _run(rollout)
+    cfg = TrialConfig(steps=7, model={"name": "tiny"}, task={"name": "arithmetic"}, rollout=rollout)
+    lp = torch.zeros(2, 3)
+    _, learner = offpolicy_weights(lp, lp - 0.1, torch.ones(2, 3, dtype=torch.bool), offpolicy_settings(cfg.rollout))
+    produced = {k for r in rows for k in r if k != "loss/policy"} | set(learner) - {"step"}
+    assert {"async/groups_dropped", "decoupled/masked_frac", "mismatch/rejected_frac", "mismatch/k3"} <= produced
+    assert produced - {"step"} <= logged_metrics(cfg), produced - logged_metrics(cfg)
