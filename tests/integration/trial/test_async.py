@@ -5,7 +5,8 @@
 - `rollout.mode: async` (issue 57) on the same runs: max_staleness 0 is the sync trial and max_staleness 1 with
   tis is one_step_off, bit for bit (every non-timing metric at every step); at max_staleness 2 every trained
   group's staleness, derived from the rows alone, is in [0, 2], paced drops nothing and discard drops exactly the
-  groups past 2. The trials run once per module (`runs`), each only when a test asks for it.
+  groups past 2, and both are offered the sync trial's prompts and samples step by step (common random numbers
+  across arms). The trials run once per module (`runs`), each only when a test asks for it.
 - Both trials run vLLM inside the rollout actor (one_step_off's CPU default, vLLM's own processes, costs ~18 CPU-s
   more a start; that both kinds sample the same tokens with the same log-probs is held by the suite's smoke run of
   benchmarks/engine_start.py, tests/integration/test_benchmarks.py).
@@ -144,6 +145,12 @@ def test_k2_trains_only_groups_at_most_two_versions_old(runs):
     for r, s in zip(discard, stale, strict=True):  # dropped: exactly the groups past k
         assert r["async/groups_dropped"] == (r["async/groups_offered"] if s > 2 else 0), (r["step"], s)
     assert sum(r["async/groups_dropped"] for r in discard) > 0
+    # common random numbers: with the policy frozen, every arm is offered the sync trial's prompts and samples
+    sync = runs("sync")
+    for rows in (paced, discard):
+        for ra, rb in zip(sync, rows, strict=False):
+            for k in ("train/correct_rate", "train/reward_mean", "train/completion_len", "train/groups_sampled"):
+                assert rb[k] == pytest.approx(ra[k], rel=1e-4, abs=1e-6), (ra["step"], k)
 
 
 class _SleepyLearner(Learner):
