@@ -5,6 +5,8 @@ are sampled with which policy, what is trained, dropped and logged, and the queu
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.actors.context import TrialContext
@@ -45,23 +47,24 @@ class _Learner:
 class _Source:
     """Two informative groups per step, sampled with the engines' version; records (step, version) per collect."""
 
-    def __init__(self, engines: _Engines, groups: int = 2):
-        self.engines, self.groups, self.calls = engines, groups, []
+    def __init__(self, engines: _Engines, groups: int = 2, uniform: frozenset[int] = frozenset()):
+        self.engines, self.groups, self.calls, self.uniform = engines, groups, [], uniform
 
     def collect(self, step: int) -> Rollouts:
         self.calls.append((step, self.engines.version))
         n = self.groups
         return Rollouts(prompt_ids=[[[1]] * 2] * n, response_ids=[[[2, 3]] * 2] * n,
                         loss_mask=[[[True, True]] * 2] * n, logprobs=[[[-0.5, -0.5]] * 2] * n,
-                        rewards=[[1.0, 0.0]] * n, correct=[[True, False]] * n, num_tokens=4 * n,
+                        rewards=[[1.0, 1.0 if step in self.uniform else 0.0]] * n,  # uniform: nothing trains
+                        correct=[[True, step in self.uniform]] * n, num_tokens=4 * n,
                         versions={self.engines.version or None} if self.engines.version == 0 else
                         {self.engines.version}, metrics={"time/generate_s": 0.0})
 
 
-def _run(rollout: dict, steps: int = 7, stop_at: int | None = None, pending=None):
+def _run(rollout: dict, steps: int = 7, stop_at: int | None = None, pending=None, uniform=frozenset()):
     cfg = TrialConfig(steps=steps, model={"name": "tiny"}, task={"name": "arithmetic"}, rollout=rollout)
     engines, learner = _Engines(), _Learner()
-    source = _Source(engines)
+    source = _Source(engines, uniform=uniform)
     ctx = TrialContext(cfg, [], learner, None, None, None, engines=engines)
     pipe = TrainingStep.for_trial(ctx, source, pending)
     sepa, version, rows = SepaController(SepaConfig(steps=0)), engines.version, []
@@ -147,3 +150,21 @@ def test_the_metric_list_names_every_async_key():
     produced = {k for r in rows for k in r if k != "loss/policy"} | set(learner) - {"step"}
     assert {"async/groups_dropped", "decoupled/masked_frac", "mismatch/rejected_frac", "mismatch/k3"} <= produced
     assert produced - {"step"} <= logged_metrics(cfg), produced - logged_metrics(cfg)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 3), st.booleans(), st.sets(st.integers(0, 8)))
+def test_no_trained_group_is_ever_past_the_bound(k, discard, uniform):
+    """Any k, either admission, any steps whose groups are all uninformative (no update, no new version): every
+    trained step's staleness (derived from the rows alone) is in [0, k]; paced drops nothing; discard drops exactly
+    the offered groups past k; the histogram counts every trained token."""
+    rollout = {"mode": "async", "max_staleness": k, "admission": "discard" if discard else "paced"}
+    rows, _, batches, _ = _run(rollout, steps=9, uniform=frozenset(uniform))
+    stale = _trained_staleness(rows)
+    assert stale == [r["rollout/staleness"] for r in rows]
+    for r, s in zip(rows, stale, strict=True):
+        assert s >= 0
+        assert r["async/groups_dropped"] == (r["async/groups_offered"] if discard and s > k else 0)
+        if r["train/groups_kept"]:
+            assert s <= k and sum(r[f"async/staleness_tokens_{j}"] for j in range(k + 1)) == r["train/tokens_trained"]
+    assert len(batches) == sum(r["train/groups_kept"] > 0 for r in rows)
