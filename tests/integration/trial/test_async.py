@@ -63,8 +63,8 @@ RUNS = {  # name -> (rollout settings over BASE's, steps); each run once per mod
     "off": ({"mode": "one_step_off", "tis_cap": 1e9, **IN_PROCESS}, 4),
     "k0": ({"mode": "async", "max_staleness": 0}, 4),
     "k1": ({"mode": "async", "max_staleness": 1, "correction": "tis", "tis_cap": 1e9, **IN_PROCESS}, 4),
-    "k2_paced": ({"mode": "async", "max_staleness": 2, **IN_PROCESS}, 4),
-    "k2_discard": ({"mode": "async", "max_staleness": 2, "admission": "discard", **IN_PROCESS}, 5),
+    "k2_paced": ({"mode": "async", "max_staleness": 2, **IN_PROCESS}, 3),  # step 2 trains at staleness 2
+    "k2_discard": ({"mode": "async", "max_staleness": 2, "admission": "discard", **IN_PROCESS}, 4),  # step 3 drops
 }
 
 
