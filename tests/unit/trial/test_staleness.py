@@ -168,3 +168,12 @@ def test_no_trained_group_is_ever_past_the_bound(k, discard, uniform):
         if r["train/groups_kept"]:
             assert s <= k and sum(r[f"async/staleness_tokens_{j}"] for j in range(k + 1)) == r["train/tokens_trained"]
     assert len(batches) == sum(r["train/groups_kept"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 4])
+def test_discard_drops_one_batch_in_k_plus_two_at_steady_state(k):
+    """docs/guides/staleness.md's claim: the batch sampled k + 1 ahead lands past k and is dropped; the step that
+    trains nothing lets the next k + 1 batches through."""
+    rows, _, _, _ = _run({"mode": "async", "max_staleness": k, "admission": "discard"}, steps=3 * (k + 2) + 1)
+    dropped = [s for s, r in enumerate(rows) if r["async/groups_dropped"]]
+    assert dropped == [k + 1 + j * (k + 2) for j in range(3)]
