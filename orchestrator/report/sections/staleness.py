@@ -5,7 +5,7 @@ Per group (condition + sweep values): the share of trained tokens at each stalen
 steps and seeds), their mean staleness, the mismatch KL (`mismatch/k3`, mean over steps), the groups dropped past
 the bound (`discard`) and delayed in the queue per step, and the composition of what was trained against what
 was offered by completion length: the mean trained completion length over the offered one (`len ratio`, 1 when
-the trained batch is the offered one). Against the synchronous arm (max_staleness 0, or a sync condition) when
+the trained batch is the offered one). Against the synchronous arm (paced max_staleness 0, or a sync condition) when
 there is one, the paired difference by seed of that ratio, with its t interval. Runs that logged no `async/*`
 key (sync, one_step_off) count as staleness 0 with nothing dropped or delayed only when another arm is async.
 """
@@ -64,7 +64,9 @@ def _finite_mean(xs: list[float]) -> float:
 
 def _is_sync(g: Group) -> bool:
     ro = (g.runs[0].config.get("rollout") or {}) if g.runs else {}
-    return ro.get("mode") == "sync" or (ro.get("mode") == "async" and ro.get("max_staleness") == 0)
+    # async k = 0 is the sync trial only when paced (discard at k = 0 drops every other batch)
+    return ro.get("mode") == "sync" or (ro.get("mode") == "async" and ro.get("max_staleness") == 0
+                                        and ro.get("admission", "paced") == "paced")
 
 
 def table(groups: Sequence[Group]) -> pd.DataFrame:

@@ -74,3 +74,18 @@ def test_no_section_without_an_async_arm(tmp_path):
     camp = _write(tmp_path / "c", {"a": ({"mode": "sync"}, [_sync(40)]), "b": ({"mode": "sync"}, [_sync(30)])})
     rep = build_report(camp, ReportOptions(out_dir=tmp_path / "out"))
     assert "staleness" not in rep.tables and "## Staleness" not in rep.markdown
+
+
+def test_discard_at_k0_is_not_the_synchronous_arm(tmp_path):
+    """Under discard, k = 0 drops every other batch: no paired column against it."""
+    camp = _write(tmp_path / "c", {
+        "d0": ({"mode": "async", "max_staleness": 0, "admission": "discard"}, [_discard(5.0)] * 2),
+        "d1": ({"mode": "async", "max_staleness": 1, "admission": "discard"}, [_discard(5.0)] * 2),
+    })
+    rep = build_report(camp, ReportOptions(out_dir=tmp_path / "out"))
+    assert "len_ratio_delta" not in rep.tables["staleness"].columns
+    camp = _write(tmp_path / "p", {
+        "p0": ({"mode": "async", "max_staleness": 0, "admission": "paced"}, [_sync(40)] * 2),
+        "d1": ({"mode": "async", "max_staleness": 1, "admission": "discard"}, [_discard(5.0)] * 2),
+    })
+    assert "len_ratio_delta" in build_report(camp, ReportOptions(out_dir=tmp_path / "o2")).tables["staleness"]
