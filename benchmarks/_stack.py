@@ -14,7 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = str(Path(__file__).resolve().parents[1])
+sys.path.insert(0, ROOT)
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -27,7 +28,11 @@ def init_ray(num_cpus: int = 6, tries: int = 3) -> None:
     startup"): the start is tried again, after shutting down what the failed one left."""
     import ray
 
-    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ["VLLM_CPU_KVCACHE_SPACE"], "TOKENIZERS_PARALLELISM": "false"}
+    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ["VLLM_CPU_KVCACHE_SPACE"], "TOKENIZERS_PARALLELISM": "false",
+           # the actors import this checkout's code, as the driver does (above): Ray gives them only the script's
+           # folder and the working directory, and an installed copy of the package elsewhere (an editable install
+           # of another checkout) would otherwise be theirs
+           "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, runtime_env={"env_vars": env})
         return

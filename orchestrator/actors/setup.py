@@ -29,11 +29,11 @@ def engine_dtype(dtype: str) -> str:
 
 def rollout_engine(cfg: TrialConfig) -> dict:
     """`rollout.engine` as the workers get it. `in_process: null` is decided by the worker (on for the CPU build),
-    except with `one_step_off`, where it means separate processes: generation then overlaps the learner, and vLLM's
+    except when generation runs ahead (`one_step_off`, async with max_staleness > 0): separate processes: generation then overlaps the learner, and vLLM's
     CPU worker inside the actor fought the learner for the same cores (measured on 2 cores, benchmarks/async.py:
     one_step_off ran at 0.24x sync's steps/s in-process, 0.93x with separate processes)."""
     engine = cfg.rollout.engine.model_dump()
-    if engine["in_process"] is None and cfg.rollout.mode == "one_step_off":
+    if engine["in_process"] is None and cfg.rollout.staleness_bound > 0:  # one_step_off, async k > 0
         engine["in_process"] = False
     return engine
 

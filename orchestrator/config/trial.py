@@ -68,7 +68,8 @@ class EngineConfig(StrictConfig):
     max_num_batched_tokens: int | None = Field(None, ge=1, description="tokens per engine step")
     in_process: bool | None = Field(None, description=(
         "run vLLM's engine core and model worker inside the rollout actor's process. None: on for the CPU build "
-        "(saves two process starts per engine) except with rollout.mode one_step_off (generation overlapping the "
+        "(saves two process starts per engine) except with rollout.mode one_step_off or async with max_staleness > "
+        "0 (generation overlapping the "
         "learner in-process fights it for the cores), off on a GPU (a separate engine core overlaps scheduling "
         "with the forward pass)"))
 
@@ -102,6 +103,17 @@ class OverlongConfig(StrictConfig):
     penalty: float = Field(1.0, ge=0.0, description="penalty: reward subtracted at the limit")
 
 
+class RejectionConfig(StrictConfig):
+    """Sequence rejection by a policy-mismatch measure (workers/objectives/offpolicy.py): a sequence whose mean
+    over its trained tokens of the chosen estimator of KL(pi_behav || pi_prox) exceeds `threshold` leaves the
+    loss (its tokens weigh 0; the loss's denominators are unchanged)."""
+
+    measure: Literal["k1", "k2", "k3"] = Field("k3", description=(
+        "the per-token estimator, r = pi_prox / pi_behav: k1 = -log r (its mean's absolute value is compared), "
+        "k2 = (log r)^2 / 2, k3 = r - 1 - log r"))
+    threshold: float = Field(gt=0.0, description="sequences whose measure exceeds this are rejected")
+
+
 class RolloutConfig(StrictConfig):
     num_workers: int = Field(2, ge=1)
     prompts_per_step: int = Field(16, ge=1)
@@ -121,17 +133,73 @@ class RolloutConfig(StrictConfig):
     max_actions_per_turn: int = Field(2, ge=1, description="actions read from one answer (agentic tasks)")
     max_actions_per_episode: int = Field(10, ge=1, description="actions per episode (agentic tasks)")
     engine: EngineConfig = EngineConfig()
-    mode: Literal["sync", "one_step_off"] = Field("sync", description=(
-        "one_step_off: step t+1 is generated (with the adapter of step t) while the learner trains on step t"))
+    mode: Literal["sync", "one_step_off", "async"] = Field("sync", description=(
+        "sync: each step samples with the policy it trains. one_step_off: step t+1 is generated (with the "
+        "policy of step t-1's update) while the learner trains on step t; the same as async with max_staleness 1 "
+        "and correction tis. async: generation runs ahead of the learner by at most rollout.max_staleness policy "
+        "versions (docs: Staleness)"))
+    max_staleness: int | None = Field(None, ge=0, description=(
+        "async: how many policy versions a trained group may lag the policy it trains: staleness = the learner's "
+        "version when it trains the group - the version that sampled the group's oldest token. 0 is the "
+        "synchronous trial, 1 one_step_off; the generator samples up to this many steps ahead while the learner "
+        "trains. None: 1 under async; sync and one_step_off set it to theirs (0, 1) and refuse another"))
+    admission: Literal["paced", "discard"] = Field("paced", description=(
+        "async: what happens at the bound. paced: the generator waits rather than sample a batch that would be "
+        "trained past max_staleness; nothing is thrown away and the oldest batch trains first (reproducible bit "
+        "for bit). discard: the generator never waits (it samples one step further ahead); groups whose "
+        "staleness at training exceeds max_staleness are dropped, counted in async/groups_dropped, and that "
+        "step trains on what is left (possibly nothing, which skips its update). sync and one_step_off are paced"))
+    correction: Literal["none", "tis", "decoupled"] | None = Field(None, description=(
+        "the off-policy correction of the policy loss, with w = pi_prox / pi_behav (pi_prox: the learner's "
+        "recomputed log-prob before the update, pi_behav: vLLM's at sampling). none: the PPO ratio to pi_prox "
+        "only; tis: the loss weighted by min(w, tis_cap) (truncated importance sampling); decoupled: AReaL's "
+        "decoupled PPO, weighted by w where w <= tis_cap and masked where it exceeds it. All need learner."
+        "old_logprobs 'recompute' and vLLM log-probs on every trained token. None: tis when tis_cap is set or "
+        "the trial is stale (one_step_off, async with max_staleness > 0), else none"))
+    correction_level: Literal["token", "sequence"] = Field("token", description=(
+        "where the correction's weight is taken: token: per token; sequence: one weight per sequence, the "
+        "product of its tokens' ratios (exp of the summed log-ratio), on every token of it"))
+    rejection: RejectionConfig | None = Field(None, description=(
+        "drop whole sequences whose policy mismatch exceeds a threshold (apart from the correction's weight); "
+        "None: no rejection"))
+    correction_metrics_only: bool = Field(False, description=(
+        "compute the correction's weights, the rejection and the mismatch (logged under mismatch/ and tis/ or "
+        "decoupled/) but leave the loss as correction none would: to measure what a correction would do"))
     tis_cap: float | None = Field(None, ge=1.0, description=(
-        "per-token truncated importance weight min(pi_old / pi_rollout, tis_cap) on the policy loss, for the "
-        "vLLM / learner mismatch (verl's token-level rollout_is, threshold 2); needs learner.old_logprobs "
-        "'recompute'. None: off in sync mode, 2.0 under one_step_off (the batch was sampled by the previous policy)"))
+        "the correction's cap C: tis truncates the weight at C (verl's token-level rollout_is, threshold 2); "
+        "decoupled masks the tokens (or sequences) whose weight exceeds C (AReaL's behav_imp_weight_cap). "
+        "None: 2.0 whenever a correction is on. Setting it with correction unset turns tis on (the vLLM / learner "
+        "mismatch of a sync trial)"))
+
+    @property
+    def staleness_bound(self) -> int:
+        """The most policy versions a trained batch may lag: 0 (sync), 1 (one_step_off), max_staleness (async)."""
+        return {"sync": 0, "one_step_off": 1}.get(self.mode, 1 if self.max_staleness is None else self.max_staleness)
+
+    @property
+    def checks_mismatch(self) -> bool:
+        """Whether the learner needs pi_prox beside vLLM's log-probs: a correction, a rejection or its metrics."""
+        return self.correction != "none" or self.rejection is not None or self.correction_metrics_only
 
     @model_validator(mode="after")
-    def _one_step_off_weights(self) -> RolloutConfig:
-        if self.tis_cap is None and self.mode == "one_step_off":
+    def _staleness_settings(self) -> RolloutConfig:
+        bound = self.staleness_bound
+        if self.max_staleness not in (None, bound):
+            raise ValueError(f"max_staleness {self.max_staleness} needs rollout.mode 'async' (mode '{self.mode}' "
+                             f"is max_staleness {bound})")
+        self.max_staleness = bound  # the dumped config says what ran
+        if self.mode != "async" and self.admission != "paced":
+            raise ValueError(f"admission '{self.admission}' needs rollout.mode 'async' (mode '{self.mode}' is paced)")
+        if self.correction is None:
+            self.correction = "tis" if (self.tis_cap is not None or self.staleness_bound > 0) else "none"
+        if self.correction == "none" and self.tis_cap is not None:
+            raise ValueError("tis_cap is the cap of a correction: with correction 'none' nothing reads it "
+                             "(drop tis_cap, or choose correction 'tis' or 'decoupled')")
+        if self.correction != "none" and self.tis_cap is None:
             self.tis_cap = 2.0
+        if self.correction == "none" and self.correction_level != "token":
+            raise ValueError("correction_level chooses where the correction's weight is taken: with correction "
+                             "'none' there is none")
         return self
 
     @model_validator(mode="after")
@@ -215,6 +283,10 @@ class TrialConfig(StrictConfig):
         if ro.mode == "one_step_off":
             raise ValueError("rollout.mode one_step_off generates while the learner trains, which needs both awake "
                              "on separate GPUs: use resources.placement 'separate', or rollout.mode 'sync'")
+        if ro.mode == "async":
+            raise ValueError("rollout.mode async generates while the learner trains, which needs both awake on "
+                             "separate GPUs (a colocated engine sleeps while its learner trains): use "
+                             "resources.placement 'separate', or rollout.mode 'sync' (max_staleness 0)")
         if r.learner_gpus != 1:
             raise ValueError(f"resources.placement 'colocated' puts each learner rank and one engine on one GPU: it "
                              f"needs resources.learner_gpus 1 (got {r.learner_gpus:g})")
@@ -253,9 +325,13 @@ class TrialConfig(StrictConfig):
         if self.rollout.top_p < 1.0 and self.learner.old_logprobs != "rollout":
             raise ValueError(f"rollout.top_p {self.rollout.top_p} needs learner.old_logprobs 'rollout': with "
                              "'recompute' the learner's pi_old is the full softmax, not vLLM's renormalised nucleus")
-        if self.rollout.tis_cap is not None and self.learner.old_logprobs == "rollout":
+        if self.rollout.correction == "tis" and self.learner.old_logprobs == "rollout":
             raise ValueError("rollout.tis_cap weights the loss by pi_old / pi_rollout: it needs learner.old_logprobs "
                              "'recompute' (with 'rollout' the ratio is already to vLLM's log-probs)")
+        if self.rollout.checks_mismatch and self.learner.old_logprobs == "rollout":
+            raise ValueError(f"rollout.correction '{self.rollout.correction}' (or rejection, or its metrics) compares "
+                             "the learner's pi_prox with vLLM's log-probs: it needs learner.old_logprobs 'recompute', "
+                             "which computes pi_prox ('rollout' skips it)")
         if self.learner.loss_mask == "assistant_segments":
             if not self.task.agentic:
                 raise ValueError("learner.loss_mask 'assistant_segments' is for agentic tasks (frozen_lake, sokoban); "
@@ -264,6 +340,10 @@ class TrialConfig(StrictConfig):
                 raise ValueError("learner.loss_mask 'assistant_segments' trains tokens vLLM never sampled (no "
                                  "rollout log-probs): it needs learner.old_logprobs 'recompute' and no "
                                  "rollout.tis_cap")
+            if self.rollout.checks_mismatch:
+                raise ValueError("learner.loss_mask 'assistant_segments' trains tokens vLLM never sampled (no "
+                                 f"rollout log-probs): rollout.correction '{self.rollout.correction}' (rejection, "
+                                 "its metrics) needs them on every trained token: use correction 'none'")
         if any(getattr(t, "training_context", "sampled") == "ragen" for t in members(self.task)) \
                 and self.learner.old_logprobs == "rollout":
             raise ValueError("task.training_context 'ragen' trains in a context other than the one vLLM sampled "

@@ -99,6 +99,22 @@ def step_seconds(cfg: TrialConfig, device: str = "H100") -> dict[str, float] | N
     return {"generate": gen, "score": score, "train": train}
 
 
+def step_wall(cfg: TrialConfig, device: str = "H100") -> float | None:
+    """Seconds per step from `step_seconds`'s parts: their sum, or when generation runs ahead of the learner
+    (one_step_off, async with max_staleness > 0: orchestrator/trial/step/sequence.py) the next step's generation
+    overlapped with this step's scoring and training, max(generate, score + train), plus the evaluation's
+    generation, which runs before the step and overlaps nothing. At steady state one batch is sampled per step
+    whatever k >= 1, so the model is the same for every k >= 1. None when the model size is unknown."""
+    parts = step_seconds(cfg, device)
+    if parts is None:
+        return None
+    if cfg.rollout.staleness_bound == 0:
+        return sum(parts.values())
+    tok = step_tokens(cfg)
+    evaluate = parts["generate"] * tok.eval_generated / max(tok.generated + tok.eval_generated, 1)
+    return evaluate + max(parts["generate"] - evaluate, parts["score"] + parts["train"])
+
+
 # What a trial spends besides its steps, when no pilot measured it. Assumptions, not measurements: start-up is
 # the engines' build (CUDA graphs on a GPU) and the learner's model load; a checkpoint writes the learner's state;
 # a full-mode sync moves the bf16 weights through the object store; a colocated engine's sleep + wake moves its

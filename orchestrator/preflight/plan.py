@@ -22,7 +22,7 @@ from orchestrator.campaign.schema import Campaign, ExpandedTrial
 from orchestrator.campaign.sections import CONTRAST, MEASURE
 from orchestrator.config.errors import UserError
 from orchestrator.config.placement import bundles, with_placement
-from orchestrator.preflight.cost_model import device_kind, overhead_seconds, step_seconds, step_tokens
+from orchestrator.preflight.cost_model import device_kind, overhead_seconds, step_tokens, step_wall
 from orchestrator.preflight.pilot import pilot_overhead_s, pilot_runs, pilot_step_s
 
 POWER, ALPHA = 0.8, 0.05
@@ -198,8 +198,8 @@ def make_plan(campaign: Campaign, request: PlanRequest = PlanRequest(), cluster:
         g, c = sum(x.get("GPU", 0) for x in b), sum(x.get("CPU", 0) for x in b)
         step_s, source = (pilot_step_s(runs, t.condition), "pilot") if runs else (None, "")
         if step_s is None:
-            parts = step_seconds(t.trial, kind if g else "cpu")
-            step_s, source = (sum(parts.values()), "cost model") if parts else (None, "unknown")
+            wall = step_wall(t.trial, kind if g else "cpu")  # generation overlapped with the learner when k > 0
+            step_s, source = (wall, "cost model") if wall is not None else (None, "unknown")
         outside = pilot_overhead_s(runs, t.condition, step_s) if runs and step_s is not None else None
         over = (outside, "pilot") if outside is not None else (
             sum(overhead_seconds(t.trial, kind if g else "cpu").values()), "modelled")
@@ -261,7 +261,7 @@ def compare_lines(plan: Plan, other: Plan | None) -> list[str]:
     """`--compare-placement`: the chosen placement and the other side by side."""
     if other is None:
         return ["", "compare placement: the other placement does not apply (no learner GPU to share, or "
-                "rollout.mode one_step_off, which colocated refuses)"]
+                "rollout.mode one_step_off or async, which colocated refuses)"]
     rows = [("placement", "GPUs per trial", "trials at once", "GPU-hours", "makespan")]
     for p, mark in ((plan, " (chosen)"), (other, "")):
         rows.append((placement_of(p) + mark, f"{max(t.gpus for t in p.trials):g}", str(p.at_once),

@@ -27,6 +27,10 @@ CRITIC = ("critic/vf_clip_frac", "critic/grad_norm", "critic/value_mean", "criti
           "critic/explained_variance", "critic/optimizer_steps", "loss/value")
 OFFLOAD = ("memory/offloaded_bytes", "time/offload_s", "time/reload_s")  # learner.offload_between_steps
 TIS = ("tis/weight_mean", "tis/ratio_max", "tis/ratio_min", "tis/truncated_frac")
+DECOUPLED = ("decoupled/weight_mean", "decoupled/ratio_max", "decoupled/ratio_min", "decoupled/masked_frac")
+MISMATCH = ("mismatch/k1", "mismatch/k2", "mismatch/k3")  # KL(pi_behav || pi_prox) estimates, token means
+ASYNC = ("async/staleness_mean", "async/staleness_max", "async/completion_len_trained", "async/groups_offered", "async/groups_dropped",
+         "async/groups_delayed", "async/version_oldest", "async/version_newest")
 FLOOR_CLASSES = ("planning", "execution", "all")
 EVAL_SET = ("pass@1", "pass@k", "k", "problems")  # eval/<set>/<name> (orchestrator/trial/collect/eval_sets.py)
 OFFLINE_EVAL = ("pass@1", "pass@k")  # the measures `eval` writes and the report compares (trials/<t>/eval/<set>.csv)
@@ -61,8 +65,15 @@ def _step(cfg: TrialConfig) -> set[str]:
         names |= {f"rv_filter/{k}" for k in RV_FILTER}
     if cfg.resources.placement == "colocated":  # orchestrator/trial/actors/phases.py, on the steps the learner trains
         names |= {"time/sleep_s", "time/wake_s", "time/wake_kv_s"}
-    if cfg.rollout.mode == "one_step_off":
-        names |= {"rollout/staleness", "time/prefetch_s", "time/learner_wait_s", *TIS}
+    ro = cfg.rollout
+    if ro.staleness_bound > 0:  # sampling ahead: orchestrator/trial/step/sequence.py
+        names |= {"rollout/staleness", "time/prefetch_s", "time/learner_wait_s"}
+    if ro.correction != "none":  # workers/objectives/offpolicy.py
+        names |= set(TIS) if ro.correction == "tis" else set(DECOUPLED)
+    if ro.mode == "async":  # orchestrator/trial/step/staleness.py: staleness_metrics
+        names |= {"rollout/staleness", *ASYNC, *(f"async/staleness_tokens_{j}" for j in range(ro.staleness_bound + 1))}
+    if ro.mode == "async" or ro.rejection is not None or ro.correction_metrics_only:
+        names |= set(MISMATCH) | ({"mismatch/rejected_frac"} if ro.rejection is not None else set())
     if cfg.eval.every:
         names |= {"eval/pass@1", "eval/pass@k", "eval/k", "eval/problems", "time/eval_s"}
         if cfg.task.agentic and not is_mix(cfg):

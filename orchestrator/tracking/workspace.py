@@ -209,6 +209,12 @@ def _rollout_and_timing(m: CampaignMetrics) -> ws.Section:
         _line(m, "groups kept / skipped", "train/groups_kept", "train/groups_skipped_all_correct",
               "train/groups_skipped_all_wrong", "train/nonfinite_groups"),
         _line(m, "adapter version / staleness", "rollout/adapter_version", "rollout/staleness"),
+        # rollout.mode async (docs/guides/staleness.md): a panel only when some trial logs them
+        _line(m, "staleness of trained tokens (mean / max)", "async/staleness_mean", "async/staleness_max"),
+        _line(m, "groups offered / dropped / delayed", "async/groups_offered", "async/groups_dropped",
+              "async/groups_delayed"),
+        _line(m, "mismatch KL(behaviour || proximal)", "mismatch/k1", "mismatch/k2", "mismatch/k3"),
+        _line(m, "decoupled weights", "decoupled/weight_mean", "decoupled/masked_frac"),
         _line(m, "grader errors / timeouts", "train/grader_errors", "train/grader_timeouts"),
     ])
 

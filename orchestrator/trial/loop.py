@@ -37,7 +37,7 @@ from orchestrator.trial.artifacts.uncertainty import write_uncertainty
 from orchestrator.trial.collect.eval_sets import EvalSets
 from orchestrator.trial.collect.rollouts import HeldOut
 from orchestrator.trial.collect.sampling import action_ids
-from orchestrator.trial.step.prefetch import load_pending
+from orchestrator.trial.step.prefetch import load_queue
 from orchestrator.trial.step.sequence import TrainingStep
 from orchestrator.trial.step.trial_source import trial_source
 from workers.credit import SepaController
@@ -59,7 +59,7 @@ class Resume:
     state: dict | None = None  # the checkpoint's trial state (task cursor, SEPA controller, ...)
     learner_files: dict[str, bytes] = field(default_factory=dict)  # the learner's blob and shards, by name
     rows: list[dict] = field(default_factory=list)  # metrics rows up to the checkpoint's step
-    pending: object = None  # one_step_off: the prefetched batch of `start`
+    pending: object = None  # one_step_off / async: the batches sampled ahead of `start`
     rewound: bool = False  # taken in process after the learner restarted (the engines hold a later policy)
 
 
@@ -79,7 +79,7 @@ def _resume(cfg: TrialConfig, out_dir: str) -> Resume:
     pending = None
     files = {LEARNER_FILE: restored.learner}
     with restored.checkpoint.as_directory() as d:
-        pending = load_pending(d)  # one_step_off's prefetched batch (orchestrator/trial/step/prefetch.py), if any
+        pending = load_queue(d)  # the batches sampled ahead (orchestrator/trial/step/prefetch.py), if any
         shards = Path(d) / SHARDS
         files.update({f"{SHARDS}/{p.name}": p.read_bytes() for p in sorted(shards.glob("*")) if p.is_file()})
     state = restored.state
@@ -134,7 +134,7 @@ def _checkpoint(ctx: TrialContext, step: int, version: int, row: dict, rows: lis
     with tempfile.TemporaryDirectory() as d:
         ctx.learner.write_checkpoint(d)  # the blob, and every rank's shards
         (Path(d) / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
-        training.save(d)  # one_step_off: the prefetched batch of step + 1
+        training.save(d)  # one_step_off / async: the batches sampled ahead of step + 1
         (Path(d) / STATE_FILE).write_text(json.dumps({
             "step": step, "adapter_version": version, "task": task.state_dict(),
             "sepa": sepa.state_dict(), "config": cfg.model_dump(mode="json"),
@@ -230,7 +230,7 @@ def _train(run: TrialRun, resume: Resume, trackers: list[TrialTracker]) -> None:
         ctx = TrialContext(cfg, workers, learner, tokenizer, task, action_ids(cfg, task, tokenizer), calls,
                            Phases.for_trial(cfg, engines, learner, out_dir), engines)
         source = trial_source(ctx)  # one task, episodes or a mix, refilled; `replay:` saved batches
-        training = TrainingStep.for_trial(ctx, source, resume.pending)  # sync or one_step_off: one sequence
+        training = TrainingStep.for_trial(ctx, source, resume.pending)  # every rollout.mode: one sequence
         samples = TrialSamples(cfg, out_dir, tokenizer)
         batches = TrialBatches(cfg, out_dir, tokenizer_fingerprint(tokenizer) if cfg.logging.batches else None)
         eval_sets = EvalSets(ctx)  # eval.sets: more held-out sets, logged as eval/<set>/... (trial/eval_sets.py)

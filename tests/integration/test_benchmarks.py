@@ -35,7 +35,7 @@ SCRIPTS = {  # name: (script, smallest flags that still reach every part of it)
     "rollout": ("rollout.py", [*TINY, "--reps", "1"]),
     "engine_start": ("engine_start.py", [*TINY, "--reps", "1"]),
     "step": ("step.py", [*TINY, "--reps", "2", "--warmup", "0"]),  # 2 reps: both orders, an adapter load
-    "async": ("async.py", [*TINY, "--steps", "1", "--blocks", "1"]),
+    "async": ("async.py", [*TINY, "--steps", "1", "--blocks", "1", "--ks", "0", "2"]),  # k = 2: a queue of two
     "colocate": ("colocate.py", [*TINY, "--steps", "1", "--blocks", "1"]),
     # one pool of 1 slot vs 1 separate trial, one step: two processes of ~10 CPU-s each, no Ray
     "shared": ("shared.py", ["--ks", "1", "--steps", "1", "--prompts", "2", "--n", "2", "--max-tokens", "4"]),

@@ -59,7 +59,7 @@ class UpdatePlan:
     floor_terms  per token class, the entropy-floor surrogate's weight
     classes      `[B, T]` bool masks of the token classes ("all", "planning", "execution")
     ratio_base   the PPO ratio's pi_old (None: the rollout's log-probs)
-    tis          per-token truncated importance weights, or None
+    tis          per-token off-policy weights (workers/objectives/offpolicy.py: tis, decoupled, rejection), or None
     probe        old_logprobs 'rollout': `{"lp", "entropy"}` `[B, T]` tensors the first update fills with its
                  rows' pre-update log-probs and entropy; else None
     """

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from workers.objectives.settings import OffPolicySettings
+
 
 @dataclass(frozen=True)
 class LearnerBatch:
@@ -30,6 +32,8 @@ class LearnerBatch:
     action_token_ids  the one-token action set under the probability floor; None = no floor
     tis_cap           truncated importance weight min(pi_old / pi_rollout, tis_cap) per token; None = off
                       (needs old_logprobs 'recompute')
+    offpolicy         the off-policy correction, rejection and mismatch metrics (workers/objectives/offpolicy.py);
+                      None = token-level tis at `tis_cap` (or nothing without it). Needs old_logprobs 'recompute'
     want_uncertainty  return per-token uncertainty samples before / after the token stages
     reward_positions  [B][*] the critic's turn ends: the response index of each turn's last sampled id; None =
                       one turn ending at the last sampled id
@@ -52,6 +56,13 @@ class LearnerBatch:
     reward_positions: list[list[int]] | None = None
     turn_rewards: list[list[float]] | None = None
     sampled_mask: list[list[bool]] | None = None
+    offpolicy: OffPolicySettings | None = None
+
+    def offpolicy_settings(self) -> OffPolicySettings:
+        """The batch's off-policy settings: `offpolicy`, or token-level tis at `tis_cap` when it is None."""
+        if self.offpolicy is not None:
+            return self.offpolicy
+        return OffPolicySettings("tis", cap=self.tis_cap) if self.tis_cap is not None else OffPolicySettings()
 
 
 @dataclass(frozen=True)

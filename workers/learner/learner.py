@@ -44,7 +44,8 @@ from workers.learner.state import LearnerStateIO, PolicyExport, Progress
 from workers.learner.update import Updater
 from workers.models.loading import head_is_linear, load_tokenizer, token_pieces
 from workers.objectives.interventions import InterventionsConfig, scoring_pass_needs
-from workers.objectives.losses import entropy_floor_surrogate, truncated_importance_weights
+from workers.objectives.losses import entropy_floor_surrogate
+from workers.objectives.offpolicy import offpolicy_weights
 from workers.startup import imports_done
 from workers.sync.policy import PolicyUpdate
 
@@ -197,7 +198,7 @@ class Learner:
         step, or one per PPO mini-batch and epoch.
 
         The PPO ratio is to pi_old: the scoring pass's log-probs (old_logprobs 'recompute'), or vLLM's
-        ('rollout', no scoring pass); `batch.tis_cap` needs 'recompute'.
+        ('rollout', no scoring pass); the off-policy weights (`batch.offpolicy_settings()`) need 'recompute'.
         Returns the metrics plus `exec_values` (raw execution-token uncertainties, for SEPA's auto schedule) and
         `uncertainty` (the samples when `batch.want_uncertainty`, else None).
         """
@@ -211,17 +212,20 @@ class Learner:
         progress = min(max(step / self.total_steps, 0.0), 1.0)
         self.model.train()
 
-        probe = None
+        probe, offpolicy = None, batch.offpolicy_settings()
         if self.skip_scoring:  # old_logprobs: rollout; the first update's forward measures the gap instead
-            if batch.tis_cap is not None:
-                raise ValueError("the truncated importance weight (tis_cap) needs pi_old: old_logprobs 'recompute'")
+            if offpolicy.active:
+                raise ValueError("the off-policy correction (tis_cap, rollout.correction, rejection, mismatch "
+                                 "metrics) needs pi_prox: old_logprobs 'recompute'")
             nan = torch.full_like(b.old_lp, float("nan"))
             scored = Scored(b.old_lp, token_uncertainty("surprisal", logprobs=b.old_lp), nan, None, None)
             probe = {"lp": nan.clone(), "entropy": nan.clone()}
         else:
             scored = self.scorer.score(b, scoring)
-        ratio_base, tis, tis_metrics = truncated_importance_weights(scored.learner_lp, b.old_lp, b.mask,
-                                                                    batch.tis_cap)
+        # the ratio's anchor is pi_prox (pi_old); the weight to pi_behav is apart from it (objectives/offpolicy.py)
+        ratio_base = scored.learner_lp
+        tis, tis_metrics = offpolicy_weights(scored.learner_lp, b.old_lp, b.mask, offpolicy) \
+            if offpolicy.active else (None, {})
         planning = self._planning(b)
         gae_adv = returns = None
         if self.critic is not None:

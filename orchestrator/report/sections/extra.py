@@ -1,7 +1,7 @@
 """Report sections added after the mechanistic diagnostic: the effective batch each condition trained on
 (`effective_batch`), each task of a mix or source of a dataset (`per_task`), the paired design (common random
 numbers) with each condition's distance from the baseline per step (`trajectories`), surprisal vs entropy
-(`decomposition`), and for sweeps and agentic campaigns the metric against the swept value (`sweeps`).
+(`decomposition`), what staleness did to the batch (`staleness`, async arms), and for sweeps and agentic campaigns the metric against the swept value (`sweeps`).
 
 `extra_sections` computes their tables, writes their CSVs and figures and returns the markdown lines; `build`
 calls it once and passes the lines to `render.markdown.render`.
@@ -16,7 +16,14 @@ import pandas as pd
 
 from orchestrator.report.claims.primary import PrimaryTrend
 from orchestrator.report.load import Group
-from orchestrator.report.sections import decomposition, effective_batch, per_task, sweeps, trajectories
+from orchestrator.report.sections import (
+    decomposition,
+    effective_batch,
+    per_task,
+    staleness,
+    sweeps,
+    trajectories,
+)
 
 TRAIN_METRIC = "train/correct_rate"
 
@@ -34,6 +41,8 @@ def extra_sections(groups: Sequence[Group], base: Group | None, metric: str, out
     batch = effective_batch.table(groups)
     tables = {"effective_batch": batch, "trajectory_distance": distance, "decomposition_steps": steps,
               "decomposition": summary, "per_task": per_task.table(groups)}
+    if staleness.applies(groups):  # some arm sampled ahead of its learner (rollout.mode async)
+        tables["staleness"] = staleness.table(groups)
     if sweeps.applies(groups):
         tables["sweeps"] = sweeps.sweep_table(groups, metric, step, interpolate)
         tables["sweep_trend"], tables["sweep_deltas"] = sweeps.trend_tables(groups, metric, step, interpolate,
@@ -51,7 +60,7 @@ def extra_sections(groups: Sequence[Group], base: Group | None, metric: str, out
                 written.append(path)
     md = (effective_batch.markdown(batch) + per_task.markdown(tables["per_task"])
           + trajectories.markdown(distance, groups, base, metrics)
-          + decomposition.markdown(summary))
+          + decomposition.markdown(summary) + staleness.markdown(tables.get("staleness", pd.DataFrame())))
     if "sweeps" in tables:
         md += sweeps.markdown(tables["sweeps"], tables["sweep_trend"], tables["sweep_deltas"], metric)
     if written:

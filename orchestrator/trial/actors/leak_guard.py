@@ -7,6 +7,10 @@ batch's sampled tokens, the learner's taken before its update. Measured on the t
 - the same adapter (sync): ~5e-6;
 - one_step_off, the batch sampled by the policy one update behind the learner's: 0.004-0.055 (test_async's
   Sokoban PPO + GAE, 5 steps; benchmarks/step.py 0.029), the largest single token 1.57;
+- async (issue 57), batches up to k policies behind: k = 2 paced on a shared pool 0.021 where one_step_off on the
+  same campaign was 0.018 (tests/integration/campaign/test_shared_learner_restarts.py); FrozenLake PPO + GAE at
+  k = 2 under discard (test_agentic.py, a trial's own actors) 0.021 at staleness 1 and 2. Not measured past k = 2:
+  were the drift to grow linearly in k at one_step_off's worst mean per update (0.055), k ~ 18 would reach the bound;
 - a slot sampled under another slot's adapter: 10.9 (docs/measurements.md, Shared base); under its own adapter with
   the LoRA B matrices drawn at random: 6.74 (its own: 3.5e-7; tests/integration/campaign/test_shared_leak_guard.py).
 `LEAK_GAP` sits ~18x above the largest drift and ~7-11x below another adapter."""

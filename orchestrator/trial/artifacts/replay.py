@@ -90,6 +90,9 @@ def check_replay(cfg: TrialConfig, run_dir: str, where: str) -> str:
     if cfg.rollout.mode == "one_step_off":
         raise UserError(f"{where}: rollout.mode: one_step_off overlaps sampling with training and a replay samples "
                         "nothing: use 'sync' with --replay")
+    if cfg.rollout.mode == "async":
+        raise UserError(f"{where}: rollout.mode: async samples ahead of the learner and a replay samples nothing: "
+                        "use 'sync' with --replay")
     run = run_location(run_dir)
     have = saved_steps(run)
     if not have:

@@ -37,7 +37,9 @@ class Rollouts:
     means "not recorded". `truncated` / `lengths` ([N][G]): the sample hit its length limit (single-turn: the
     completion stopped at rollout.max_tokens; multi-turn: a turn did, or the episode ran out of context) and
     the length rollout.overlong measures against max_tokens. `train` ([N]): the refill's choice of the groups
-    the learner trains on (orchestrator/trial/collect/fill.py); empty: every usable group."""
+    the learner trains on (orchestrator/trial/collect/fill.py); empty: every usable group. `policy_versions`
+    ([N] of [oldest, newest]): the policy versions that sampled each group's tokens, stamped by the step
+    (orchestrator/trial/step/staleness.py)."""
 
     prompt_ids: list[list[list[int]]]
     response_ids: list[list[list[int]]]
@@ -53,6 +55,7 @@ class Rollouts:
     truncated: list[list[bool]] = field(default_factory=list)
     lengths: list[list[int]] = field(default_factory=list)
     train: list[bool] = field(default_factory=list)
+    policy_versions: list[list[int]] = field(default_factory=list)  # [N] [oldest, newest] (step/staleness.py)
 
     def __len__(self) -> int:
         return len(self.rewards)

@@ -1,1 +1,1 @@
-"""One training step (sequence.py), written once for both rollout modes, the source it collects from, and one_step_off's prefetched batch."""
+"""One training step (sequence.py), written once for every rollout mode, the source it collects from, the staleness bound and admission rule of sampling ahead (staleness.py), and the batches sampled ahead in a checkpoint (prefetch.py)."""

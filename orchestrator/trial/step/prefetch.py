@@ -1,4 +1,6 @@
-"""One-step-off-policy rollouts (`rollout.mode: one_step_off`): what the overlap means, and its checkpoint state.
+"""One-step-off-policy rollouts (`rollout.mode: one_step_off`): what the overlap means, and its checkpoint state
+(the batches sampled ahead: one under one_step_off, up to max_staleness (+ 1 under discard) under async,
+staleness.py).
 
 While the learner trains on step t (a Ray call that returns a future), the driver generates step t+1 with the
 adapter the workers hold, i.e. the policy after step t-1's update; then it waits for the learner, exports the
@@ -37,10 +39,32 @@ def rollouts_from_json(text: str) -> tuple[Rollouts, int]:
     return Rollouts(**fields), int(data["version"])
 
 
-def load_pending(checkpoint_dir: str | Path) -> tuple[Rollouts, int] | None:
-    """The prefetched batch saved in a checkpoint directory, or None (sync trials, or the trial's last step)."""
+def load_queue(checkpoint_dir: str | Path) -> list[tuple[Rollouts, int]]:
+    """The batches sampled ahead saved in a checkpoint directory, oldest first ([] for a sync trial, or when none
+    was held). One batch is one_step_off's file as it always was; more (async, max_staleness > 1) a list of them."""
     path = Path(checkpoint_dir) / PREFETCH_FILE
-    return rollouts_from_json(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    if "queue" not in data:
+        return [rollouts_from_json(path.read_text())]
+    return [rollouts_from_json(json.dumps(item)) for item in data["queue"]]
+
+
+def load_pending(checkpoint_dir: str | Path) -> tuple[Rollouts, int] | None:
+    """The next step's batch saved in a checkpoint directory, or None (sync trials, or the trial's last step)."""
+    queue = load_queue(checkpoint_dir)
+    return queue[0] if queue else None
+
+
+def save_queue(checkpoint_dir: str | Path, queue: list[tuple[Rollouts, int]]) -> None:
+    """Write the batches sampled ahead into a checkpoint directory (`load_queue` reads them back); nothing when
+    there are none."""
+    if len(queue) == 1:
+        save_pending(checkpoint_dir, *queue[0])
+    elif queue:
+        items = [json.loads(rollouts_to_json(roll, version)) for roll, version in queue]
+        (Path(checkpoint_dir) / PREFETCH_FILE).write_text(json.dumps({"queue": items}))
 
 
 def save_pending(checkpoint_dir: str | Path, roll: Rollouts, version: int) -> None:

@@ -7,6 +7,7 @@ push_policy (the new policy to every engine). The step hands the loop a `StepOut
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,7 +15,14 @@ from orchestrator.trial.actors.context import TrialContext
 from orchestrator.trial.collect.fill import usable_groups
 from orchestrator.trial.collect.rollouts import Rollouts, SampleGroup
 from orchestrator.trial.collect.sources import RolloutSource
-from orchestrator.trial.step.prefetch import save_pending
+from orchestrator.trial.step.prefetch import save_queue
+from orchestrator.trial.step.staleness import (
+    Admission,
+    group_staleness,
+    offpolicy_settings,
+    staleness_metrics,
+    stamp,
+)
 from workers.credit import SepaController
 from workers.learner.inputs import LearnerBatch, StepResult
 
@@ -47,9 +55,10 @@ class StepOutcome:
 
 
 def prepare(ctx: TrialContext, step: int, roll: Rollouts, sepa: SepaController,
-            version: int) -> Prepared:
-    """Check the adapter `roll` was sampled with (`version`), drop uninformative groups, and build the step's
-    row and learner batch (None when no group is kept)."""
+            version: int, exclude: frozenset[int] = frozenset()) -> Prepared:
+    """Check the adapter `roll` was sampled with (`version`), drop uninformative groups and those in `exclude`
+    (past the staleness bound under discard: staleness.py), and build the step's row and learner batch (None when
+    no group is kept)."""
     cfg, actions = ctx.cfg, ctx.actions
     ro = cfg.rollout
     # before the first push: the engines' initial policy (ports.py:EnginesPort.initial_versions: the bare base or
@@ -64,7 +73,8 @@ def prepare(ctx: TrialContext, step: int, roll: Rollouts, sepa: SepaController,
     flat = [r for g in rewards for r in g]
     correct_rate = sum(c for g in roll.correct for c in g) / len(flat)
     rv = cfg.interventions.rv_filter
-    keep = [i for i, t in enumerate(roll.train) if t] if roll.train else usable.keep
+    keep = [i for i in ([i for i, t in enumerate(roll.train) if t] if roll.train else usable.keep)
+            if i not in exclude]
 
     lam = sepa.lambda_for(step)
     metrics = dict(roll.metrics)
@@ -105,7 +115,8 @@ def prepare(ctx: TrialContext, step: int, roll: Rollouts, sepa: SepaController,
         loss_mask=rows(roll.loss_mask), rollout_logprobs=rows(roll.logprobs),
         rewards=[rewards[i] for i in keep],
         temperature=ro.temperature, sepa_lambda=lam, step=step,
-        loss_scale=filtered.loss_scale, action_token_ids=actions, tis_cap=ro.tis_cap,
+        loss_scale=filtered.loss_scale, action_token_ids=actions,
+        tis_cap=ro.tis_cap if ro.correction == "tis" else None, offpolicy=offpolicy_settings(ro),
         want_uncertainty="sepa" in cfg.credit.stages,  # the report's mechanistic histogram
         reward_positions=rows(roll.extra["reward_positions"]) if "reward_positions" in roll.extra else None,
         turn_rewards=rows(roll.extra["turn_rewards"]) if "turn_rewards" in roll.extra else None,
@@ -134,54 +145,81 @@ def push_policy(ctx: TrialContext, version: int) -> int:
 
 
 class TrainingStep:
-    """The one step sequence, for both `rollout.mode`s: the step's groups (collected now, or prefetched) ->
+    """The one step sequence, for every `rollout.mode`: the step's groups (collected now, or sampled ahead) ->
     prepare -> [colocated: engines sleep] -> the learner trains -> [engines wake their weights] -> push the new
     policy -> [engines wake their KV cache].
 
-    `overlap` (one_step_off, module doc of prefetch.py) differs only in where the next step's generation starts:
-    while the learner trains on step t the driver collects step t+1 with the policy the engines hold (the one
-    after step t-1), kept as `pending` (the batch and the version it was sampled with; saved in the checkpoint)
-    for the next call. Its row adds `rollout/staleness`, `time/prefetch_s` and `time/learner_wait_s`."""
+    The modes differ only in how far ahead the generator samples (staleness.py: `Admission`): while the learner
+    trains on step t the driver collects the batches of steps t+1 .. t+lookahead that it does not hold yet, with the
+    policy the engines hold, kept in `queue` (each with the version it was sampled with; saved in the checkpoint:
+    prefetch.py) and trained oldest first. sync: lookahead 0; one_step_off (`overlap`): 1; async: max_staleness,
+    or one more under discard, whose groups past the bound are dropped. With a lookahead its row adds
+    `rollout/staleness`, `time/prefetch_s` and `time/learner_wait_s`; async rows add `async/*`."""
 
     def __init__(self, ctx: TrialContext, source: RolloutSource, *, overlap: bool = False,
-                 pending: tuple[Rollouts, int] | None = None):
-        self.ctx, self.source, self.overlap = ctx, source, overlap
-        self.pending = pending  # (batch of the next step, policy version it was sampled with)
+                 pending: tuple[Rollouts, int] | list[tuple[Rollouts, int]] | None = None,
+                 admission: Admission | None = None):
+        self.ctx, self.source = ctx, source
+        self.admission = admission or Admission(bound=int(overlap))
+        self.overlap = self.admission.lookahead > 0
+        self.queue: deque[tuple[Rollouts, int]] = deque()  # batches of steps t+1, t+2, ..., and their versions
+        self.pending = pending
         self.timeline: list[dict] = []  # driver-side intervals of the latest steps (tests, benchmarks)
+
+    @property
+    def pending(self) -> tuple[Rollouts, int] | None:
+        """The next step's batch sampled ahead and its version (None when none is held)."""
+        return self.queue[0] if self.queue else None
+
+    @pending.setter
+    def pending(self, value: tuple[Rollouts, int] | list[tuple[Rollouts, int]] | None) -> None:
+        items = [] if value is None else value if isinstance(value, list) else [value]
+        self.queue = deque((r if r.policy_versions else stamp(r, v), v) for r, v in items)
 
     @classmethod
     def for_trial(cls, ctx: TrialContext, source: RolloutSource,
-                  pending: tuple[Rollouts, int] | None = None) -> TrainingStep:
-        """The trial's step: overlapping under `rollout.mode: one_step_off`."""
-        return cls(ctx, source, overlap=ctx.cfg.rollout.mode == "one_step_off", pending=pending)
+                  pending: tuple[Rollouts, int] | list[tuple[Rollouts, int]] | None = None) -> TrainingStep:
+        """The trial's step: sampling ahead as `rollout.mode` (and max_staleness, admission) say."""
+        return cls(ctx, source, pending=pending, admission=Admission.for_rollout(ctx.cfg.rollout))
 
-    def _batch(self, step: int, version: int) -> tuple[Rollouts, int]:
-        """Step `step`'s groups and the version they were sampled with: the prefetched ones, else collected now."""
-        if self.pending is None:
-            return self.source.collect(step), version
-        pending, self.pending = self.pending, None
-        return pending
+    def _batch(self, step: int, version: int) -> tuple[Rollouts, int, bool]:
+        """Step `step`'s groups, the version they were sampled with, and whether they were sampled ahead (at an
+        earlier step): the oldest queued batch, else collected now."""
+        if self.queue:
+            roll, sampled_with = self.queue.popleft()
+            return roll, sampled_with, True
+        return stamp(self.source.collect(step), version), version, False
+
+    def _sample_ahead(self, step: int, version: int) -> None:
+        """While the learner trains step `step`: the batches of the next steps up to the lookahead, with the policy
+        the engines hold (`version`)."""
+        while len(self.queue) < self.admission.lookahead and step + len(self.queue) + 1 < self.ctx.cfg.steps:
+            nxt = step + len(self.queue) + 1
+            self.queue.append((stamp(self.source.collect(nxt), version), version))
 
     def run(self, step: int, sepa: SepaController, version: int) -> StepOutcome:
-        """Train on step `step`; `version`: the policy the engines hold. Returns the step's outcome, whose
-        `version` is the policy the engines hold after it."""
-        ctx, learner = self.ctx, self.ctx.learner
-        roll, sampled_with = self._batch(step, version)
-        prep = prepare(ctx, step, roll, sepa, sampled_with)
+        """Train on step `step`; `version`: the policy the engines (and the learner) hold. Returns the step's
+        outcome, whose `version` is the policy the engines hold after it."""
+        ctx, learner, adm = self.ctx, self.ctx.learner, self.admission
+        roll, sampled_with, delayed = self._batch(step, version)
+        staleness = group_staleness(roll, version)
+        dropped = adm.dropped(staleness)
+        prep = prepare(ctx, step, roll, sepa, sampled_with, exclude=frozenset(dropped))
         row, batch = prep.row, prep.batch
-        if self.overlap:
+        if self.overlap or adm.log:
             row["rollout/staleness"] = version - sampled_with
+        if adm.log:
+            row.update(staleness_metrics(roll, staleness, prep.kept, dropped, delayed, adm.bound))
         row.update(ctx.phases.before_train(step, trains=batch is not None))  # colocated: engines sleep
         t0 = time.perf_counter()
         future = learner.submit_train_step(batch) if batch is not None else None
         t1, w1 = time.perf_counter(), time.time()
-        if self.overlap and step + 1 < ctx.cfg.steps:  # overlaps the learner, with the policy the engines hold
-            self.pending = (self.source.collect(step + 1), version)
+        self._sample_ahead(step, version)  # overlaps the learner, with the policy the engines hold
         t2, w2 = time.perf_counter(), time.time()
         out = learner.result(future) if future is not None else None
         t_end = time.perf_counter()
         outcome = absorb(prep, roll, out, sepa)
-        row["time/train_s"] = t_end - t0  # submit -> result (one_step_off: the next step's generation inside it)
+        row["time/train_s"] = t_end - t0  # submit -> result (sampling ahead: the next steps' generation inside it)
         if self.overlap:
             row["time/prefetch_s"] = t2 - t1
             row["time/learner_wait_s"] = t_end - t2
@@ -198,6 +236,5 @@ class TrainingStep:
         return outcome
 
     def save(self, checkpoint_dir: str | Path) -> None:
-        """Write the prefetched batch (if any) into a checkpoint directory (prefetch.py)."""
-        if self.pending is not None:
-            save_pending(checkpoint_dir, *self.pending)
+        """Write the batches sampled ahead (if any) into a checkpoint directory (prefetch.py)."""
+        save_queue(checkpoint_dir, list(self.queue))

@@ -154,6 +154,34 @@ def test_frozen_lake_trial_raises_validation_success(ray_local, agent_model_dir,
     assert all(x["train/correct_rate"] == x["env/success"] for x in r)
 
 
+def test_frozen_lake_async_samples_episodes_ahead_within_the_bound(ray_local, agent_model_dir, tmp_path):
+    """`rollout.mode: async` (issue 57) on an agentic task: PPO + GAE on FrozenLake with max_staleness 2 under
+    discard, whose generator plays the episodes of up to 3 steps ahead. Every trained step's staleness, derived
+    from the rows alone, is in [0, 2]; step 3's batch (sampled with the first policy, 3 versions old by then) is
+    dropped whole and trains nothing; the correction and the mismatch are logged; the step-3 checkpoint holds the
+    one batch sampled ahead of step 4, stamped with the version that played it."""
+    from orchestrator.trial.step.prefetch import load_queue
+
+    cfg = _trial("async", tmp_path, steps=5, credit={"advantage_mode": "gae"}, checkpoint={"every": 4},
+                 rollout={"mode": "async", "max_staleness": 2, "admission": "discard", "prompts_per_step": 4, "n": 4,
+                          "skip_uninformative": False, "engine": {"in_process": True}})
+    assert run_single_trial(cfg, tmp_path) is not None
+    r = rows(cfg.output_dir)
+    assert [x["step"] for x in r] == list(range(5))
+    trained = 0
+    for x in r:
+        stale = trained - x["async/version_oldest"]
+        assert stale == x["rollout/staleness"] and "env/success" in x
+        assert x["async/groups_dropped"] == (4 if stale > 2 else 0), (x["step"], stale)
+        if x["train/groups_kept"]:
+            assert 0 <= stale <= 2 and "mismatch/k3" in x and "tis/weight_mean" in x
+        trained += x["train/groups_kept"] > 0
+    assert [x["async/groups_dropped"] for x in r] == [0, 0, 0, 4, 0]
+    first = sorted(tmp_path.rglob("checkpoint_*"))[0]  # after step 3
+    queue = load_queue(first)
+    assert [v for _, v in queue] == [1] and queue[0][0].policy_versions == [[1, 1]] * 4
+
+
 def test_sokoban_ppo_gae_one_step_off_trial_resumes_equivalently(ray_local, agent_model_dir, tmp_path):
     """PPO + GAE (critic, 2 mini-batches per step) on Sokoban, generating one step off the policy, killed after
     step 4, restored from step 3: the critic's state and the batch prefetched before the kill (it is in the

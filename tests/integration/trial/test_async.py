@@ -2,6 +2,11 @@
 
 - With a policy that does not move (lr 1e-20) and C large, one_step_off trains on exactly the sync trial's data
   and logs the same rows (only the sampling adapter's version lags by one).
+- `rollout.mode: async` (issue 57) on the same runs: max_staleness 0 is the sync trial and max_staleness 1 with
+  tis is one_step_off, bit for bit (every non-timing metric at every step); at max_staleness 2 every trained
+  group's staleness, derived from the rows alone, is in [0, 2], paced drops nothing and discard drops exactly the
+  groups past 2, and both are offered the sync trial's prompts and samples step by step (common random numbers
+  across arms). The trials run once per module (`runs`), each only when a test asks for it.
 - Both trials run vLLM inside the rollout actor (one_step_off's CPU default, vLLM's own processes, costs ~18 CPU-s
   more a start; that both kinds sample the same tokens with the same log-probs is held by the suite's smoke run of
   benchmarks/engine_start.py, tests/integration/test_benchmarks.py).
@@ -51,13 +56,39 @@ def _stable(row: dict) -> dict:
     return {k: v for k, v in row.items() if not k.startswith(VOLATILE)}
 
 
-def test_one_step_off_equals_sync_when_the_policy_does_not_move(ray_local, tmp_path):
-    still = {"optim": {"lr": 1e-20}}
-    sync = _cfg("sync", tmp_path, "sync", steps=4, learner=still)
-    off = _cfg("off", tmp_path, "one_step_off", steps=4, learner=still,
-               rollout={**BASE["rollout"], "mode": "one_step_off", "tis_cap": 1e9, "engine": {"in_process": True}})
-    assert run_single_trial(sync, tmp_path) is not None and run_single_trial(off, tmp_path) is not None
-    a, b = _rows(sync), _rows(off)
+STILL = {"optim": {"lr": 1e-20}}
+IN_PROCESS = {"engine": {"in_process": True}}
+RUNS = {  # name -> (rollout settings over BASE's, steps); each run once per module, when a test first asks for it
+    "sync": ({"mode": "sync"}, 4),
+    "off": ({"mode": "one_step_off", "tis_cap": 1e9, **IN_PROCESS}, 4),
+    "k0": ({"mode": "async", "max_staleness": 0}, 4),
+    "k1": ({"mode": "async", "max_staleness": 1, "correction": "tis", "tis_cap": 1e9, **IN_PROCESS}, 4),
+    "k2_paced": ({"mode": "async", "max_staleness": 2, **IN_PROCESS}, 3),  # step 2 trains at staleness 2
+    "k2_discard": ({"mode": "async", "max_staleness": 2, "admission": "discard", **IN_PROCESS}, 4),  # step 3 drops
+}
+
+
+@pytest.fixture(scope="module")
+def runs(ray_local, tmp_path_factory):
+    """`runs(name)`: the rows of RUNS[name] (a frozen policy: lr 1e-20), run once for the module."""
+    out, done = tmp_path_factory.mktemp("async"), {}
+
+    def get(name: str) -> list[dict]:
+        if name not in done:
+            rollout, steps = RUNS[name]
+            cfg = _cfg(name, out, rollout["mode"], steps=steps, learner=STILL,
+                       rollout={**BASE["rollout"], **rollout})
+            t0 = time.perf_counter()
+            assert run_single_trial(cfg, out) is not None
+            print(f"[{name}] {time.perf_counter() - t0:.1f} s", flush=True)
+            done[name] = _rows(cfg)
+        return done[name]
+
+    return get
+
+
+def test_one_step_off_equals_sync_when_the_policy_does_not_move(runs):
+    a, b = runs("sync"), runs("off")
     assert [r["step"] for r in b] == list(range(4))
     assert [r["rollout/staleness"] for r in b] == [0, 1, 1, 1]
     assert sum(r["train/groups_kept"] > 0 for r in a) >= 3  # the learner really stepped
@@ -70,6 +101,56 @@ def test_one_step_off_equals_sync_when_the_policy_does_not_move(ray_local, tmp_p
                 continue
             assert rb[k] == pytest.approx(v, rel=1e-4, abs=1e-6), (ra["step"], k)
     assert [r["rollout/adapter_version"] for r in b][1:] == [r["rollout/adapter_version"] for r in a][:-1]
+
+
+def _same_bit_for_bit(ref: list[dict], rows: list[dict], extra: tuple[str, ...]) -> None:
+    """Every non-timing metric of `ref` at every step is in `rows`, equal as logged; `rows` adds only `extra`."""
+    assert len(ref) == len(rows)
+    for ra, rb in zip(ref, rows, strict=True):
+        assert {k for k in set(_stable(rb)) - set(_stable(ra))} == {k for k in _stable(rb) if k.startswith(extra)}
+        assert {k: rb[k] for k in _stable(ra)} == _stable(ra), ra["step"]
+
+
+def test_async_k0_is_the_sync_trial_and_k1_with_tis_is_one_step_off_bit_for_bit(runs):
+    k0, k1 = runs("k0"), runs("k1")
+    _same_bit_for_bit(runs("sync"), k0, ("async/", "mismatch/", "rollout/staleness"))
+    assert [r["rollout/staleness"] for r in k0] == [0, 0, 0, 0]
+    _same_bit_for_bit(runs("off"), k1, ("async/", "mismatch/"))
+    assert [r["rollout/staleness"] for r in k1] == [0, 1, 1, 1]
+    assert all("tis/weight_mean" in r for r in k1 if r["train/groups_kept"])  # the correction ran
+
+
+def _derived_staleness(rows: list[dict]) -> list[int]:
+    """Each step's staleness from the rows alone: the learner's version when it trains step s is the number of
+    earlier steps that trained (each pushed one policy), minus the oldest version that sampled the step's batch."""
+    out, trained = [], 0
+    for r in rows:
+        out.append(trained - r["async/version_oldest"])
+        trained += r["train/groups_kept"] > 0
+    return out
+
+
+def test_k2_trains_only_groups_at_most_two_versions_old(runs):
+    paced, discard = runs("k2_paced"), runs("k2_discard")
+    for rows in (paced, discard):
+        stale = _derived_staleness(rows)
+        assert stale == [r["rollout/staleness"] for r in rows]
+        for r, s in zip(rows, stale, strict=True):
+            if r["train/groups_kept"]:  # what was trained is within the bound, every trained token counted
+                assert 0 <= s <= 2 and r["async/staleness_max"] == s
+                assert sum(r[f"async/staleness_tokens_{j}"] for j in range(3)) == r["train/tokens_trained"]
+    assert max(_derived_staleness(paced)) == 2  # the generator really ran two versions ahead
+    assert all(r["async/groups_dropped"] == 0 for r in paced)
+    stale = _derived_staleness(discard)
+    for r, s in zip(discard, stale, strict=True):  # dropped: exactly the groups past k
+        assert r["async/groups_dropped"] == (r["async/groups_offered"] if s > 2 else 0), (r["step"], s)
+    assert sum(r["async/groups_dropped"] for r in discard) > 0
+    # common random numbers: with the policy frozen, every arm is offered the sync trial's prompts and samples
+    sync = runs("sync")
+    for rows in (paced, discard):
+        for ra, rb in zip(sync, rows, strict=False):
+            for k in ("train/correct_rate", "train/reward_mean", "train/completion_len", "train/groups_sampled"):
+                assert rb[k] == pytest.approx(ra[k], rel=1e-4, abs=1e-6), (ra["step"], k)
 
 
 class _SleepyLearner(Learner):

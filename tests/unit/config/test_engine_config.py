@@ -79,7 +79,7 @@ def test_one_step_off_keeps_vllm_in_its_own_processes_unless_told():
     ({"rollout": {"engine": {"tensor_parallel_size": 4}}}, "needs resources.worker_gpus"),
     ({"rollout": {"engine": {"tensor_parallel_size": 2, "in_process": True}}, "resources": {"worker_gpus": 2}},
      "in_process runs one model worker"),
-    ({"rollout": {"mode": "async"}}, "rollout.mode"),
+    ({"rollout": {"mode": "fully_async"}}, "rollout.mode"),  # async is a mode since issue 57
     ({"rollout": {"tis_cap": 0.5}}, "rollout.tis_cap"),
     ({"learner": {"old_logprobs": "vllm"}}, "learner.old_logprobs"),
     ({"learner": {"gradient_checkpointing": "sometimes"}}, "learner.gradient_checkpointing"),

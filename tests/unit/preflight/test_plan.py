@@ -239,3 +239,24 @@ def test_status_shows_plan_vs_actual(tmp_path):
     line = plan_vs_actual(campaign)[0]
     assert line.startswith("plan vs actual: 1 finished trial(s) ran 3.0 min each")
     assert f"the plan said {plan.trials[0].hours * 60:.1f} min" in line and line.endswith("campaign wall so far 3.0 min")
+
+
+@pytest.mark.parametrize("rollout, overlapped", [({"mode": "sync"}, False), ({"mode": "async", "max_staleness": 0}, False),
+                                                 ({"mode": "one_step_off"}, True),
+                                                 ({"mode": "async", "max_staleness": 2}, True)])
+def test_step_wall_overlaps_generation_with_the_learner_when_sampling_ahead(rollout, overlapped):
+    """k > 0: the next step's generation runs while the learner scores and trains, so a step takes the longer of
+    the two plus the evaluation's generation (before the step); k = 0: the parts one after the other."""
+    from orchestrator.config.trial import TrialConfig
+    from orchestrator.preflight.cost_model import step_seconds, step_tokens, step_wall
+
+    cfg = TrialConfig.model_validate({"model": {"name": "Qwen/Qwen2.5-3B"}, "task": {"name": "arithmetic"},
+                                      "eval": {"every": 1}, "rollout": rollout})
+    parts, tok = step_seconds(cfg, "H100"), step_tokens(cfg)
+    assert tok.eval_generated > 0
+    if not overlapped:
+        assert step_wall(cfg, "H100") == pytest.approx(sum(parts.values()))
+        return
+    ev = parts["generate"] * tok.eval_generated / (tok.generated + tok.eval_generated)
+    expected = ev + max(parts["generate"] - ev, parts["score"] + parts["train"])
+    assert step_wall(cfg, "H100") == pytest.approx(expected) and expected < sum(parts.values())

@@ -1,0 +1,128 @@
+"""The report's staleness section: for campaigns whose runs sampled ahead of the learner (`rollout.mode: async`,
+docs/guides/staleness.md), what staleness did to the batch each arm trained on.
+
+Per group (condition + sweep values): the share of trained tokens at each staleness (the histogram summed over
+steps and seeds), their mean staleness, the mismatch KL (`mismatch/k3`, mean over steps), the groups dropped past
+the bound (`discard`) and delayed in the queue per step, and the composition of what was trained against what
+was offered by completion length: the mean trained completion length over the offered one (`len ratio`, 1 when
+the trained batch is the offered one). Against the synchronous arm (paced max_staleness 0, or a sync condition) when
+there is one, the paired difference by seed of that ratio, with its t interval. Runs that logged no `async/*`
+key (sync, one_step_off) count as staleness 0 with nothing dropped or delayed only when another arm is async.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from orchestrator.report.load import Group, Run
+from orchestrator.stats.paired import paired_comparison
+
+HIST = re.compile(r"^async/staleness_tokens_(\d+)$")
+
+
+def applies(groups: Sequence[Group]) -> bool:
+    """Whether any run sampled ahead (logged the async rows)."""
+    return any(r.started and "async/groups_offered" in r.data for g in groups for r in g.runs)
+
+
+def _sum(run: Run, key: str) -> float:
+    return float(run.series(key)[1].sum())
+
+
+def _mean(run: Run, key: str) -> float:
+    v = run.series(key)[1]
+    return float(v.mean()) if v.size else float("nan")
+
+
+def _len_ratio(run: Run) -> float:
+    """Trained over offered completion length, averaged over the steps that trained (1 for a run that never
+    dropped: it trained what it was offered)."""
+    if "async/completion_len_trained" not in (run.data or {}):
+        return 1.0
+    s_t, trained = run.series("async/completion_len_trained")
+    s_o, offered = run.series("train/completion_len")
+    lookup = dict(zip(s_o.tolist(), offered.tolist(), strict=True))
+    ratios = [t / lookup[s] for s, t in zip(s_t.tolist(), trained.tolist(), strict=True) if lookup.get(s)]
+    return float(np.mean(ratios)) if ratios else float("nan")
+
+
+def _hist(run: Run) -> dict[int, float]:
+    if "async/groups_offered" not in run.data:  # a sync / one_step_off run: its trained tokens at its staleness
+        return {int(_mean(run, "rollout/staleness")) if "rollout/staleness" in run.data else 0:
+                _sum(run, "train/tokens_trained")}
+    return {int(m.group(1)): _sum(run, k) for k in run.data if (m := HIST.match(k))}
+
+
+def _finite_mean(xs: list[float]) -> float:
+    ok = [x for x in xs if np.isfinite(x)]
+    return float(np.mean(ok)) if ok else float("nan")
+
+
+def _is_sync(g: Group) -> bool:
+    ro = (g.runs[0].config.get("rollout") or {}) if g.runs else {}
+    # async k = 0 is the sync trial only when paced (discard at k = 0 drops every other batch)
+    return ro.get("mode") == "sync" or (ro.get("mode") == "async" and ro.get("max_staleness") == 0
+                                        and ro.get("admission", "paced") == "paced")
+
+
+def table(groups: Sequence[Group]) -> pd.DataFrame:
+    """One row per group (module doc); empty when no run sampled ahead."""
+    if not applies(groups):
+        return pd.DataFrame()
+    base = next((g for g in groups if _is_sync(g)), None)
+    base_ratio = {r.seed: _len_ratio(r) for r in base.runs if r.started} if base is not None else {}
+    rows = []
+    for g in groups:
+        runs = [r for r in g.runs if r.started]
+        if not runs:
+            continue
+        hist: dict[int, float] = {}
+        for r in runs:
+            for j, n in _hist(r).items():
+                hist[j] = hist.get(j, 0.0) + n
+        total = sum(hist.values())
+        row = {"group": g.label, "condition": g.condition, "n_seeds": len(runs),
+               **{f"tokens_at_{j}": hist[j] / total if total else float("nan") for j in sorted(hist)},
+               "staleness_mean": sum(j * n for j, n in hist.items()) / total if total else float("nan"),
+               "mismatch_k3": _finite_mean([_mean(r, "mismatch/k3") for r in runs]),
+               "dropped_per_step": float(np.mean([_mean(r, "async/groups_dropped") if "async/groups_dropped"
+                                                  in r.data else 0.0 for r in runs])),
+               "delayed_per_step": float(np.mean([_mean(r, "async/groups_delayed") if "async/groups_delayed"
+                                                  in r.data else 0.0 for r in runs])),
+               "len_ratio": _finite_mean([_len_ratio(r) for r in runs])}
+        if base is not None and g is not base:
+            pairs = [(base_ratio[r.seed], _len_ratio(r)) for r in runs if r.seed in base_ratio]
+            cmp = paired_comparison([a for a, _ in pairs], [b for _, b in pairs], bootstrap=False)
+            row.update({"len_ratio_delta": cmp.delta, "delta_lo": cmp.ci_low, "delta_hi": cmp.ci_high})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def markdown(df: pd.DataFrame) -> list[str]:
+    if not len(df):
+        return []
+    hist_cols = sorted((c for c in df.columns if c.startswith("tokens_at_")), key=lambda c: int(c.rsplit("_", 1)[1]))
+
+    def f(x, fmt: str = "{:.3g}") -> str:
+        return "n/a" if x is None or not np.isfinite(x) else fmt.format(x)
+
+    head = ["group", "seeds", *[f"staleness {c.rsplit('_', 1)[1]}" for c in hist_cols], "mean", "mismatch k3",
+            "dropped / step", "delayed / step", "len ratio", "vs sync"]
+    md = ["", "## Staleness", "",
+          "Per group: the share of trained tokens at each staleness (policy versions behind the learner), their "
+          "mean, the mismatch KL(pi_behav || pi_prox) (k3, mean over steps), groups dropped past the bound and "
+          "delayed in the queue per step, and the trained batch's mean completion length over the offered one "
+          "(`len ratio`; 1: what was trained is what was offered). `vs sync`: the paired difference by seed of "
+          "the length ratio against the synchronous arm, with its 95% t interval.", "",
+          "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in df.iterrows():
+        delta = "" if "len_ratio_delta" not in r or not np.isfinite(r.get("len_ratio_delta", np.nan)) else \
+            f"{r.len_ratio_delta:+.3f} [{f(r.delta_lo, '{:+.3f}')}, {f(r.delta_hi, '{:+.3f}')}]"
+        md.append("| " + " | ".join([str(r.group), str(r.n_seeds), *[f(r[c], "{:.1%}") for c in hist_cols],
+                                     f(r.staleness_mean, "{:.2f}"), f(r.mismatch_k3), f(r.dropped_per_step, "{:.2f}"),
+                                     f(r.delayed_per_step, "{:.2f}"), f(r.len_ratio, "{:.3f}"), delta]) + " |")
+    return md
