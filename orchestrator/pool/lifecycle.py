@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import time
+import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -116,7 +117,10 @@ def _build(pool: Pool, cfg: TrialConfig) -> None:
     pool.learner = pool_learner_actor(slots).options(name=learner_name(pool.id), num_cpus=r.learner_cpus,
                                                      num_gpus=r.learner_gpus, max_restarts=RESTARTS,
                                                      **bundle(k)).remote(model_cfg, slots, pool.scratch)
-    pool.registry = SlotRegistry.options(name=slots_name(pool.id)).remote(slots, k)
+    # its table's file: one per pool start (a restarted registry reads it back; a new campaign run starts empty)
+    state = f"{pool.scratch}/slots-{uuid.uuid4().hex[:8]}.json"
+    pool.registry = SlotRegistry.options(name=slots_name(pool.id), max_restarts=RESTARTS, max_task_retries=RESTARTS,
+                                         **bundle(k)).remote(slots, k, state)
 
 
 def start_pools(cfgs: list[TrialConfig]) -> list[Pool]:

@@ -5,6 +5,10 @@ of its own and the pool's engine and learner refuse a late call from an earlier 
 it gets fresh before use (trial/actors/shared.py:connect), so a reused slot never carries its last
 holder's state.
 
+The registry runs in the pool's placement group (the learner's bundle) and Ray restarts it there like the pool's
+other actors; its table (holders and epochs) is written to a file in the pool's scratch folder on every change and
+read back by the restarted actor, so a restart neither frees a held slot nor hands out an epoch twice.
+
 A slot comes back when it is released: by the campaign driver, which sees every trial end, pause and error in Tune
 whatever happened to the trial's process (orchestrator/tune/slot_owner.py; a SIGKILLed trial driver runs no
 cleanup), and by the trial itself when it ends (its lease: a late release of an earlier attempt frees nothing). No
@@ -13,7 +17,10 @@ run without (orchestrator/tune/launch.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import ray
 
@@ -63,22 +70,46 @@ class SlotTable:
     def held(self) -> dict[str, int]:
         return {h.trial: i for i, h in enumerate(self.holders) if h is not None}
 
+    def save(self, path: Path) -> None:
+        """The table as JSON at `path`, replaced whole (a reader never sees half of it)."""
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"holders": [asdict(h) if h else None for h in self.holders],
+                                   "epochs": self.epochs}))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path, slots: int) -> SlotTable:
+        """The table saved at `path` (a restarted registry's), or an empty one of `slots` slots."""
+        table = cls(slots)
+        if path.is_file():
+            data = json.loads(path.read_text())
+            table.holders = [Holder(**h) if h else None for h in data["holders"]]
+            table.epochs = list(data["epochs"])
+        return table
+
 
 @ray.remote(num_cpus=0)
 class SlotRegistry:
-    """The pool's slot table as a small actor; `engines`: how many engine actors the pool runs."""
+    """The pool's slot table as a small actor; `engines`: how many engine actors the pool runs; `state`: the file
+    its table lives in across the actor's restarts (module docstring)."""
 
-    def __init__(self, slots: int, engines: int):
-        self.table, self.count = SlotTable(slots), engines
+    def __init__(self, slots: int, engines: int, state: str):
+        self.path = Path(state)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.table, self.count = SlotTable.load(self.path, slots), engines
+
+    def _saved(self, result):
+        self.table.save(self.path)
+        return result
 
     def acquire(self, trial: str, driver: str | None = None) -> SlotLease:
-        return self.table.acquire(trial, driver)
+        return self._saved(self.table.acquire(trial, driver))
 
     def try_acquire(self, trial: str, driver: str | None = None) -> SlotLease | None:
-        return self.table.try_acquire(trial, driver)
+        return self._saved(self.table.try_acquire(trial, driver))
 
     def release(self, trial: str, epoch: int | None = None) -> int | None:
-        return self.table.release(trial, epoch)
+        return self._saved(self.table.release(trial, epoch))
 
     def held(self) -> dict[str, int]:
         return self.table.held()

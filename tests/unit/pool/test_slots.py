@@ -73,3 +73,17 @@ def test_shared_trials_ask_tune_for_their_driver_only_and_at_most_slots_run():
     separate = _campaign(resources={"rollout_workers": 2})
     assert tune_bundles(separate.trials[0].trial) == bundles(separate.trials[0].trial)
     assert concurrency_limit(separate) is None
+
+
+def test_a_saved_table_reads_back_whole_and_a_missing_file_is_an_empty_table(tmp_path):
+    """What a restarted registry reads (orchestrator/pool/slots.py): the same holders, and epochs that go on
+    growing, so no epoch is handed out twice."""
+    table = SlotTable(3)
+    table.acquire("a", "d1"), table.acquire("b", "d2"), table.acquire("a", "d3")
+    table.release("b")
+    path = tmp_path / "slots.json"
+    table.save(path)
+    back = SlotTable.load(path, 3)
+    assert back.holders == table.holders and back.epochs == table.epochs == [2, 1, 0]
+    assert back.acquire("c").slot == 1 and back.epochs[1] == 2  # the freed slot, under a new epoch
+    assert SlotTable.load(tmp_path / "none.json", 2).holders == [None, None]
