@@ -110,7 +110,7 @@ def test_rollout_old_logprobs_refused_when_something_needs_the_scoring_pass(tiny
         Learner(tiny_model_dir, learner=cfg, credit=CreditConfig(), run=RunSettings(seed=0, total_steps=1),
                 interventions=InterventionsConfig.model_validate({"kl": {"coef": 0.1}}))
     one = _learner(tiny_model_dir, old_logprobs="rollout")
-    with pytest.raises(ValueError, match="pi_old"):
+    with pytest.raises(ValueError, match="needs pi_prox: old_logprobs .recompute."):
         one.train_step(dataclasses.replace(_batch(tiny_model_dir), tis_cap=2.0))
 
 
