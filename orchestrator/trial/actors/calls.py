@@ -163,7 +163,11 @@ def probe(handles: dict[str, object], timeout: float = PROBE_S) -> dict[str, dic
 def check_health(calls: Calls, actors: list[tuple[str, object]]) -> list[dict]:
     """Before a long phase: every actor answers `health` within the health deadline and reports `ok` (a rollout
     worker's engine processes running: workers/rollout/worker.py). Otherwise the same path as a missed deadline."""
-    answers = calls.get([h.health.remote() for _, h in actors], "health", actors)
+    return judge_health(calls, actors, calls.get([h.health.remote() for _, h in actors], "health", actors))
+
+
+def judge_health(calls: Calls, actors: list[tuple[str, object]], answers: list[dict]) -> list[dict]:
+    """`answers` (each actor's `health`, in order) all `ok`, or the same path as a missed deadline."""
     bad = [name for (name, _), a in zip(actors, answers, strict=True) if not a.get("ok", True)]
     if bad:
         by_name = {name: a for (name, _), a in zip(actors, answers, strict=True)}

@@ -26,7 +26,7 @@ from orchestrator import storage as store
 from orchestrator.config.pool_key import engine_name, learner_name, pool_id, slots_name
 from orchestrator.config.trial import TrialConfig
 from orchestrator.storage import EVENTS_FILE
-from orchestrator.trial.actors.calls import Calls, check_health
+from orchestrator.trial.actors.calls import Calls, check_health, judge_health
 from orchestrator.trial.actors.engine_recovery import EngineRecovery, Job
 from orchestrator.trial.actors.engines import shares
 from orchestrator.trial.actors.leak_guard import check_rollout_policy
@@ -80,8 +80,10 @@ class PoolEnginesClient:
 
     def health(self) -> None:
         """Every engine answers `health` (one that died is waited for and its slot reopened first) and is ok."""
-        self.recovery.gather([Job(name, e, lambda e: e.health.remote()) for name, e in self.names], "health")
-        check_health(self.calls, self.names)
+        # one call, through the recovery: a second, unguarded call could meet an engine killed in between
+        answers = self.recovery.gather([Job(name, e, lambda e: e.health.remote()) for name, e in self.names],
+                                       "health")
+        judge_health(self.calls, self.names, answers)
 
     def sleep(self, level: int) -> None:
         self._refuse("sleep")
