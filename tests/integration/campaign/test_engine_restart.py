@@ -20,7 +20,7 @@ import pytest
 
 from orchestrator.campaign.expand import load_campaign
 from orchestrator.storage import campaign_events
-from orchestrator.tune.launch import run_campaign
+from tests.integration.campaign.injection import run_with_injector
 from tests.integration.campaign.test_campaign import _jsonl, _trial_dir, _write
 from tests.integration.campaign.test_shared_base import BASE, CONDITIONS, _sealed_step
 from tests.integration.trial.test_trial import stable
@@ -77,18 +77,8 @@ def _inject(campaign, stop: threading.Event, done: list, errors: list) -> None:
 
 def _run(tmp: Path, name: str, faults: bool) -> tuple:
     campaign = _campaign(tmp, name)
-    stop, done, errors = threading.Event(), [], []
-    injector = threading.Thread(target=_inject, args=(campaign, stop, done, errors), daemon=True)
-    if faults:
-        injector.start()
-    t0 = time.monotonic()
-    try:
-        failed = run_campaign(campaign)
-    finally:
-        stop.set()
-        if faults:
-            injector.join(timeout=10)
-    print(f"campaign {name}: {time.monotonic() - t0:.0f} s")
+    failed, done, errors, seconds = run_with_injector(campaign, _inject if faults else None)
+    print(f"campaign {name}: {seconds:.0f} s")
     assert not errors, errors
     return campaign, failed, done
 

@@ -25,7 +25,7 @@ import pytest
 
 from orchestrator.campaign.expand import load_campaign
 from orchestrator.trial.actors.leak_guard import GAP_METRIC, LEAK_GAP
-from orchestrator.tune.launch import run_campaign
+from tests.integration.campaign.injection import run_with_injector
 from tests.integration.campaign.test_campaign import _jsonl, _trial_dir, _write
 from tests.integration.campaign.test_shared_base import _sealed_step
 from tests.integration.trial.test_trial import stable
@@ -76,16 +76,8 @@ def restarted(request, ray_local, reasoner_dir, tmp_path_factory):
     base = {**BASE, "rollout": {**BASE["rollout"], **MODES[request.param][0]}}
     campaign = load_campaign(_write(tmp, name="restarts", base=base, conditions=CONDITIONS, seeds=[0],
                                     resources=RESOURCES, wandb={"mode": "disabled"}, max_failures=1))
-    stop, done, errors = threading.Event(), [], []
-    injector = threading.Thread(target=_kill_learner, daemon=True, args=(campaign, stop, done, errors))
-    injector.start()
-    t0 = time.monotonic()
-    try:
-        unfinished = run_campaign(campaign)
-    finally:
-        stop.set()
-        injector.join(timeout=10)
-    print(f"{request.param} campaign with {len(done)} learner kills: {time.monotonic() - t0:.0f} s")
+    unfinished, done, errors, seconds = run_with_injector(campaign, _kill_learner)
+    print(f"{request.param} campaign with {len(done)} learner kills: {seconds:.0f} s")
     assert not errors and len(done) == len(KILLS), (errors, done)
     return campaign, unfinished, done, request.param
 
