@@ -14,6 +14,7 @@ import pytest
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 import workers.rollout.shared as shared
+import orchestrator.trial.actors.calls as calls_mod
 from orchestrator.pool.slots import SlotTable
 from orchestrator.trial.actors.engine_recovery import EngineLost
 from orchestrator.trial.actors.shared import PoolEnginesClient
@@ -46,8 +47,8 @@ class Handle:
             return Ref(error=e)
 
 
-class Calls:
-    """`Calls.get` without deadlines: every ref is done."""
+class Calls(calls_mod.Calls):
+    """The real `Calls` (its deadlines, its hang path) with `get` over refs that are all done."""
 
     def get(self, refs, phase, actors):
         many = isinstance(refs, list)
@@ -120,7 +121,16 @@ def test_an_engine_restarted_between_two_calls_refuses_the_slot_and_the_client_r
     with pytest.raises(SlotNotOpen, match="slot 0 is not open for trial A_s0 at epoch 1 in this process"):
         fresh.generate(lease, [[12]], _req(9))  # what the client meets, and answers:
     assert _sampled(client.generate([[12]], _req(9), [9], "generate")) == unfaulted
-    client.health()  # answered by the new process
+    # health reads /proc of the engine's process: stand in for it, so that the pytest process's own zombie children
+    # (earlier tests' engines) do not decide this test
+    answer = {"pid": 1, "ok": True, "children": []}
+    monkeypatch.setattr(shared, "process_health", lambda: dict(answer))
+    handle.calls.clear()
+    client.health()  # answered by the new process, in one call
+    assert handle.calls == ["health"]
+    answer.update(ok=False, reason="process 7 (EngineCore) is stopped")
+    with pytest.raises(calls_mod.PhaseTimeout, match="process 7 \\(EngineCore\\) is stopped"):
+        client.health()
     fresh.close()
 
 
