@@ -38,7 +38,7 @@ TEST_ORDER := tests/integration/test_benchmarks.py tests/integration/campaign te
 	tests/integration/learner tests/integration/rollout tests/integration/test_doctor.py tests/unit
 
 test: setup
-	$(PREBUILD) $(BIN)/python -m pytest $(TEST_ORDER) -n 2 --dist loadfile --no-loadscope-reorder --durations=25; rc=$$?; wait; exit $$rc
+	$(PREBUILD) $(BIN)/python -m pytest $(TEST_ORDER) -n 2 --dist loadfile --no-loadscope-reorder --durations=50; rc=$$?; wait; exit $$rc
 
 # The single-node SLURM test (tests/integration/campaign/test_slurm.py) alone: Debian's slurmctld, slurmd and munge
 # are installed (root, apt) if missing; the test starts its own daemons and stops them. `make test` runs it too
