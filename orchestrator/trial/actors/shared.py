@@ -75,8 +75,14 @@ class PoolEnginesClient:
 
     def drop(self) -> None:
         """Evict whatever adapter the slot held (a trial that held it before, or this trial's earlier attempt) and
-        open it under the lease: the engines refuse older ones from now on."""
-        self.calls.get([e.drop.remote(self.lease) for e in self.engines], "setup", self.names)
+        open it under the lease: the engines refuse older ones from now on. Through the recovery like every call:
+        an engine may die while the trial connects (a restarted one is opened the same way)."""
+        self.recovery.gather([Job(name, e, lambda e: e.drop.remote(self.lease)) for name, e in self.names], "setup")
+
+    def placements(self) -> list[dict]:
+        """Each engine's process (pid, node, placement group), answered by the process running now."""
+        return self.recovery.gather([Job(name, e, lambda e: e.placement.remote()) for name, e in self.names],
+                                    "setup")
 
     def health(self) -> None:
         """Every engine answers `health` (one that died is waited for and its slot reopened first) and is ok."""
@@ -292,7 +298,7 @@ def connect(cfg: TrialConfig, calls: Calls, pg=None) -> PoolSlot:
 def pool_record(slot: PoolSlot, health: list[dict]) -> dict:
     """The pool's part of a shared trial's placement.json: its id, the slot, the learner's and each engine's process
     (pid, node, placement group) and the engines' child processes: the same for every trial of that pool."""
-    where = slot.engines.calls.get([e.placement.remote() for e in slot.engines.engines], "setup", slot.engines.names)
+    where = slot.engines.placements()
     return {"id": slot.pool, "slot": slot.slot, "epoch": slot.lease.epoch,
             "learner": slot.learner.placements()[0],
             "workers": [{**w, "engine_pids": [c["pid"] for c in h.get("children", [])]}

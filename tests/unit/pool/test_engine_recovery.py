@@ -111,6 +111,31 @@ def test_an_engine_dying_under_a_generate_is_waited_for_reopened_with_the_last_a
     fresh.close()
 
 
+def test_an_engine_dead_while_the_trial_connects_is_waited_for_and_the_slot_opened_on_its_new_process(
+        worker, monkeypatch):  # noqa: F811 - the fixture
+    """connect's first engine call (the slot's drop, orchestrator/trial/actors/shared.py:connect) meets an engine
+    killed while the trial was starting: it waits for the engine and opens the slot there, and the trial goes on
+    (seen under load in the engine-fault campaign: the trial failed with ActorUnavailableError before this)."""
+    w, _ = worker
+    lease = SlotTable(3).acquire("A_s0")
+    client, handle = _client(w, lease)
+    fresh = _restarted(monkeypatch)
+    handle.dead = True
+
+    def back(engine, timeout):
+        handle.obj, handle.dead = fresh, False
+        return True
+
+    client.recovery.ready = back
+    client.drop()
+    client.load_policy(_update(0))
+    client.load_policy(_update(2))
+    assert fresh.adapter_version(lease) == 2 and handle.obj is fresh
+    assert [r["version"] for r in client.recovery.reopened] == [None]  # reopened before any adapter was pushed
+    assert _sampled(client.generate([[12]], _req(9), [9], "generate"))[0][1] == 2
+    fresh.close()
+
+
 def test_an_engine_restarted_between_two_calls_refuses_the_slot_and_the_client_reopens_it(worker, monkeypatch):  # noqa: F811
     w, _ = worker
     lease = SlotTable(3).acquire("A_s0")
