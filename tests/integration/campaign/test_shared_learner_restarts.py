@@ -1,17 +1,17 @@
 """The pool's learner restarting is the pool's fault, not the trials' (orchestrator/trial/actors/shared.py:
 PoolLearnerClient, orchestrator/trial/loop.py): a shared campaign whose learner process is SIGKILLed three times
-(the pool's whole restart budget, orchestrator/pool/lifecycle.py:RESTARTS) under trials with `max_failures: 1`.
+(the pool's whole restart budget, orchestrator/pool/lifecycle.py:RESTARTS) under a trial with `max_failures: 1`.
 
-Two slots, four trials: a one_step_off trial and an async trial (`rollout.mode: async`, max_staleness 2, paced;
-issue 57) run first, side by side, and meet the three kills, each once both have sealed one of their first three
-checkpoints, mid-step (a training step in flight beside the next steps' generation, whose prefetched
-batches the checkpoint holds: one for one_step_off, up to two for async k = 2). Their twins (the same configs under
-other condition names) run after them, unfaulted, on the learner's fourth process. Every kill is absorbed inside
-each faulted trial's process: it waits for the learner, reopens its slot, restores its newest checkpoint (the
-batches sampled ahead included, as a Tune retry would) and carries on. Tune sees no error, each trial starts once,
-and each faulted trial's metrics equal its twin's at every step, bit for bit. Every step also passed the leak guard
-(orchestrator/trial/actors/leak_guard.py): the drift of batches one or two policies behind the learner stays far
-below its bound."""
+Two trials of one config under two condition names share one slot, so they run one after the other on the same
+pool: the first meets the three kills, one after each of its first three checkpoints, mid-step (one_step_off: a
+training step in flight beside the next step's generation, whose prefetched batch the checkpoint holds); the second
+runs after them, unfaulted, on the learner's fourth process. Every kill is absorbed inside the first trial's
+process: it waits for the learner, reopens its slot, restores its newest checkpoint and carries on. Tune sees no
+error, each trial starts once, and the faulted trial's metrics equal the unfaulted one's at every step, bit for bit.
+Every step also passed the leak guard (orchestrator/trial/actors/leak_guard.py): one_step_off's drift stays far
+below its bound. The same campaign runs again under `rollout.mode: async` with max_staleness 2 (issue 57): each
+checkpoint holds up to two batches sampled ahead, which the in-process rewind restores as a Tune retry would, and
+the drift of batches two policies behind the learner stays below the bound as well."""
 
 from __future__ import annotations
 
@@ -33,19 +33,16 @@ from tests.integration.trial.test_trial import stable
 STEPS = 4  # a kill after each of the first three checkpoints, one step left after the last
 KILLS = (0, 1, 2)  # after the checkpoint of these steps
 RESOURCES = {"rollout_workers": 1, "worker_cpus": 0.5, "learner_cpus": 0.5, "driver_cpus": 0.25,
-             "shared_base": {"slots": 2}}
+             "shared_base": {"slots": 1}}
 BASE = {"steps": STEPS, "model": {"name": "tiny-reasoner"}, "task": {"name": "chain"},
         "rollout": {"prompts_per_step": 4, "n": 4, "max_tokens": 24, "skip_uninformative": False,
                     "mode": "one_step_off", "engine": {"in_process": True}},
         "eval": {"every": 0}, "checkpoint": {"every": 1, "keep": 2}}
+CONDITIONS = {"faulted": {}, "twin": {}}  # one config under two names: the same trajectory (common random numbers)
 MODES = {  # name -> (rollout settings over BASE's, the staleness the trained batches reach)
     "one_step_off": ({"mode": "one_step_off"}, 1),
     "async_k2": ({"mode": "async", "max_staleness": 2}, 2),  # paced: the checkpoint holds two batches ahead
 }
-# the faulted pair first (Tune starts trials in this order, two slots: the pair runs together), their twins after
-FAULTED, TWIN = {m: f"{m}_faulted" for m in MODES}, {m: f"{m}_twin" for m in MODES}
-CONDITIONS = {**{FAULTED[m]: {"rollout": r} for m, (r, _) in MODES.items()},
-              **{TWIN[m]: {"rollout": r} for m, (r, _) in MODES.items()}}
 
 
 def _learner_pid(campaign, name: str) -> int:
@@ -53,74 +50,69 @@ def _learner_pid(campaign, name: str) -> int:
 
 
 def _kill_learner(campaign, stop: threading.Event, done: list, errors: list) -> None:
-    """SIGKILL the pool's learner once both faulted trials have sealed each step of KILLS, each time in the learner
-    process both placed last (a new one after each restart, once both rewound onto it), so that every kill hits
-    both. `done`: (pid, time)."""
+    """SIGKILL the pool's learner once the trial that holds the slot first has sealed each step of KILLS, each time
+    in the learner process it placed last (a new one after each restart). `done`: (trial, pid, time)."""
     try:
-        names = [_name(campaign, c) for c in FAULTED.values()]
+        name = None
+        while name is None:  # whichever trial Tune started first
+            name = next((t.name for t in campaign.trials if (_trial_dir(campaign, t.name) / "placement.json").exists()),
+                        None)
+            if stop.wait(0.05):
+                raise TimeoutError("the campaign ended before a trial placed itself")
         for step in KILLS:
-            while not all(_placed(campaign, n) and _sealed_step(campaign, n) >= step
-                          and not (done and _learner_pid(campaign, n) == done[-1][0]) for n in names):
+            while _sealed_step(campaign, name) < step or (done and _learner_pid(campaign, name) == done[-1][1]):
                 if stop.wait(0.05):
-                    raise TimeoutError(f"the campaign ended before {names} sealed step {step} on a new learner")
-            pids = {_learner_pid(campaign, n) for n in names}
-            assert len(pids) == 1, pids  # one pool learner
-            pid = pids.pop()
+                    raise TimeoutError(f"the campaign ended before {name} sealed step {step} on a new learner")
+            pid = _learner_pid(campaign, name)
             os.kill(pid, signal.SIGKILL)
-            done.append((pid, time.time()))
+            done.append((name, pid, time.time()))
     except BaseException as exc:  # surfaced by the test
         errors.append(exc)
 
 
-def _placed(campaign, name: str) -> bool:
-    return (_trial_dir(campaign, name) / "placement.json").exists()
-
-
-def _name(campaign, condition: str) -> str:
-    return next(t.name for t in campaign.trials if t.condition == condition)
-
-
-@pytest.fixture(scope="module")
-def restarted(ray_local, reasoner_dir, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("learner-restarts")
-    campaign = load_campaign(_write(tmp, name="restarts", base=BASE, conditions=CONDITIONS, seeds=[0],
+@pytest.fixture(scope="module", params=list(MODES))
+def restarted(request, ray_local, reasoner_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(f"learner-restarts-{request.param}")
+    base = {**BASE, "rollout": {**BASE["rollout"], **MODES[request.param][0]}}
+    campaign = load_campaign(_write(tmp, name="restarts", base=base, conditions=CONDITIONS, seeds=[0],
                                     resources=RESOURCES, wandb={"mode": "disabled"}, max_failures=1))
     unfinished, done, errors, seconds = run_with_injector(campaign, _kill_learner)
-    print(f"campaign with {len(done)} learner kills: {seconds:.0f} s")
+    print(f"{request.param} campaign with {len(done)} learner kills: {seconds:.0f} s")
     assert not errors and len(done) == len(KILLS), (errors, done)
-    return campaign, unfinished, done
+    return campaign, unfinished, done, request.param
 
 
 def test_three_learner_restarts_cost_no_trial_a_retry(restarted):
-    campaign, unfinished, done = restarted
+    campaign, unfinished, done, _ = restarted
     assert unfinished == 0  # every trial finished
-    faulted = {_name(campaign, c) for c in FAULTED.values()}
+    faulted = done[0][0]
+    assert {d[0] for d in done} == {faulted}
     for t in campaign.trials:
         events = _jsonl(_trial_dir(campaign, t.name) / "events.jsonl")
         starts = [e for e in events if e["event"] == "start"]
         restarts = [e for e in events if e["event"] == "learner_restart"]
         assert len(starts) == 1 and starts[0]["from_step"] == 0, (t.name, starts)  # Tune never retried it
         assert events[-1]["event"] == "end"
-        if t.name not in faulted:
+        if t.name != faulted:
             assert not restarts
             continue
         # one rewind per kill, each after it, each to a checkpoint at or after the one the kill waited for
-        assert len(restarts) == len(KILLS), (t.name, restarts)
-        assert all(r["time"] > kill[1] for r, kill in zip(restarts, done, strict=True))
-        assert all(r["from_step"] >= step + 1 for r, step in zip(restarts, KILLS, strict=True)), (t.name, restarts)
+        assert len(restarts) == len(KILLS), restarts
+        assert all(r["time"] > kill[2] for r, kill in zip(restarts, done, strict=True))
+        assert all(r["from_step"] >= step + 1 for r, step in zip(restarts, KILLS, strict=True)), restarts
         assert all("restarted under the trial" in r["reason"] for r in restarts)
     # Tune's own view: no trial errored (error.txt is what Tune writes for a failed attempt)
     import glob
 
     assert not glob.glob(f"{campaign.directory}/*/error*.txt")
-    # the last placements of the faulted trials name a learner process none of the kills hit
-    assert all(_learner_pid(campaign, name) not in {d[0] for d in done} for name in faulted)
+    # the last placement of the faulted trial names a learner process none of the kills hit
+    assert _learner_pid(campaign, faulted) not in {d[1] for d in done}
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-def test_the_faulted_trial_equals_the_unfaulted_one_at_every_step(restarted, mode):
-    campaign, _, _ = restarted
-    faulted, twin = _name(campaign, FAULTED[mode]), _name(campaign, TWIN[mode])
+def test_the_faulted_trial_equals_the_unfaulted_one_at_every_step(restarted):
+    campaign, _, done, mode = restarted
+    faulted = done[0][0]
+    twin = next(t.name for t in campaign.trials if t.name != faulted)
     rows = {name: _jsonl(_trial_dir(campaign, name) / "metrics.jsonl") for name in (faulted, twin)}
     assert [r["step"] for r in rows[faulted]] == list(range(STEPS))
     assert [stable(r) for r in rows[faulted]] == [stable(r) for r in rows[twin]]
