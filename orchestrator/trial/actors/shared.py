@@ -40,6 +40,9 @@ from workers.rollout.worker import SamplingRequest
 from workers.sync.policy import PolicyUpdate
 
 POOL_INITIAL_VERSIONS: frozenset[int | None] = frozenset({0})  # the slot's v0 (`connect`), never the bare base
+# learner restarts `connect` waits through before a last, unguarded try: more than the pool's restart budget
+# (orchestrator/pool/lifecycle.py:RESTARTS), past which the learner is dead for good and says so in one line
+LEARNER_RESTARTS_AT_CONNECT = 5
 
 
 class PoolEnginesClient:
@@ -133,6 +136,21 @@ class PoolLearnerClient:
                           collective_timeout_s=cfg.timeouts.collective)
         self.calls.get(self.learner.open.remote(self.lease, learner=cfg.learner, credit=cfg.credit,
                                                 interventions=cfg.interventions, run=run), "setup", self.named)
+
+    def open_fresh(self, cfg: TrialConfig) -> PolicyUpdate:
+        """`connect`'s opening: `open` and the slot's version-0 adapter. A learner that restarts meanwhile is
+        waited for and the slot opened again on its new process (nothing to restore yet: the slot is fresh), so a
+        learner fault while a trial connects is the pool's too, not charged to the trial's retries."""
+        opened = False
+        for _ in range(LEARNER_RESTARTS_AT_CONNECT):
+            try:
+                if not opened:
+                    self._absorbing(lambda: self.open(cfg))
+                return self.export_policy(0)
+            except LearnerRestarted:
+                opened = True  # `_absorbing` opened the slot again on the new process
+        self.open(cfg)
+        return self.export_policy(0)
 
     def ready(self) -> bool:
         return True  # the pool waited for its learner before the Tuner started
@@ -282,11 +300,10 @@ def connect(cfg: TrialConfig, calls: Calls, pg=None) -> PoolSlot:
     slot = PoolSlot(pool, lease, engines, learner, registry, time.monotonic() - at, pg)
     try:
         slot.engines.drop()
-        slot.learner.open(cfg)
         # the slot's initial adapter (B = 0: the base model's outputs) on the engines at once, so that no request of
         # a shared engine goes without a LoRA: at 4 slots, a slot left on the bare base sampled some step-0 batches
         # mixed with other slots' adapters with another adapter's weights (README, Shared base)
-        slot.engines.load_policy(slot.learner.export_policy(0))
+        slot.engines.load_policy(slot.learner.open_fresh(cfg))
     except BaseException:
         slot.release()
         raise

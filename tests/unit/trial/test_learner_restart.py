@@ -136,6 +136,18 @@ def test_a_restart_under_a_call_reopens_the_slot_under_the_same_lease_and_says_s
     assert client.export_policy(3) == "update"  # the learner is back: calls go through
 
 
+def test_a_restart_while_the_trial_connects_opens_the_slot_on_the_new_process_and_costs_no_retry(monkeypatch):
+    """`connect`'s opening (open, then the slot's v0 adapter) meets the learner dying under `open`, then again under
+    the export: each time it waits, opens the slot again under the same lease and goes on; nothing is raised (there
+    is no checkpoint to restore yet), so the trial is not failed and retried."""
+    monkeypatch.setattr(shared, "ready_within", lambda handle, s: True)
+    learner = FakeLearner(open=[_unavailable(), None], export_policy=[ActorDiedError(), "v0"])
+    client = shared.PoolLearnerClient(learner, LEASE, FakeCalls())
+    assert client.open_fresh(CFG) == "v0"
+    assert [name for name, _, _ in learner.seen] == ["open", "open", "export_policy", "open", "export_policy"]
+    assert all(args == (LEASE,) for name, args, _ in learner.seen if name == "open")
+
+
 def test_an_error_of_the_call_itself_is_not_a_restart(monkeypatch):
     learner = FakeLearner(restore=[ValueError("a damaged checkpoint")])
     client = _client(monkeypatch, learner)
