@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 
-import workers.rollout.shared as shared
 import orchestrator.trial.actors.calls as calls_mod
+import workers.rollout.shared as shared
 from orchestrator.pool.slots import SlotTable
 from orchestrator.trial.actors.engine_recovery import EngineLost
 from orchestrator.trial.actors.shared import PoolEnginesClient
