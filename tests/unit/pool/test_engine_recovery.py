@@ -64,6 +64,16 @@ def _restarted(monkeypatch) -> shared.SharedRolloutWorker:
     return shared.SharedRolloutWorker("model", 3)
 
 
+def _back_as(handle: Handle, fresh) -> object:
+    """An engine's `ready` check that finds it back as the restarted process `fresh`."""
+
+    def ready(engine, timeout):
+        handle.obj, handle.dead = fresh, False
+        return True
+
+    return ready
+
+
 def _client(w, lease, ready=None) -> tuple[PoolEnginesClient, Handle]:
     handle = Handle(w)
     client = PoolEnginesClient([handle], lease, Calls(), wait_s=2.0)
@@ -121,12 +131,7 @@ def test_an_engine_dead_while_the_trial_connects_is_waited_for_and_the_slot_open
     client, handle = _client(w, lease)
     fresh = _restarted(monkeypatch)
     handle.dead = True
-
-    def back(engine, timeout):
-        handle.obj, handle.dead = fresh, False
-        return True
-
-    client.recovery.ready = back
+    client.recovery.ready = _back_as(handle, fresh)
     client.drop()
     client.load_policy(_update(0))
     client.load_policy(_update(2))
@@ -220,12 +225,7 @@ def test_with_two_engines_only_the_one_that_died_is_reopened_and_its_share_redon
     assert unfaulted == [([(10, 3), (11, 4)], 5), ([(12, 30), (13, 31)], 5)]  # engine j's share, seeded seeds[j]
     fresh = _restarted(monkeypatch)
     h1.dead = True
-
-    def ready(engine, timeout):
-        h1.obj, h1.dead = fresh, False
-        return True
-
-    client.recovery.ready = ready
+    client.recovery.ready = _back_as(h1, fresh)
     before0, before1 = len(h0.calls), len(h1.calls)
     assert _sampled(client.generate([[10], [11], [12], [13]], _req(3), [3, 30], "generate")) == unfaulted
     assert h0.calls[before0:] == ["generate"]  # the live engine's share ran once
