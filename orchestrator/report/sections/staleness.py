@@ -5,9 +5,14 @@ Per group (condition + sweep values): the share of trained tokens at each stalen
 steps and seeds), their mean staleness, the mismatch KL (`mismatch/k3`, mean over steps), the groups dropped past
 the bound (`discard`) and delayed in the queue per step, and the composition of what was trained against what
 was offered by completion length: the mean trained completion length over the offered one (`len ratio`, 1 when
-the trained batch is the offered one). Against the synchronous arm (paced max_staleness 0, or a sync condition) when
-there is one, the paired difference by seed of that ratio, with its t interval. Runs that logged no `async/*`
-key (sync, one_step_off) count as staleness 0 with nothing dropped or delayed only when another arm is async.
+the trained batch is the offered one). The trained batch is the offered one less the groups admission dropped and
+less the uninformative groups (rewards all equal) every mode leaves out, so a run that drops nothing is near 1,
+not at it; the paired difference by seed against the synchronous arm (paced max_staleness 0, or a sync
+condition), with its t interval, is what isolates admission. Runs that logged no `async/*` key (sync,
+one_step_off) count as staleness 0 with nothing dropped or delayed only when another arm is async; their trained
+length is their trained tokens over their kept groups' sequences (`train/tokens_trained` over
+`train/groups_kept` x `rollout.n`: the same number `async/completion_len_trained` logs), so a sync arm and the
+async paced k = 0 arm that trains the same batches get the same ratio.
 """
 
 from __future__ import annotations
@@ -38,12 +43,31 @@ def _mean(run: Run, key: str) -> float:
     return float(v.mean()) if v.size else float("nan")
 
 
+def _trained_len(run: Run) -> tuple[np.ndarray, np.ndarray] | None:
+    """(steps, mean trained completion length) over the steps that trained; None when the run logs neither
+    `async/completion_len_trained` nor what a sync row computes it from (its kept groups and `rollout.n`)."""
+    if "async/completion_len_trained" in run.data:
+        return run.series("async/completion_len_trained")
+    try:
+        n = int((run.config.get("rollout") or {})["n"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if "train/groups_kept" not in run.data or "train/tokens_trained" not in run.data or n < 1:
+        return None
+    s_k, kept = run.series("train/groups_kept")
+    s_t, tokens = run.series("train/tokens_trained")
+    tok = dict(zip(s_t.tolist(), tokens.tolist(), strict=True))
+    pairs = [(s, tok[s] / (k * n)) for s, k in zip(s_k.tolist(), kept.tolist(), strict=True) if k > 0 and s in tok]
+    return np.array([s for s, _ in pairs]), np.array([x for _, x in pairs])
+
+
 def _len_ratio(run: Run) -> float:
-    """Trained over offered completion length, averaged over the steps that trained (1 for a run that never
-    dropped: it trained what it was offered)."""
-    if "async/completion_len_trained" not in (run.data or {}):
+    """Trained over offered completion length, averaged over the steps that trained (module doc: near 1 for a
+    run that never dropped; 1 when the run's rows say nothing of its kept groups)."""
+    trained_len = _trained_len(run)
+    if trained_len is None:
         return 1.0
-    s_t, trained = run.series("async/completion_len_trained")
+    s_t, trained = trained_len
     s_o, offered = run.series("train/completion_len")
     lookup = dict(zip(s_o.tolist(), offered.tolist(), strict=True))
     ratios = [t / lookup[s] for s, t in zip(s_t.tolist(), trained.tolist(), strict=True) if lookup.get(s)]
@@ -99,7 +123,14 @@ def table(groups: Sequence[Group]) -> pd.DataFrame:
             cmp = paired_comparison([a for a, _ in pairs], [b for _, b in pairs], bootstrap=False)
             row.update({"len_ratio_delta": cmp.delta, "delta_lo": cmp.ci_low, "delta_hi": cmp.ci_high})
         rows.append(row)
-    return pd.DataFrame(rows)
+    if not rows:
+        return pd.DataFrame()
+    df = pd.DataFrame(rows)
+    # staleness.csv: the histogram's bins together and in order (groups with a smaller k lack the higher bins, so
+    # the frame's first-seen order scattered them among the other columns)
+    hist = sorted((c for c in df.columns if c.startswith("tokens_at_")), key=lambda c: int(c.rsplit("_", 1)[1]))
+    lead = ["group", "condition", "n_seeds"]
+    return df[lead + hist + [c for c in df.columns if c not in lead and c not in hist]]
 
 
 def markdown(df: pd.DataFrame) -> list[str]:
@@ -116,8 +147,9 @@ def markdown(df: pd.DataFrame) -> list[str]:
           "Per group: the share of trained tokens at each staleness (policy versions behind the learner), their "
           "mean, the mismatch KL(pi_behav || pi_prox) (k3, mean over steps), groups dropped past the bound and "
           "delayed in the queue per step, and the trained batch's mean completion length over the offered one "
-          "(`len ratio`; 1: what was trained is what was offered). `vs sync`: the paired difference by seed of "
-          "the length ratio against the synchronous arm, with its 95% t interval.", "",
+          "(`len ratio`; 1: what was trained is what was offered; the uninformative groups every arm leaves out "
+          "move it off 1 without any drop). `vs sync`: the paired difference by seed of the length ratio against "
+          "the synchronous arm, with its 95% t interval: what admission changed.", "",
           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, r in df.iterrows():
         delta = "" if "len_ratio_delta" not in r or not np.isfinite(r.get("len_ratio_delta", np.nan)) else \

@@ -89,3 +89,51 @@ def test_discard_at_k0_is_not_the_synchronous_arm(tmp_path):
         "d1": ({"mode": "async", "max_staleness": 1, "admission": "discard"}, [_discard(5.0)] * 2),
     })
     assert "len_ratio_delta" in build_report(camp, ReportOptions(out_dir=tmp_path / "o2")).tables["staleness"]
+
+
+def _kept_rows(with_async: bool) -> list[list[dict]]:
+    """Two seeds of 2 steps, n = 4: 3 of 4 groups kept at step 0 (the uninformative one left out, shorter than
+    the offered mean), all 4 at step 1; the async k = 0 rows carry what staleness.py logs for the same batch."""
+    per_seed = []
+    for extra in (0.0, 1.0):
+        rows = [{"train/completion_len": 10.0 + extra, "train/groups_kept": 3, "train/tokens_trained": 132},
+                {"train/completion_len": 12.0, "train/groups_kept": 4, "train/tokens_trained": 192}]
+        if with_async:
+            for r in rows:
+                r.update({"async/groups_offered": 4, "async/groups_dropped": 0, "async/groups_delayed": 0,
+                          "async/staleness_tokens_0": r["train/tokens_trained"],
+                          "async/completion_len_trained": r["train/tokens_trained"] / (r["train/groups_kept"] * 4)})
+        per_seed.append(rows)
+    return per_seed
+
+
+def test_a_sync_arm_and_async_k0_training_the_same_batches_get_the_same_len_ratio(tmp_path):
+    """sync is async at k = 0 (docs/guides/staleness.md): the same trained batches give the same length ratio,
+    whichever mode logged them; a sync run's trained length is its trained tokens over its kept groups' sequences,
+    not a ratio pinned at 1 (the uninformative groups both leave out move it off 1)."""
+    camp = _write(tmp_path / "c", {
+        "sync": ({"mode": "sync", "n": 4}, _kept_rows(with_async=False)),
+        "paced0": ({"mode": "async", "max_staleness": 0, "admission": "paced", "n": 4}, _kept_rows(with_async=True)),
+        "discard1": ({"mode": "async", "max_staleness": 1, "admission": "discard", "n": 4},
+                     _kept_rows(with_async=True)),
+    })
+    tab = build_report(camp, ReportOptions(out_dir=tmp_path / "out")).tables["staleness"].set_index("group")
+    # per seed: step 0 trains 132 / 12 = 11 tokens a sequence of the offered 10 (seed 0) or 11 (seed 1); step 1
+    # trains all it was offered, 192 / 16 = 12 of 12
+    expected = ((11 / 10 + 1) / 2 + (11 / 11 + 1) / 2) / 2
+    assert tab.loc["sync", "len_ratio"] == pytest.approx(expected)
+    assert tab.loc["paced0", "len_ratio"] == pytest.approx(expected)
+    # the sync arm is the first synchronous group: the async arms' paired difference against it is 0
+    assert tab.loc["paced0", "len_ratio_delta"] == pytest.approx(0.0)
+    assert tab.loc["discard1", "len_ratio_delta"] == pytest.approx(0.0)
+
+
+def test_the_csv_keeps_the_histogram_bins_together_in_order(tmp_path):
+    """A k = 0 group first (no bin 1 or 2): staleness.csv still lists tokens_at_0, _1, _2 side by side."""
+    def rows(k: int) -> list[dict]:
+        return [{"train/completion_len": 10.0, "train/tokens_trained": 10, "async/groups_offered": 1,
+                 f"async/staleness_tokens_{k}": 10, "async/completion_len_trained": 10.0}]
+    camp = _write(tmp_path / "c", {f"p{k}": ({"mode": "async", "max_staleness": k}, [rows(k)]) for k in range(3)})
+    build_report(camp, ReportOptions(out_dir=tmp_path / "out"))
+    head = (tmp_path / "out" / "staleness.csv").read_text().splitlines()[0].split(",")
+    assert head[:6] == ["group", "condition", "n_seeds", "tokens_at_0", "tokens_at_1", "tokens_at_2"]
