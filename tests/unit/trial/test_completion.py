@@ -227,3 +227,15 @@ def test_discard_over_represents_the_short_problems_and_paced_does_not():
     assert all(d < -5 * se for d in deltas["discard"])  # far beyond noise, in every seed
     assert all(d < -3 * se for d in hard["discard"])
     assert all(abs(d) <= 2 * se for d in deltas["paced"] + hard["paced"])  # paced: not beyond noise
+
+
+def test_the_metric_list_names_the_composition_keys():
+    """orchestrator/tracking/names.py lists the composition counts a mixed async trial writes."""
+    from orchestrator.tracking.names import logged_metrics
+
+    rows, _, _, _ = _run(DISCARD, steps=6)
+    cfg = TrialConfig(steps=6, model={"name": "tiny"}, task=MIX, rollout={"n": N, **DISCARD})
+    produced = {k for r in rows for k in r if k not in ("loss/policy", "step")}
+    assert {"async/offered_by_source/long", "async/trained_by_source/short", "async/trained_by_difficulty/hard",
+            "async/offered_by_difficulty/easy"} <= produced
+    assert produced <= logged_metrics(cfg), produced - logged_metrics(cfg)
