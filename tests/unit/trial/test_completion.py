@@ -239,3 +239,22 @@ def test_the_metric_list_names_the_composition_keys():
     assert {"async/offered_by_source/long", "async/trained_by_source/short", "async/trained_by_difficulty/hard",
             "async/offered_by_difficulty/easy"} <= produced
     assert produced <= logged_metrics(cfg), produced - logged_metrics(cfg)
+
+
+def test_the_report_composition_table_shows_both(tmp_path):
+    """The bias runs' rows as a campaign (3 seeds, 40 steps): the report's staleness section puts discard's long
+    and hard ratios below the synchronous arm's beyond their 95% interval, and paced's at a difference of 0."""
+    from orchestrator.report import ReportOptions, build_report
+    from tests.unit.report.test_staleness_section import _write
+
+    arms = {"sync": SYNC, "discard": DISCARD, "paced": PACED}
+    camp = _write(tmp_path / "c", {name: ({"n": N, "admission": "paced", **ro},
+                                          [_run(ro, steps=40, seed=s)[0] for s in range(3)])
+                                   for name, ro in arms.items()})
+    rep = build_report(camp, ReportOptions(out_dir=tmp_path / "out"))
+    tab = rep.tables["staleness"].set_index("group")
+    for col in ("long_ratio", "hard_ratio"):
+        assert tab.loc["discard", f"{col}_hi"] < 0, tab.loc["discard"]
+        assert tab.loc["paced", f"{col}_delta"] == pytest.approx(0.0)
+    assert tab.loc["discard", "short_ratio_lo"] > 0
+    assert "| group | seeds | len ratio | hard ratio | long ratio | short ratio |" in rep.markdown
