@@ -258,3 +258,29 @@ def test_the_report_composition_table_shows_both(tmp_path):
         assert tab.loc["paced", f"{col}_delta"] == pytest.approx(0.0)
     assert tab.loc["discard", "short_ratio_lo"] > 0
     assert "| group | seeds | len ratio | hard ratio | long ratio | short ratio |" in rep.markdown
+
+
+def test_a_rewind_takes_the_groups_in_flight_from_the_checkpoint(tmp_path, monkeypatch):
+    """The trial loop's restore (orchestrator/trial/loop.py: `_resume`, as `_rewind` and a Tune retry take it) hands
+    the checkpoint's groups in flight to the step."""
+    from types import SimpleNamespace
+
+    from orchestrator.trial import loop
+    from orchestrator.trial.actors.ports import LearnerRestarted
+    from tests.unit.trial.test_staleness import _Dir
+
+    part, _, _, pipe = _run(DISCARD, steps=14, stop_at=6)
+    ck = tmp_path / "checkpoint"
+    ck.mkdir()
+    pipe.save(ck)
+    restored = SimpleNamespace(state={"step": 5, "adapter_version": 0}, learner=b"", rows=part,
+                               checkpoint=SimpleNamespace(as_directory=lambda: _Dir(ck)))
+    storage = SimpleNamespace(storage_filesystem=None, trial_fs_path=str(tmp_path))
+    monkeypatch.setattr(loop.tune, "get_context", lambda: SimpleNamespace(get_storage=lambda: storage))
+    monkeypatch.setattr(loop.tune, "get_checkpoint", lambda: object())
+    monkeypatch.setattr(loop, "restore_checkpoint", lambda *a, **k: restored)
+    cfg = TrialConfig(steps=14, model={"name": "tiny"}, task=MIX, rollout={"n": N, **DISCARD},
+                      output_dir=str(tmp_path / "out"))
+    resume = loop._rewind(cfg, cfg.output_dir, LearnerRestarted("the pool's learner restarted"))
+    assert resume.start == 6 and resume.pending == []
+    assert json.loads(resume.inflight.to_json()) == json.loads(pipe.clock.to_json())
