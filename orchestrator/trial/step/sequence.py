@@ -268,6 +268,7 @@ class TrainingStep:
         return outcome
 
     def save(self, checkpoint_dir: str | Path) -> None:
-        """Write the batches sampled ahead (if any) into a checkpoint directory (prefetch.py)."""
+        """Write the batches sampled ahead (if any) into a checkpoint directory (prefetch.py), or under the clock
+        the groups in flight (completion.py)."""
         save_queue(checkpoint_dir, list(self.queue))
         save_inflight(checkpoint_dir, self.clock)

@@ -12,7 +12,10 @@ trains the group minus the group's oldest version.
   for bit, and k = 0 / k = 1 are the sync / one_step_off trials.
 - discard: the generator never waits for the learner: it samples k + 1 steps ahead, and groups whose staleness at
   training exceeds k are dropped (counted); the step trains on what is left, and when that is nothing it skips
-  its update, so the next batches are one version fresher. Deterministic too.
+  its update, so the next batches are one version fresher. Deterministic too. With `rollout.decode_per_step`
+  the groups are admitted one by one as they complete (completion.py), so a long group trains staler and is
+  dropped more often than a short one; the rows count the offered and trained groups by difficulty and by mix
+  member (`composition`) for the report's composition table.
 """
 
 from __future__ import annotations
