@@ -149,6 +149,12 @@ class RolloutConfig(StrictConfig):
         "for bit). discard: the generator never waits (it samples one step further ahead); groups whose "
         "staleness at training exceeds max_staleness are dropped, counted in async/groups_dropped, and that "
         "step trains on what is left (possibly nothing, which skips its update). sync and one_step_off are paced"))
+    decode_per_step: int | None = Field(None, ge=1, description=(
+        "async with admission discard: groups are admitted as they complete. A deterministic clock in tokens: a "
+        "sample decodes decode_per_step tokens while the learner takes one step, so a group sampled ahead is ready "
+        "ceil(its longest completion / decode_per_step) steps after it was sampled, and long groups train staler "
+        "(orchestrator/trial/step/completion.py). None: whole batches, as before. Under paced the learner waits "
+        "for the oldest batch, so the clock changes nothing. Single-turn tasks only, without rollout.fill"))
     correction: Literal["none", "tis", "decoupled"] | None = Field(None, description=(
         "the off-policy correction of the policy loss, with w = pi_prox / pi_behav (pi_prox: the learner's "
         "recomputed log-prob before the update, pi_behav: vLLM's at sampling). none: the PPO ratio to pi_prox "
@@ -188,6 +194,12 @@ class RolloutConfig(StrictConfig):
             raise ValueError(f"max_staleness {self.max_staleness} needs rollout.mode 'async' (mode '{self.mode}' "
                              f"is max_staleness {bound})")
         self.max_staleness = bound  # the dumped config says what ran
+        if self.decode_per_step is not None and self.mode != "async":
+            raise ValueError(f"decode_per_step admits groups as they complete under rollout.mode 'async': mode "
+                             f"'{self.mode}' trains whole batches")
+        if self.decode_per_step is not None and self.fill is not None:
+            raise ValueError("decode_per_step admits single groups as they complete; rollout.fill chooses a "
+                             "step's groups within its whole batch: use one or the other")
         if self.mode != "async" and self.admission != "paced":
             raise ValueError(f"admission '{self.admission}' needs rollout.mode 'async' (mode '{self.mode}' is paced)")
         if self.correction is None:
@@ -311,6 +323,9 @@ class TrialConfig(StrictConfig):
         if any(t.name == "chain" for t in members(self.task)) and self.model.name == "tiny":
             raise ValueError("task 'chain' needs a model that reads its text: use model.name 'tiny-reasoner' (or a "
                              "real model), or task.name 'arithmetic' with 'tiny'")
+        if self.task.agentic and self.rollout.decode_per_step is not None:
+            raise ValueError("rollout.decode_per_step clocks single-turn completions by their length; "
+                             f"task '{self.task.name}' plays multi-turn episodes (drop decode_per_step)")
         if self.task.agentic and self.interventions.probability_floor.is_active:
             raise ValueError("interventions.probability_floor needs a task with a one-token action set; "
                              f"task '{self.task.name}' answers with multi-token actions")

@@ -70,8 +70,11 @@ def _step(cfg: TrialConfig) -> set[str]:
         names |= {"rollout/staleness", "time/prefetch_s", "time/learner_wait_s"}
     if ro.correction != "none":  # workers/objectives/offpolicy.py
         names |= set(TIS) if ro.correction == "tis" else set(DECOUPLED)
-    if ro.mode == "async":  # orchestrator/trial/step/staleness.py: staleness_metrics
+    if ro.mode == "async":  # orchestrator/trial/step/staleness.py: staleness_metrics, composition
         names |= {"rollout/staleness", *ASYNC, *(f"async/staleness_tokens_{j}" for j in range(ro.staleness_bound + 1))}
+        names |= {f"async/{w}_by_difficulty/{b}" for w in ("offered", "trained") for b in ("hard", "easy")}
+        if is_mix(cfg):
+            names |= {f"async/{w}_by_source/{label}" for w in ("offered", "trained") for label in cfg.task.labels}
     if ro.mode == "async" or ro.rejection is not None or ro.correction_metrics_only:
         names |= set(MISMATCH) | ({"mismatch/rejected_frac"} if ro.rejection is not None else set())
     if cfg.eval.every:

@@ -37,6 +37,7 @@ from orchestrator.trial.artifacts.uncertainty import write_uncertainty
 from orchestrator.trial.collect.eval_sets import EvalSets
 from orchestrator.trial.collect.rollouts import HeldOut
 from orchestrator.trial.collect.sampling import action_ids
+from orchestrator.trial.step.completion import load_inflight
 from orchestrator.trial.step.prefetch import load_queue
 from orchestrator.trial.step.sequence import TrainingStep
 from orchestrator.trial.step.trial_source import trial_source
@@ -60,6 +61,7 @@ class Resume:
     learner_files: dict[str, bytes] = field(default_factory=dict)  # the learner's blob and shards, by name
     rows: list[dict] = field(default_factory=list)  # metrics rows up to the checkpoint's step
     pending: object = None  # one_step_off / async: the batches sampled ahead of `start`
+    inflight: object = None  # rollout.decode_per_step: the groups in flight (orchestrator/trial/step/completion.py)
     rewound: bool = False  # taken in process after the learner restarted (the engines hold a later policy)
 
 
@@ -76,14 +78,15 @@ def _resume(cfg: TrialConfig, out_dir: str) -> Resume:
                                   learner_file=LEARNER_FILE, metrics_file=METRICS_FILE)
     if restored is None:
         return Resume()
-    pending = None
+    pending = inflight = None
     files = {LEARNER_FILE: restored.learner}
     with restored.checkpoint.as_directory() as d:
         pending = load_queue(d)  # the batches sampled ahead (orchestrator/trial/step/prefetch.py), if any
+        inflight = load_inflight(d)  # or the groups in flight (completion.py)
         shards = Path(d) / SHARDS
         files.update({f"{SHARDS}/{p.name}": p.read_bytes() for p in sorted(shards.glob("*")) if p.is_file()})
     state = restored.state
-    return Resume(state["step"] + 1, state["adapter_version"], state, files, restored.rows, pending)
+    return Resume(state["step"] + 1, state["adapter_version"], state, files, restored.rows, pending, inflight)
 
 
 def _hang_handler(cfg: TrialConfig, out_dir: str, workers: list, learner: LearnerPort, trackers: list):
@@ -230,7 +233,7 @@ def _train(run: TrialRun, resume: Resume, trackers: list[TrialTracker]) -> None:
         ctx = TrialContext(cfg, workers, learner, tokenizer, task, action_ids(cfg, task, tokenizer), calls,
                            Phases.for_trial(cfg, engines, learner, out_dir), engines)
         source = trial_source(ctx)  # one task, episodes or a mix, refilled; `replay:` saved batches
-        training = TrainingStep.for_trial(ctx, source, resume.pending)  # every rollout.mode: one sequence
+        training = TrainingStep.for_trial(ctx, source, resume.pending, resume.inflight)  # every rollout.mode: one sequence
         samples = TrialSamples(cfg, out_dir, tokenizer)
         batches = TrialBatches(cfg, out_dir, tokenizer_fingerprint(tokenizer) if cfg.logging.batches else None)
         eval_sets = EvalSets(ctx)  # eval.sets: more held-out sets, logged as eval/<set>/... (trial/eval_sets.py)

@@ -13,6 +13,18 @@ one_step_off) count as staleness 0 with nothing dropped or delayed only when ano
 length is their trained tokens over their kept groups' sequences (`train/tokens_trained` over
 `train/groups_kept` x `rollout.n`: the same number `async/completion_len_trained` logs), so a sync arm and the
 async paced k = 0 arm that trains the same batches get the same ratio.
+
+The composition by problem difficulty and by task: every async row counts its offered and trained groups by
+difficulty (`async/{offered,trained}_by_difficulty/{hard,easy}`: hard when fewer than half of the group's n
+samples are correct, the pass rate of the policy that sampled it, which at step 0 is the starting policy's and
+later at most a few versions from it; the starting policy's own pass rate on every training problem would need
+each one sampled with it, which no trial does) and, in a mixed task, by member (`async/..._by_source/<label>`).
+Per run, `hard ratio` is the hard groups' share of the trained groups over their share of the offered ones,
+summed over the steps, and `<label> ratio` the same for each member: 1 when admission trained the offered mix,
+below 1 when it trained fewer of them. Uninformative groups (all correct or all wrong) are offered and never
+trained in any arm, so even the synchronous arm is off 1; the paired difference by seed against the synchronous
+arm (with its t interval) is what admission did. A `mode: sync` arm logs no composition counts: use async with
+max_staleness 0 (paced) as the synchronous arm to get these differences.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ from orchestrator.report.load import Group, Run
 from orchestrator.stats.paired import paired_comparison
 
 HIST = re.compile(r"^async/staleness_tokens_(\d+)$")
+SOURCE = re.compile(r"^async/offered_by_source/(.+)$")
 
 
 def applies(groups: Sequence[Group]) -> bool:
@@ -74,6 +87,29 @@ def _len_ratio(run: Run) -> float:
     return float(np.mean(ratios)) if ratios else float("nan")
 
 
+def _share_ratio(run: Run, kind: str, name: str) -> float:
+    """`name`'s share of the run's trained groups over its share of the offered ones (`kind`: difficulty or
+    source; module doc); NaN when the run logs no such counts or trained / offered nothing of the kind."""
+    keys = [k for k in run.data if k.startswith(f"async/offered_by_{kind}/")]
+    if f"async/offered_by_{kind}/{name}" not in keys:
+        return float("nan")
+    names = [k.rsplit("/", 1)[1] for k in keys]
+    off = {n: _sum(run, f"async/offered_by_{kind}/{n}") for n in names}
+    tr = {n: _sum(run, f"async/trained_by_{kind}/{n}") if f"async/trained_by_{kind}/{n}" in run.data else 0.0
+          for n in names}
+    if not sum(off.values()) or not sum(tr.values()) or not off[name]:
+        return float("nan")
+    return (tr[name] / sum(tr.values())) / (off[name] / sum(off.values()))
+
+
+def _composition_columns(groups: Sequence[Group]) -> list[tuple[str, str, str]]:
+    """(column, kind, name) of the composition ratios some run logs: hard problems, then each mix member."""
+    keys = {k for g in groups for r in g.runs if r.started for k in r.data}
+    cols = [("hard_ratio", "difficulty", "hard")] if "async/offered_by_difficulty/hard" in keys else []
+    sources = sorted({m.group(1) for k in keys if (m := SOURCE.match(k))})
+    return cols + [(f"{s}_ratio", "source", s) for s in sources]
+
+
 def _hist(run: Run) -> dict[int, float]:
     if "async/groups_offered" not in run.data:  # a sync / one_step_off run: its trained tokens at its staleness
         return {int(_mean(run, "rollout/staleness")) if "rollout/staleness" in run.data else 0:
@@ -99,6 +135,9 @@ def table(groups: Sequence[Group]) -> pd.DataFrame:
         return pd.DataFrame()
     base = next((g for g in groups if _is_sync(g)), None)
     base_ratio = {r.seed: _len_ratio(r) for r in base.runs if r.started} if base is not None else {}
+    comp = _composition_columns(groups)
+    base_comp = {col: {r.seed: _share_ratio(r, kind, name) for r in base.runs if r.started}
+                 for col, kind, name in comp} if base is not None else {}
     rows = []
     for g in groups:
         runs = [r for r in g.runs if r.started]
@@ -122,6 +161,14 @@ def table(groups: Sequence[Group]) -> pd.DataFrame:
             pairs = [(base_ratio[r.seed], _len_ratio(r)) for r in runs if r.seed in base_ratio]
             cmp = paired_comparison([a for a, _ in pairs], [b for _, b in pairs], bootstrap=False)
             row.update({"len_ratio_delta": cmp.delta, "delta_lo": cmp.ci_low, "delta_hi": cmp.ci_high})
+        for col, kind, name in comp:
+            mine = {r.seed: _share_ratio(r, kind, name) for r in runs}
+            row[col] = _finite_mean(list(mine.values()))
+            if base is not None and g is not base:
+                pairs = [(base_comp[col][s], v) for s, v in mine.items() if s in base_comp[col]]
+                cmp = paired_comparison([a for a, _ in pairs], [b for _, b in pairs], bootstrap=False)
+                row.update({f"{col}_delta": cmp.delta if cmp.n else float("nan"), f"{col}_lo": cmp.ci_low,
+                            f"{col}_hi": cmp.ci_high})
         rows.append(row)
     if not rows:
         return pd.DataFrame()
@@ -157,4 +204,27 @@ def markdown(df: pd.DataFrame) -> list[str]:
         md.append("| " + " | ".join([str(r.group), str(r.n_seeds), *[f(r[c], "{:.1%}") for c in hist_cols],
                                      f(r.staleness_mean, "{:.2f}"), f(r.mismatch_k3), f(r.dropped_per_step, "{:.2f}"),
                                      f(r.delayed_per_step, "{:.2f}"), f(r.len_ratio, "{:.3f}"), delta]) + " |")
+    comp = [c[:-len("_ratio")] for c in df.columns if c.endswith("_ratio") and c != "len_ratio"]
+    if not comp:
+        return md
+    head = ["group", "seeds", "len ratio", *[f"{c} ratio" for c in comp]]
+    md += ["", "Composition of the trained groups against the offered ones: `len ratio` as above; `hard ratio`: the "
+           "share of hard problems (fewer than half of a group's samples correct) among the trained groups over "
+           "their share among the offered ones; `<member> ratio`: the same for each member of a mixed task. 1: "
+           "trained as offered; the uninformative groups every arm leaves out move every arm off 1. In brackets: "
+           "the paired difference by seed against the synchronous arm, with its 95% t interval.", "",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def cell(r, col: str, fmt: str = "{:.3f}") -> str:
+        val = f(r.get(col, np.nan), fmt)
+        d = r.get(f"{col}_delta" if col != "len_ratio" else "len_ratio_delta", np.nan)
+        if d is None or not np.isfinite(d):
+            return val
+        lo, hi = (r.get(f"{col}_lo"), r.get(f"{col}_hi")) if col != "len_ratio" else (r.get("delta_lo"),
+                                                                                        r.get("delta_hi"))
+        return f"{val} ({d:+.3f} [{f(lo, '{:+.3f}')}, {f(hi, '{:+.3f}')}])"
+
+    for _, r in df.iterrows():
+        md.append("| " + " | ".join([str(r.group), str(r.n_seeds), cell(r, "len_ratio"),
+                                     *[cell(r, f"{c}_ratio") for c in comp]]) + " |")
     return md

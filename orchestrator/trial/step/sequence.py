@@ -11,10 +11,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.config.members import is_mix
 from orchestrator.trial.actors.context import TrialContext
 from orchestrator.trial.collect.fill import usable_groups
 from orchestrator.trial.collect.rollouts import Rollouts, SampleGroup
 from orchestrator.trial.collect.sources import RolloutSource
+from orchestrator.trial.step.completion import CompletionQueue, save_inflight
 from orchestrator.trial.step.prefetch import save_queue
 from orchestrator.trial.step.staleness import (
     Admission,
@@ -54,19 +56,25 @@ class StepOutcome:
     eval_samples: list[SampleGroup] = field(default_factory=list)
 
 
-def prepare(ctx: TrialContext, step: int, roll: Rollouts, sepa: SepaController,
-            version: int, exclude: frozenset[int] = frozenset()) -> Prepared:
-    """Check the adapter `roll` was sampled with (`version`), drop uninformative groups and those in `exclude`
-    (past the staleness bound under discard: staleness.py), and build the step's row and learner batch (None when
-    no group is kept)."""
-    cfg, actions = ctx.cfg, ctx.actions
-    ro = cfg.rollout
+def check_versions(ctx: TrialContext, roll: Rollouts, version: int) -> None:
+    """Raise unless the engines sampled `roll` with the adapter `version`."""
     # before the first push: the engines' initial policy (ports.py:EnginesPort.initial_versions: the bare base or
     # its adapter v0 on the trial's own engines, only v0 on a pool slot, which always holds an adapter)
     expected = {version} if version else set(ctx.engines.initial_versions)
     if roll.versions - expected:
         raise RuntimeError(f"a rollout worker sampled with adapter {sorted(roll.versions - expected, key=str)}, "
                            f"expected {sorted(expected, key=str)}")
+
+
+def prepare(ctx: TrialContext, step: int, roll: Rollouts, sepa: SepaController,
+            version: int, exclude: frozenset[int] = frozenset(), checked: bool = False) -> Prepared:
+    """Check the adapter `roll` was sampled with (`version`; `checked`: already done when each batch was sampled,
+    completion.py), drop uninformative groups and those in `exclude` (past the staleness bound under discard:
+    staleness.py), and build the step's row and learner batch (None when no group is kept)."""
+    cfg, actions = ctx.cfg, ctx.actions
+    ro = cfg.rollout
+    if not checked:
+        check_versions(ctx, roll, version)
     usable = usable_groups(cfg, roll)  # over every sampled group; the refill's choice (roll.train) wins
     finite, filtered, uniform = usable.finite, usable.filtered, usable.uniform
     rewards = finite.rewards  # a dropped group's rewards count as 0 in the statistics below
@@ -158,12 +166,16 @@ class TrainingStep:
 
     def __init__(self, ctx: TrialContext, source: RolloutSource, *, overlap: bool = False,
                  pending: tuple[Rollouts, int] | list[tuple[Rollouts, int]] | None = None,
-                 admission: Admission | None = None):
+                 admission: Admission | None = None, inflight: CompletionQueue | None = None):
         self.ctx, self.source = ctx, source
         self.admission = admission or Admission(bound=int(overlap))
         self.overlap = self.admission.lookahead > 0
         self.queue: deque[tuple[Rollouts, int]] = deque()  # batches of steps t+1, t+2, ..., and their versions
         self.pending = pending
+        # rollout.decode_per_step under discard: groups admitted as they complete (completion.py)
+        self.clock = inflight if inflight is not None else \
+            CompletionQueue(self.admission.clock, self.admission.bound) if self.admission.clock else None
+        self.labels = list(ctx.cfg.task.labels) if is_mix(ctx.cfg) else []
         self.timeline: list[dict] = []  # driver-side intervals of the latest steps (tests, benchmarks)
 
     @property
@@ -178,21 +190,42 @@ class TrainingStep:
 
     @classmethod
     def for_trial(cls, ctx: TrialContext, source: RolloutSource,
-                  pending: tuple[Rollouts, int] | list[tuple[Rollouts, int]] | None = None) -> TrainingStep:
-        """The trial's step: sampling ahead as `rollout.mode` (and max_staleness, admission) say."""
-        return cls(ctx, source, pending=pending, admission=Admission.for_rollout(ctx.cfg.rollout))
+                  pending: tuple[Rollouts, int] | list[tuple[Rollouts, int]] | None = None,
+                  inflight: CompletionQueue | None = None) -> TrainingStep:
+        """The trial's step: sampling ahead as `rollout.mode` (and max_staleness, admission, decode_per_step)
+        say; `pending` / `inflight`: a checkpoint's batches sampled ahead / groups in flight."""
+        return cls(ctx, source, pending=pending, admission=Admission.for_rollout(ctx.cfg.rollout), inflight=inflight)
 
-    def _batch(self, step: int, version: int) -> tuple[Rollouts, int, bool]:
-        """Step `step`'s groups, the version they were sampled with, and whether they were sampled ahead (at an
-        earlier step): the oldest queued batch, else collected now."""
+    def _batch(self, step: int, version: int) -> tuple[Rollouts, int, set[int], list[int], bool]:
+        """Step `step`'s groups, the (oldest) version they were sampled with, which of them were sampled at an
+        earlier step, those dropped past the bound, and whether the versions were checked at sampling: the oldest
+        queued batch, else collected now; under the clock the groups completed by now (completion.py)."""
+        if self.clock is not None:
+            if not self.clock.has(step):
+                roll = self.source.collect(step)
+                check_versions(self.ctx, roll, version)
+                self.clock.add(stamp(roll, version), version, step, step, inline=True)
+            taken = self.clock.take(step, version)
+            oldest = min(v for v, _ in taken.roll.policy_versions)
+            return taken.roll, oldest, taken.delayed, taken.dropped, True
         if self.queue:
             roll, sampled_with = self.queue.popleft()
-            return roll, sampled_with, True
-        return stamp(self.source.collect(step), version), version, False
+            delayed = set(range(len(roll)))
+        else:
+            roll, sampled_with, delayed = stamp(self.source.collect(step), version), version, set()
+        return roll, sampled_with, delayed, self.admission.dropped(group_staleness(roll, version)), False
 
     def _sample_ahead(self, step: int, version: int) -> None:
         """While the learner trains step `step`: the batches of the next steps up to the lookahead, with the policy
         the engines hold (`version`)."""
+        if self.clock is not None:
+            nxt = self.clock.next_index(step)
+            while nxt <= step + self.admission.lookahead and nxt < self.ctx.cfg.steps:
+                roll = self.source.collect(nxt)
+                check_versions(self.ctx, roll, version)
+                self.clock.add(stamp(roll, version), version, nxt, step)
+                nxt += 1
+            return
         while len(self.queue) < self.admission.lookahead and step + len(self.queue) + 1 < self.ctx.cfg.steps:
             nxt = step + len(self.queue) + 1
             self.queue.append((stamp(self.source.collect(nxt), version), version))
@@ -201,15 +234,14 @@ class TrainingStep:
         """Train on step `step`; `version`: the policy the engines (and the learner) hold. Returns the step's
         outcome, whose `version` is the policy the engines hold after it."""
         ctx, learner, adm = self.ctx, self.ctx.learner, self.admission
-        roll, sampled_with, delayed = self._batch(step, version)
+        roll, sampled_with, delayed, dropped, checked = self._batch(step, version)
         staleness = group_staleness(roll, version)
-        dropped = adm.dropped(staleness)
-        prep = prepare(ctx, step, roll, sepa, sampled_with, exclude=frozenset(dropped))
+        prep = prepare(ctx, step, roll, sepa, sampled_with, exclude=frozenset(dropped), checked=checked)
         row, batch = prep.row, prep.batch
         if self.overlap or adm.log:
             row["rollout/staleness"] = version - sampled_with
         if adm.log:
-            row.update(staleness_metrics(roll, staleness, prep.kept, dropped, delayed, adm.bound))
+            row.update(staleness_metrics(roll, staleness, prep.kept, dropped, delayed, adm.bound, self.labels))
         row.update(ctx.phases.before_train(step, trains=batch is not None))  # colocated: engines sleep
         t0 = time.perf_counter()
         future = learner.submit_train_step(batch) if batch is not None else None
@@ -236,5 +268,7 @@ class TrainingStep:
         return outcome
 
     def save(self, checkpoint_dir: str | Path) -> None:
-        """Write the batches sampled ahead (if any) into a checkpoint directory (prefetch.py)."""
+        """Write the batches sampled ahead (if any) into a checkpoint directory (prefetch.py), or under the clock
+        the groups in flight (completion.py)."""
         save_queue(checkpoint_dir, list(self.queue))
+        save_inflight(checkpoint_dir, self.clock)

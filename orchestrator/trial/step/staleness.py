@@ -12,7 +12,10 @@ trains the group minus the group's oldest version.
   for bit, and k = 0 / k = 1 are the sync / one_step_off trials.
 - discard: the generator never waits for the learner: it samples k + 1 steps ahead, and groups whose staleness at
   training exceeds k are dropped (counted); the step trains on what is left, and when that is nothing it skips
-  its update, so the next batches are one version fresher. Deterministic too.
+  its update, so the next batches are one version fresher. Deterministic too. With `rollout.decode_per_step`
+  the groups are admitted one by one as they complete (completion.py), so a long group trains staler and is
+  dropped more often than a short one; the rows count the offered and trained groups by difficulty and by mix
+  member (`composition`) for the report's composition table.
 """
 
 from __future__ import annotations
@@ -33,10 +36,12 @@ class Admission:
     bound: int = 0
     discard: bool = False
     log: bool = False
+    clock: int | None = None  # decode_per_step under discard: groups admitted as they complete (completion.py)
 
     @classmethod
     def for_rollout(cls, ro: RolloutConfig) -> Admission:
-        return cls(ro.staleness_bound, ro.admission == "discard", ro.mode == "async")
+        discard = ro.admission == "discard"
+        return cls(ro.staleness_bound, discard, ro.mode == "async", ro.decode_per_step if discard else None)
 
     @property
     def lookahead(self) -> int:
@@ -59,11 +64,44 @@ def group_staleness(roll: Rollouts, trained_version: int) -> list[int]:
     return [trained_version - oldest for oldest, _ in roll.policy_versions]
 
 
-def staleness_metrics(roll: Rollouts, staleness: list[int], kept: list[int], dropped: list[int], delayed: bool,
-                      bound: int) -> dict[str, float]:
+DIFFICULTY = ("hard", "easy")  # a group's pass rate below 0.5, or not
+
+
+def difficulty(correct: list[bool]) -> str:
+    """A group's difficulty bin: `hard` when fewer than half of its samples are correct (the pass rate of the
+    policy that sampled it, on its own n samples), else `easy`."""
+    return "hard" if 2 * sum(correct) < len(correct) else "easy"
+
+
+def source_of(info: dict) -> str:
+    """A mixed task's group's member label (its problem is named `<label>/<id>`: collect/mixed.py)."""
+    return str(info.get("problem", "")).split("/", 1)[0]
+
+
+def composition(roll: Rollouts, kept: list[int], labels: list[str]) -> dict[str, float]:
+    """The step's offered and trained groups counted by difficulty (`difficulty`) and, for a mix (`labels`: its
+    members'), by member: `async/{offered,trained}_by_difficulty/<bin>`, `async/{offered,trained}_by_source/<label>`
+    (the report's composition table sums them over the run)."""
+    bins = [difficulty(c) for c in roll.correct]
+    row: dict[str, float] = {}
+    for b in DIFFICULTY:
+        row[f"async/offered_by_difficulty/{b}"] = sum(x == b for x in bins)
+        row[f"async/trained_by_difficulty/{b}"] = sum(bins[i] == b for i in kept)
+    if labels:
+        src = [source_of(g) for g in roll.groups_info]
+        for label in labels:
+            row[f"async/offered_by_source/{label}"] = sum(s == label for s in src)
+            row[f"async/trained_by_source/{label}"] = sum(src[i] == label for i in kept)
+    return row
+
+
+def staleness_metrics(roll: Rollouts, staleness: list[int], kept: list[int], dropped: list[int], delayed: set[int],
+                      bound: int, labels: list[str] | None = None) -> dict[str, float]:
     """The step's `async/*` row: the trained tokens' staleness (histogram over 0..k, mean and max when any were
-    trained) and mean completion length (tokens per trained sequence), the groups offered, dropped past k and delayed (sampled at an earlier step, waiting in the queue for
-    the learner), and the offered groups' oldest / newest versions."""
+    trained) and mean completion length (tokens per trained sequence), the groups offered, dropped past k and
+    delayed (trained groups sampled at an earlier step, `delayed`: their indices, that waited for the learner),
+    the offered groups' oldest / newest versions, and the composition (`composition`) of the offered and trained
+    groups."""
     tokens = {i: sum(sum(m) for m in roll.loss_mask[i]) for i in kept}
     total = sum(tokens.values())
     row: dict[str, float] = {f"async/staleness_tokens_{j}": sum(n for i, n in tokens.items() if staleness[i] == j)
@@ -75,10 +113,11 @@ def staleness_metrics(roll: Rollouts, staleness: list[int], kept: list[int], dro
         row["async/completion_len_trained"] = total / sum(len(roll.loss_mask[i]) for i in kept)
     row.update({
         "async/groups_offered": len(roll), "async/groups_dropped": len(dropped),
-        "async/groups_delayed": len(kept) if delayed else 0,
+        "async/groups_delayed": sum(i in delayed for i in kept),
         "async/version_oldest": min((v[0] for v in roll.policy_versions), default=0),
         "async/version_newest": max((v[1] for v in roll.policy_versions), default=0),
     })
+    row.update(composition(roll, kept, labels or []))
     return row
 
 

@@ -69,8 +69,10 @@ CONDITIONS = {  # name -> its override of the campaign's base (BASE, a frozen po
     "k1": {"rollout": {"mode": "async", "max_staleness": 1, "correction": "tis", "tis_cap": 1e9}},
     "k2_paced": {"rollout": {"mode": "async", "max_staleness": 2}, "steps": 3},  # step 2 trains at staleness 2
     "k2_discard": {"rollout": {"mode": "async", "max_staleness": 2, "admission": "discard"}},  # step 3 drops
+    # groups admitted as they complete (rollout.decode_per_step): a 6-token completion is ready 3 steps on
+    "k1_clock": {"rollout": {"mode": "async", "max_staleness": 1, "admission": "discard", "decode_per_step": 2}},
 }
-SLOTS = 6  # every condition at once; on 2 cores the campaign took 34-62 s at 6 slots, 37-76 s at 3, 107 s at 2
+SLOTS = 7  # every condition at once; on 2 cores the campaign took 34-62 s at 6 slots (at 7 with k1_clock: 60 and 71 s, against 49 s at 6 in the same hour), 37-76 s at 3, 107 s at 2
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +164,25 @@ def test_k2_trains_only_groups_at_most_two_versions_old(runs):
         for ra, rb in zip(sync, rows, strict=False):
             for k in ("train/correct_rate", "train/reward_mean", "train/completion_len", "train/groups_sampled"):
                 assert rb[k] == pytest.approx(ra[k], rel=1e-4, abs=1e-6), (ra["step"], k)
+
+
+def test_groups_admitted_as_they_complete_stay_within_the_bound(runs):
+    """`decode_per_step` on a pool slot (orchestrator/trial/step/completion.py): groups reach the learner as their
+    longest completion completes, each step's offered groups are resolved once (trained, left out or dropped),
+    every trained group is at most one version old, and the rows carry the composition counts. The tiny model's
+    completions nearly all run to max_tokens, so here every group completes alike: this checks the plumbing on
+    the real stack; the length bias itself is tests/unit/trial/test_completion.py's."""
+    rows = runs["k1_clock"]
+    assert [r["rollout/staleness"] for r in rows] == _derived_staleness(rows)
+    for r in rows:
+        assert r["async/groups_dropped"] + r["train/groups_kept"] <= r["async/groups_offered"]
+        assert sum(r[f"async/offered_by_difficulty/{b}"] for b in ("hard", "easy")) == r["async/groups_offered"]
+        assert sum(r[f"async/trained_by_difficulty/{b}"] for b in ("hard", "easy")) == r["train/groups_kept"]
+        if r["train/groups_kept"]:
+            assert r["async/staleness_max"] <= 1
+            assert sum(r[f"async/staleness_tokens_{j}"] for j in range(2)) == r["train/tokens_trained"]
+    assert 0 < sum(r["async/groups_offered"] for r in rows) <= STEPS * BASE["rollout"]["prompts_per_step"]
+    assert sum(r["async/groups_dropped"] for r in rows) > 0 and sum(r["train/groups_kept"] for r in rows) > 0
 
 
 class _SleepyLearner(Learner):

@@ -38,6 +38,13 @@ def test_modes_map_to_a_bound_and_a_correction(rollout, bound, correction, cap):
      "rollout.rejection.measure"),
     ({"rollout": {"mode": "async", "rejection": {"measure": "k1", "threshold": 0}}}, "rollout.rejection.threshold"),
     ({"rollout": {"mode": "async", "admission": "late"}}, "rollout.admission"),
+    ({"rollout": {"mode": "one_step_off", "decode_per_step": 8}}, "decode_per_step admits groups as they complete"),
+    ({"rollout": {"mode": "async", "decode_per_step": 0}}, "rollout.decode_per_step"),
+    ({"rollout": {"mode": "async", "admission": "discard", "decode_per_step": 8, "fill": {"groups": 4}}},
+     "rollout.fill chooses a step's groups"),
+    ({"model": {"name": "tiny-agent"}, "task": {"name": "frozen_lake"},
+      "rollout": {"mode": "async", "admission": "discard", "decode_per_step": 8}},
+     "rollout.decode_per_step clocks single-turn completions"),
 ])
 def test_refusals_are_one_line(over, needle):
     with pytest.raises(UserError) as err:
@@ -58,3 +65,11 @@ def test_async_under_colocated_is_one_line_exit_2(tmp_path):
                                         "resources: {learner_gpus: 1, placement: colocated}\n")
     assert len(lines) == 1 and lines[0].startswith(f"error: {path}: <root>: rollout.mode async")
     assert "resources.placement 'separate'" in lines[0]
+
+
+def test_decode_per_step_under_async_reads_back():
+    ro = TrialConfig(rollout={"mode": "async", "admission": "discard", "decode_per_step": 8}).rollout
+    assert ro.decode_per_step == 8 and TrialConfig().rollout.decode_per_step is None
+    again = TrialConfig.model_validate(TrialConfig(rollout={"mode": "async", "decode_per_step": 8}).model_dump(
+        mode="json")).rollout
+    assert again.decode_per_step == 8

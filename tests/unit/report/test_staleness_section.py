@@ -137,3 +137,48 @@ def test_the_csv_keeps_the_histogram_bins_together_in_order(tmp_path):
     build_report(camp, ReportOptions(out_dir=tmp_path / "out"))
     head = (tmp_path / "out" / "staleness.csv").read_text().splitlines()[0].split(",")
     assert head[:6] == ["group", "condition", "n_seeds", "tokens_at_0", "tokens_at_1", "tokens_at_2"]
+
+
+def _comp_rows(trained_hard_step1: int, trained_easy_step1: int) -> list[dict]:
+    """Two async steps: step 0 offers 2 hard + 2 easy groups (hard = member `long`, easy = `short`) and trains 1 / 2
+    (sync arm) or 0 / 2; step 1 offers 1 hard + 3 easy and trains what the caller says."""
+    def row(off_h, off_e, tr_h, tr_e):
+        out = {"train/completion_len": 10.0, "async/groups_offered": off_h + off_e, "async/groups_dropped": 0,
+               "async/staleness_tokens_0": 10 * (tr_h + tr_e), "train/tokens_trained": 10 * (tr_h + tr_e)}
+        for kind, (h, e) in (("difficulty", ("hard", "easy")), ("source", ("long", "short"))):
+            out.update({f"async/offered_by_{kind}/{h}": off_h, f"async/offered_by_{kind}/{e}": off_e,
+                        f"async/trained_by_{kind}/{h}": tr_h, f"async/trained_by_{kind}/{e}": tr_e})
+        return out
+    return [row(2, 2, 1 if trained_hard_step1 is None else 0, 2),
+            row(1, 3, 1 if trained_hard_step1 is None else trained_hard_step1,
+                3 if trained_easy_step1 is None else trained_easy_step1)]
+
+
+def test_the_composition_by_difficulty_and_source_against_hand_arithmetic(tmp_path):
+    """The synchronous arm (paced k = 0) trains 2 of the 3 hard groups offered and 5 of the 5 easy ones: hard ratio
+    (2/7) / (3/8) = 16/21, short (5/7) / (5/8) = 8/7. The discard arm's seeds train 0, 1 and 1 hard groups of 5, 6
+    and 4: ratios 0, 4/9, 2/3; their paired differences against 16/21 have the mean 10/27 - 16/21."""
+    camp = _write(tmp_path / "c", {
+        "sync0": ({"mode": "async", "max_staleness": 0, "admission": "paced"}, [_comp_rows(None, None)] * 3),
+        "discard": ({"mode": "async", "max_staleness": 1, "admission": "discard"},
+                    [_comp_rows(0, 3), _comp_rows(1, 3), _comp_rows(1, 1)]),
+    })
+    rep = build_report(camp, ReportOptions(out_dir=tmp_path / "out"))
+    tab = rep.tables["staleness"].set_index("group")
+    assert tab.loc["sync0", "hard_ratio"] == pytest.approx(16 / 21)
+    assert tab.loc["sync0", "long_ratio"] == pytest.approx(16 / 21)
+    assert tab.loc["sync0", "short_ratio"] == pytest.approx(8 / 7)
+    assert tab.loc["discard", "hard_ratio"] == pytest.approx((0 + 4 / 9 + 2 / 3) / 3)
+    assert tab.loc["discard", "hard_ratio_delta"] == pytest.approx(10 / 27 - 16 / 21)
+    assert tab.loc["discard", "long_ratio_delta"] == pytest.approx(10 / 27 - 16 / 21)
+    # short: (5/5, 5/6, 3/4 trained easy) / (5/8 offered) per seed
+    short = [(5 / 5) / (5 / 8), (5 / 6) / (5 / 8), (3 / 4) / (5 / 8)]
+    assert tab.loc["discard", "short_ratio"] == pytest.approx(sum(short) / 3)
+    assert tab.loc["discard", "short_ratio_delta"] == pytest.approx(sum(short) / 3 - 8 / 7)
+    assert tab.loc["discard", "hard_ratio_lo"] < tab.loc["discard", "hard_ratio_delta"] < tab.loc["discard",
+                                                                                                  "hard_ratio_hi"]
+    csv = (tmp_path / "out" / "staleness.csv").read_text().splitlines()[0].split(",")
+    assert {"hard_ratio", "hard_ratio_delta", "long_ratio", "short_ratio_delta"} <= set(csv)
+    assert "| group | seeds | len ratio | hard ratio | long ratio | short ratio |" in rep.markdown
+    line = next(ln for ln in rep.markdown.splitlines() if ln.startswith("| discard | 3 | 1.000"))
+    assert f"{(0 + 4 / 9 + 2 / 3) / 3:.3f} ({10 / 27 - 16 / 21:+.3f} [" in line
