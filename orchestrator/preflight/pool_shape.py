@@ -50,7 +50,13 @@ from dataclasses import dataclass
 from orchestrator.config.errors import UserError
 from orchestrator.preflight.cost_model import device_kind, overhead_seconds
 from orchestrator.preflight.plan import Cluster, fmt_hours, makespan
-from orchestrator.preflight.shared_plan import TRIAL_START_S, generate_factor, plan_pools, sequence_tokens, split_step
+from orchestrator.preflight.shared_plan import (
+    TRIAL_START_S,
+    generate_factor,
+    plan_pools,
+    sequence_tokens,
+    split_step,
+)
 
 SLACK = 0.10  # `shape: auto`: the shapes within this share of the lowest GPU-hours compete on makespan
 
