@@ -199,13 +199,14 @@ def slot_choices(trials: int, cap: int) -> list[int]:
     return sorted({min(-(-trials // w), cap) for w in range(1, trials + 1)})
 
 
-def shapes(pools: list[PoolWork], cluster: Cluster, cap: int) -> list[ShapePlan]:
-    """Every shape of at most `cap` slots that the cluster and the GPUs' memory hold, costed."""
+def shapes(pools: list[PoolWork], cluster: Cluster, cap: int, exact: bool = False) -> list[ShapePlan]:
+    """Every shape of at most `cap` slots (`exact`: of `cap` slots) that the cluster and the GPUs' memory hold,
+    costed."""
     n = max(p.trials for p in pools)
     per_engine = sum(p.engine_gpus for p in pools) or 0.0
     per_learner = sum(p.learner_gpus for p in pools) or 0.0
     out = []
-    for k in slot_choices(n, max(cap, 1)):
+    for k in [cap] if exact else slot_choices(n, max(cap, 1)):
         for learners in range(1, k + 1):
             left = cluster.gpus - learners * per_learner
             if left < per_engine - 1e-9:
@@ -466,7 +467,7 @@ def check_shape(campaign, cluster: Cluster, resolve=None) -> None:
     if bad is None:
         return
     key, why = bad
-    fits = [p for p in shapes(pools, cluster, shape.slots) if p.shape.slots == shape.slots]
+    fits = shapes(pools, cluster, shape.slots, exact=True)
     if not fits:
         raise UserError(f"{where}.{key}: {shape.describe()}: {why}; no shape of {shape.slots} slots fits "
                         f"{cluster.gpus:g} GPUs ({cluster.source}): fewer slots, or a larger cluster")
