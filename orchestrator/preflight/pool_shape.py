@@ -453,9 +453,6 @@ def check_shape(campaign, cluster: Cluster, resolve=None) -> None:
     if shape is None:
         return
     where = f"{campaign.source}: resources.shared_base"
-    if shape.learners > shape.slots:
-        raise UserError(f"{where}.learners: {shape.learners} learners for {shape.slots} slots: each learner holds "
-                        f"at least one slot; set learners to at most {shape.slots}")
     from orchestrator.preflight.plan import make_plan
     from orchestrator.preflight.shared_plan import with_shared_base
 

@@ -254,8 +254,14 @@ def test_run_resolves_auto_for_the_connected_cluster(tmp_path, monkeypatch, caps
     assert math.isfinite(out.trials[0].trial.resources.shared_base.slots)
 
 
-def test_a_lone_trial_refuses_auto(tmp_path):
+def test_a_lone_trial_refuses_auto(tmp_path, monkeypatch):
+    from orchestrator.tune import launch
     from orchestrator.tune.launch import run_single_trial
+
+    def no_ray(*a, **k):
+        raise RuntimeError("the refusal must come before Ray starts")
+
+    monkeypatch.setattr(launch, "ensure_ray", no_ray)
 
     cfg = load_campaign(_lean(tmp_path, {"slots": 1, "shape": "auto"})).trials[0].trial
     with pytest.raises(UserError, match="set learners and engines instead"):
