@@ -73,8 +73,8 @@ def _shapes(campaign, separate, plan, args: argparse.Namespace) -> list[str]:
     except UserError:
         return []  # its trials cannot share: the shared section above says why
     own = campaign.trials[0].trial.resources.shared_base
-    if own is not None and plan.cluster.source != "this machine (no --gpus, no RAY_ADDRESS)":
-        check_shape(campaign, plan.cluster)
+    if own is not None:  # against the cluster when one is named (--gpus/--cpus, RAY_ADDRESS), else the shape alone
+        check_shape(campaign, None if plan.cluster.source.startswith("this machine") else plan.cluster)
     cap = args.slots or (own.slots if own is not None else len(campaign.trials))
     kind = device_kind(args.device)
     report = shape_report(plan, kind, cap)

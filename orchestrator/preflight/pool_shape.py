@@ -444,15 +444,20 @@ def resolve_shape(campaign, cluster: Cluster, kind: str, resolve=None, started: 
     return with_shape(campaign, report.pick.shape)
 
 
-def check_shape(campaign, cluster: Cluster, resolve=None) -> None:
+def check_shape(campaign, cluster: Cluster | None, resolve=None) -> None:
     """UserError (one line, exit 2) for a written shape that the cluster or a GPU's memory cannot hold, naming what
     fits: more learners than slots, more GPUs / CPUs than the cluster has, more slots a learner than its GPU holds.
-    Nothing to check without a shared base or under shape: auto (resolved before launch)."""
+    Nothing to check without a shared base or under shape: auto (resolved before launch); `cluster` None: the
+    shape alone (learners against slots, a learner's memory), the cluster taken as large as it asks."""
     cfg = campaign.trials[0].trial
     shape = written_shape(cfg)
     if shape is None:
         return
     where = f"{campaign.source}: resources.shared_base"
+    if cluster is None:  # no cluster named: what the shape itself needs (learners, memory), as large as it asks
+        r = cfg.resources
+        need = shape.engines * r.worker_gpus + shape.learners * r.learner_gpus * r.learner_ranks
+        cluster = Cluster(need * len({pid for pid in plan_pools_of(campaign)}), math.inf, "the shape's own GPUs")
     from orchestrator.preflight.plan import make_plan
     from orchestrator.preflight.shared_plan import with_shared_base
 
@@ -471,6 +476,12 @@ def check_shape(campaign, cluster: Cluster, resolve=None) -> None:
     best = choose(fits)[0].shape
     raise UserError(f"{where}.{key}: {shape.describe()}: {why}; fits: {best.describe()} (shape: auto's pick for "
                     f"{cluster.gpus:g} GPUs), or another that `plan` lists for this cluster")
+
+
+def plan_pools_of(campaign) -> set[str]:
+    from orchestrator.config.pool_key import pool_id
+
+    return {pool_id(t.trial) for t in campaign.trials}
 
 
 def _bare_pool(cfg, trials: int) -> PoolWork:
