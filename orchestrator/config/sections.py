@@ -86,8 +86,9 @@ class SharedBaseConfig(StrictConfig):
         "rollout engines of the pool, each serving every slot's adapter; None: rollout.num_workers, as a "
         "separate trial of the campaign would start"))
     shape: Literal["auto"] | None = Field(None, description=(
-        "auto: `plan` chooses learners and engines for the cluster at hand (the shortest makespan among the "
-        "shapes within 10% of the lowest GPU-hours) and the campaign runs that shape; None: as written"))
+        "auto: `run` takes the shape `plan` picks for the cluster at hand (learners, engines and at most `slots` "
+        "slots: the shortest makespan among the shapes within 10% of the lowest GPU-hours; "
+        "orchestrator/preflight/pool_shape.py), a resumed campaign the shape it started with; None: as written"))
     supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig, description=(
         "deadlines under which the campaign driver probes the pool's engines and learner"))
 

@@ -474,8 +474,10 @@ def check_shape(campaign, cluster: Cluster | None, resolve=None) -> None:
         raise UserError(f"{where}.{key}: {shape.describe()}: {why}; no shape of {shape.slots} slots fits "
                         f"{cluster.gpus:g} GPUs ({cluster.source}): fewer slots, or a larger cluster")
     best = choose(fits)[0].shape
-    raise UserError(f"{where}.{key}: {shape.describe()}: {why}; fits: {best.describe()} (shape: auto's pick for "
-                    f"{cluster.gpus:g} GPUs), or another that `plan` lists for this cluster")
+    same = [p.shape for p in fits if p.shape.learners == shape.learners and p.shape.engines < shape.engines]
+    near = f"at most {max(s.engines for s in same)} engines with {shape.learners} learners, or " if same else ""
+    raise UserError(f"{where}.{key}: {shape.describe()}: {why}; fits: {near}{best.describe()} (shape: auto's pick "
+                    f"for {cluster.gpus:g} GPUs), or another that `plan` lists for this cluster")
 
 
 def plan_pools_of(campaign) -> set[str]:

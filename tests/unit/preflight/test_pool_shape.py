@@ -189,7 +189,7 @@ def test_plan_of_an_auto_campaign_marks_the_pick_chosen(tmp_path, capsys):
     ({"slots": 4, "learners": 6}, ["--gpus", "16"], "resources.shared_base.learners", "at most 4"),
     ({"slots": 4, "learners": 6}, [], "resources.shared_base.learners", "at most 4"),  # whatever the cluster
     ({"slots": 8, "learners": 4, "engines": 14}, ["--gpus", "16"], "resources.shared_base.engines",
-     "hold 18 GPUs, the cluster has 16"),
+     "hold 18 GPUs, the cluster has 16; fits: at most 12 engines with 4 learners, or "),
     ({"slots": 8, "learners": 4, "engines": 4}, ["--gpus", "16", "--cpus", "30"], "resources.shared_base.engines",
      "need 40 CPUs"),
 ])
