@@ -267,3 +267,18 @@ def test_a_lone_trial_refuses_auto(tmp_path, monkeypatch):
     cfg = load_campaign(_lean(tmp_path, {"slots": 1, "shape": "auto"})).trials[0].trial
     with pytest.raises(UserError, match="set learners and engines instead"):
         run_single_trial(cfg, tmp_path / "t")
+
+
+def test_run_paragraph_of_a_shaped_pool_is_the_pipelined_plan(tmp_path, monkeypatch):
+    from orchestrator.preflight.shared_plan import run_paragraph
+
+    monkeypatch.setattr("ray.cluster_resources", lambda: {"GPU": 16.0, "CPU": 128.0})
+    campaign = load_campaign(_lean(tmp_path, {"slots": 20, "learners": 7, "engines": 9}))
+    plan = make_plan(load_campaign(LEAN), cluster=Cluster(16, 128, "test"))
+    p = shape_report(plan, "H100", 20).plans
+    want = next(x for x in p if x.shape == Shape(9, 7, 20))
+    text = run_paragraph(campaign)
+    assert text.startswith("plan: 20 trials on a shared base of 9 engines + 7 learners, 20 slots a pool (1 pool(s), "
+                           f"16 GPU(s)): cycle about {want.cycle.seconds:.1f} s, about {want.gpu_hours:.1f} "
+                           "GPU-hours"), text
+    assert "Separate instead: 20 trials, 800 steps, about 71.0 GPU-hours" in text
