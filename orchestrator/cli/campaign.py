@@ -33,7 +33,8 @@ def plan(args: argparse.Namespace) -> int:
 
     campaign = load_campaign(args.file)
     request = PlanRequest(pilot=args.pilot, effect=args.effect, gpus=args.gpus, cpus=args.cpus,
-                          device=args.device, measure=args.measure, metric=args.metric)
+                          device=args.device, measure=args.measure, metric=args.metric,
+                          calibration=args.calibration)
     shares = campaign.trials[0].trial.resources.shared_base is not None
     separate = with_shared_base(campaign, None) if shares else campaign  # the table: each trial on its own GPUs
     plan = make_plan(separate, request)

@@ -33,6 +33,10 @@ and the learner's rate as they are (assumptions, not measurements):
   every slot's adapter and a KV cache in which each slot's share holds one model.max_model_len sequence
   (orchestrator/preflight/engine_memory.py).
 
+With `plan --calibration FILE` (orchestrator/config/calibration.py) g and l come from the measured decode
+throughput and learner rate, generate_factor follows the measured throughput against sequences in flight, and
+each step adds its adapter's export to its learner's work and its load to every engine's (k loads a cycle).
+
 The shapes tried: slots k from the values that change how many waves the trials run in (ceil(n / w), n the
 pool's trials), at most the written slots under `shape: auto` (--slots or, for a campaign without a shared base,
 n); learners 1..k; engines 1.. whatever the cluster holds beside them. `shape: auto` picks, of the shapes that fit,
@@ -87,19 +91,21 @@ class Cycle:
 
 
 def cycle(gen_s: float, learn_s: float, engines: int, learners: int, k: int, batch: int = 1,
-          kv_sequences: float = math.inf) -> Cycle:
+          kv_sequences: float = math.inf, rate=None, export_s: float = 0.0, load_s: float = 0.0) -> Cycle:
     """One cycle of a pool of `engines` and `learners` with `k` trials active (module docstring): `gen_s`, `learn_s`
     one trial's generate seconds on one engine and train seconds on one learner; `batch` its sequences a step;
-    `kv_sequences` what one engine's KV cache holds."""
+    `kv_sequences` what one engine's KV cache holds; with a calibration, `rate` its decode throughput against
+    sequences in flight and a step's adapter `export_s` (on its learner) and `load_s` (on every engine)."""
     if engines < 1 or learners < 1 or k < 1:
         raise ValueError(f"a pool has at least 1 engine, 1 learner and 1 active slot (got {engines}, {learners}, {k})")
-    g = gen_s * generate_factor(k / engines, batch, kv_sequences)
-    lw = -(-k // learners) * learn_s
-    own = gen_s * generate_factor(1 / engines, batch, kv_sequences) + learn_s
+    g = gen_s * generate_factor(k / engines, batch, kv_sequences, rate) + k * load_s
+    lrn = learn_s + export_s
+    lw = -(-k // learners) * lrn
+    own = gen_s * generate_factor(1 / engines, batch, kv_sequences, rate) + load_s + lrn
     c = max(g, lw, own)
     if c <= 0:
         return Cycle(0.0, g, lw, own, 0.0, 0.0)
-    return Cycle(c, g, lw, own, g / c, k * learn_s / learners / c)
+    return Cycle(c, g, lw, own, g / c, k * lrn / learners / c)
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,11 @@ class PoolWork:
     most_per_learner: int | None = None  # slots one learner GPU holds
     kv_sequences: Callable[[int], float] | None = None  # k -> sequences one engine's KV cache holds
     most_engine_slots: int | None = None  # slots one engine holds with a max_model_len sequence each
+    # a calibration (orchestrator/config/calibration.py): decode throughput against sequences in flight, a step's
+    # adapter export (learner) and load (each engine)
+    rate: Callable[[float], float] | None = None
+    export_s: float = 0.0
+    load_s: float = 0.0
 
     @property
     def trials(self) -> int:
@@ -183,7 +194,7 @@ def shape_plan(pools: list[PoolWork], shape: Shape) -> ShapePlan:
     for p in pools:
         k = min(shape.slots, p.trials)
         kv = p.kv_sequences(shape.slots) if p.kv_sequences is not None else math.inf
-        c = cycle(p.gen_s, p.learn_s, shape.engines, shape.learners, k, p.batch, kv)
+        c = cycle(p.gen_s, p.learn_s, shape.engines, shape.learners, k, p.batch, kv, p.rate, p.export_s, p.load_s)
         hours = p.start_s / 3600 + makespan([(n * c.seconds + o) / 3600 for n, o in zip(p.steps, p.own_s,
                                                                                          strict=True)], k)
         if worst is None or c.seconds > worst.seconds:
@@ -253,24 +264,27 @@ def frontier(plans: list[ShapePlan]) -> list[ShapePlan]:
 def pool_works(plan, kind: str, resolve=None) -> list[PoolWork] | None:
     """The pools of the campaign of `plan` (orchestrator/preflight/plan.py:Plan, its trials planned separate), one
     per base model, with their memory limits when the model's config is on this machine (`resolve`: as in
-    memory_check); None when a model's size is unknown."""
+    memory_check); None when a model's size is unknown. A calibration on the plan (`plan --calibration`) gives the
+    rates."""
+    cal = plan.calibration
     out = []
     for pid, group in plan_pools(plan).items():
         cfgs = [t.trial.trial for t in group]
         gpu = any(t.gpus for t in group)
-        splits = [split_step(c, t.step_s if t.source == "pilot" else None, kind if gpu else "cpu")
+        splits = [split_step(c, t.step_s if t.source == "pilot" else None, kind if gpu else "cpu", cal)
                   for c, t in zip(cfgs, group, strict=True)]
         if any(s is None for s in splits):
             return None
         first = cfgs[0]
         r = first.resources
-        own = tuple(sum(v for key, v in overhead_seconds(c, kind if gpu else "cpu").items() if key != "startup")
+        own = tuple(sum(v for key, v in overhead_seconds(c, kind if gpu else "cpu", cal).items() if key != "startup")
                     + TRIAL_START_S for c in cfgs)
         out.append(PoolWork(
             pid, max(s[0] for s in splits), max(s[1] for s in splits), first.rollout.prompts_per_step * first.rollout.n,
-            tuple(c.steps for c in cfgs), own, overhead_seconds(first, kind if gpu else "cpu")["startup"],
+            tuple(c.steps for c in cfgs), own, overhead_seconds(first, kind if gpu else "cpu", cal)["startup"],
             r.worker_gpus, r.learner_gpus * r.learner_ranks, r.worker_cpus, r.learner_cpus, r.driver_cpus,
-            *_memory(first, resolve)))
+            *_memory(first, resolve), *((cal.decode_rate, cal.adapter_export_s, cal.adapter_load_s)
+                                        if cal is not None and first.learner.mode == "lora" else ())))
     return out
 
 
@@ -343,7 +357,7 @@ def shape_lines(plan, report: ShapeReport | None, kind: str, chosen: Shape | Non
     sep = [t for t in plan.trials if t.step_s]
     if sep:
         splits = [split_step(t.trial.trial, t.step_s if t.source == "pilot" else None,
-                             kind if t.gpus else "cpu") for t in sep]
+                             kind if t.gpus else "cpu", plan.calibration) for t in sep]
         g = max(s[0] for s in splits if s)
         lrn = max(s[1] for s in splits if s)
         per = max(t.gpus for t in plan.trials)
@@ -370,8 +384,11 @@ def shape_lines(plan, report: ShapeReport | None, kind: str, chosen: Shape | Non
         out.append(f"  as written ({written.describe()}): does not fit: {why[1] if why else 'not planned'}")
     out.append("  " + why_line(plan, report, auto))
     kv = "known" if all(p.kv_sequences is not None for p in report.pools) else "not counted (no model config here)"
+    cal = plan.calibration
+    rates = (f"rates measured ({cal.device}, {cal.model}: --calibration), a step's adapter export on its learner "
+             "and load on every engine counted; " if cal is not None else "")
     out.append(f"  cycle: pipelined, max(engines' decoding, the busiest learner's training, one trial's own step); "
-               f"KV cache and memory {kv}; slots tried up to {report.cap} (assumptions: "
+               f"{rates}KV cache and memory {kv}; slots tried up to {report.cap} (assumptions: "
                "orchestrator/preflight/pool_shape.py)")
     return out
 
