@@ -282,3 +282,74 @@ def test_run_paragraph_of_a_shaped_pool_is_the_pipelined_plan(tmp_path, monkeypa
                            f"16 GPU(s)): cycle about {want.cycle.seconds:.1f} s, about {want.gpu_hours:.1f} "
                            "GPU-hours"), text
     assert "Separate instead: 20 trials, 800 steps, about 71.0 GPU-hours" in text
+
+
+# ------------------------------------------------------------------------------------------- a calibration
+CAL = {"device": "cpu, 2 cores", "model": "tiny", "learner_tokens_per_s": 5000.0, "adapter_export_s": 0.05,
+       "adapter_load_s": 0.1, "startup_s": 30.0,
+       "decode": [{"sequences": 64, "tokens_per_s": 3200}, {"sequences": 1, "tokens_per_s": 200},
+                  {"sequences": 16, "tokens_per_s": 1600}]}
+
+
+def test_decode_rate_interpolates_the_measured_points():
+    from orchestrator.config.calibration import Calibration
+
+    cal = Calibration.model_validate(CAL)
+    assert [p.sequences for p in cal.decode] == [1, 16, 64]  # sorted
+    assert cal.decode_rate(0.5) == 100.0  # below the first point: proportional
+    assert cal.decode_rate(1) == 200.0 and cal.decode_rate(8.5) == 900.0  # 200 + 7.5 / 15 x 1400
+    assert cal.decode_rate(40) == 2400.0 and cal.decode_rate(64) == cal.decode_rate(1000) == 3200.0
+
+
+def test_a_calibrated_cycle_by_hand():
+    """rate 100 a sequence up to 4 sequences, flat after: a trial's batch of 2 decodes at 200 tokens/s, 4 trials'
+    8 sequences on one engine at 400: factor 4 x 200 / 400 = 2; each cycle loads 4 adapters (0.5 s each) on the
+    engine and each slot's export (1 s) runs on its learner."""
+    from orchestrator.config.calibration import Calibration
+
+    cal = Calibration.model_validate({**CAL, "decode": [{"sequences": 4, "tokens_per_s": 400},
+                                                        {"sequences": 8, "tokens_per_s": 400}]})
+    c = cycle(10.0, 3.0, engines=1, learners=2, k=4, batch=2, rate=cal.decode_rate, export_s=1.0, load_s=0.5)
+    assert c.generate_s == 10 * 2 + 4 * 0.5 and c.learn_s == 2 * (3 + 1)
+    assert c.own_s == 10 * 1 + 0.5 + 3 + 1 and c.seconds == 22.0
+    assert c.learner_busy == pytest.approx(4 * 4 / 2 / 22)
+
+
+def test_plan_with_a_calibration_uses_the_measured_rates(tmp_path, capsys):
+    from orchestrator.config.calibration import Calibration
+    from orchestrator.preflight.cost_model import step_tokens
+
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump(CAL))
+    demo = ROOT / "campaigns/demo.yaml"
+    campaign = load_campaign(demo)
+    cfg = campaign.trials[0].trial
+    cal = Calibration.model_validate(CAL)
+    tok = step_tokens(cfg)
+    per_engine = cfg.rollout.prompts_per_step * cfg.rollout.n / cfg.rollout.num_workers
+    want = ((tok.generated + tok.eval_generated) / (cal.decode_rate(per_engine) * cfg.rollout.num_workers)
+            + (tok.scored + tok.trained) / 5000.0 + 0.15)
+    from orchestrator.preflight.plan import PlanRequest
+    from orchestrator.preflight.shared_plan import with_shared_base
+
+    plan = make_plan(with_shared_base(campaign, None), PlanRequest(calibration=str(path)),
+                     cluster=Cluster(0, 8, "test"))
+    assert plan.trials[0].step_s == pytest.approx(want) and plan.trials[0].source == "calibration"
+    assert cli.main(["plan", str(demo), "--calibration", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "step time from: calibration (measured on cpu, 2 cores with tiny" in out
+    assert f"{want:.1f} s" in out and "rates measured (cpu, 2 cores, tiny: --calibration)" in out
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    (None, "no such file"),
+    ("device: cpu\nmodel: tiny\n", "decode: field required"),
+    (yaml.safe_dump({**CAL, "learner_tokens_per_s": 0}), "learner_tokens_per_s: input should be greater than 0"),
+])
+def test_a_bad_calibration_file_is_one_line_exit_2(tmp_path, capsys, text, says):
+    path = tmp_path / "cal.yaml"
+    if text is not None:
+        path.write_text(text)
+    assert cli.main(["plan", str(ROOT / "campaigns/demo.yaml"), "--calibration", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0].lower(), err
