@@ -90,12 +90,27 @@ class Cycle:
         return self.generate_s + self.learn_s
 
 
-def cycle(gen_s: float, learn_s: float, engines: int, learners: int, k: int, batch: int = 1,
-          kv_sequences: float = math.inf, rate=None, export_s: float = 0.0, load_s: float = 0.0) -> Cycle:
-    """One cycle of a pool of `engines` and `learners` with `k` trials active (module docstring): `gen_s`, `learn_s`
-    one trial's generate seconds on one engine and train seconds on one learner; `batch` its sequences a step;
-    `kv_sequences` what one engine's KV cache holds; with a calibration, `rate` its decode throughput against
-    sequences in flight and a step's adapter `export_s` (on its learner) and `load_s` (on every engine)."""
+@dataclass(frozen=True)
+class Step:
+    """One trial's step as a pool's actors see it: `gen_s`, `learn_s` its generate seconds on one engine and train
+    seconds on one learner; `batch` its sequences; `kv_sequences` what one engine's KV cache holds; with a
+    calibration, `rate` the decode throughput against sequences in flight and the adapter's `export_s` (on its
+    learner) and `load_s` (on every engine)."""
+
+    gen_s: float
+    learn_s: float
+    batch: int = 1
+    kv_sequences: float = math.inf
+    rate: Callable[[float], float] | None = None
+    export_s: float = 0.0
+    load_s: float = 0.0
+
+
+def cycle(step: Step, engines: int, learners: int, k: int) -> Cycle:
+    """One cycle of a pool of `engines` and `learners` with `k` trials active, each taking `step` (module
+    docstring)."""
+    gen_s, learn_s, batch, kv_sequences = step.gen_s, step.learn_s, step.batch, step.kv_sequences
+    rate, export_s, load_s = step.rate, step.export_s, step.load_s
     if engines < 1 or learners < 1 or k < 1:
         raise ValueError(f"a pool has at least 1 engine, 1 learner and 1 active slot (got {engines}, {learners}, {k})")
     g = gen_s * generate_factor(k / engines, batch, kv_sequences, rate) + k * load_s
@@ -194,7 +209,8 @@ def shape_plan(pools: list[PoolWork], shape: Shape) -> ShapePlan:
     for p in pools:
         k = min(shape.slots, p.trials)
         kv = p.kv_sequences(shape.slots) if p.kv_sequences is not None else math.inf
-        c = cycle(p.gen_s, p.learn_s, shape.engines, shape.learners, k, p.batch, kv, p.rate, p.export_s, p.load_s)
+        c = cycle(Step(p.gen_s, p.learn_s, p.batch, kv, p.rate, p.export_s, p.load_s), shape.engines, shape.learners,
+                  k)
         hours = p.start_s / 3600 + makespan([(n * c.seconds + o) / 3600 for n, o in zip(p.steps, p.own_s,
                                                                                          strict=True)], k)
         if worst is None or c.seconds > worst.seconds:
@@ -501,6 +517,33 @@ def plan_pools_of(campaign) -> set[str]:
     from orchestrator.config.pool_key import pool_id
 
     return {pool_id(t.trial) for t in campaign.trials}
+
+
+def run_paragraph(campaign) -> str:
+    """`run`'s plan, against the Ray cluster it is connected to: a pool of several learners or engines by the shape
+    model (the pipelined cycle), else orchestrator/preflight/shared_plan.py:run_paragraph's (separate trials, or
+    the one-learner pool of rollout.num_workers engines in lock-step)."""
+    import ray
+
+    from orchestrator.preflight.plan import make_plan, paragraph
+    from orchestrator.preflight.shared_plan import run_paragraph as plain
+    from orchestrator.preflight.shared_plan import with_shared_base
+
+    cfg = campaign.trials[0].trial
+    shape = written_shape(cfg)
+    if shape is None or (shape.learners == 1 and shape.engines == cfg.rollout.num_workers):
+        return plain(campaign)
+    total = ray.cluster_resources()
+    cluster = Cluster(total.get("GPU", 0.0), total.get("CPU", 0.0), "the Ray cluster")
+    plan = make_plan(with_shared_base(campaign, None), cluster=cluster)  # the trials as separate ones
+    pools = pool_works(plan, device_kind(cfg.resources.accelerator_type))
+    if pools is None:
+        return plain(campaign)
+    p = shape_plan(pools, shape)
+    return (f"plan: {len(plan.trials)} trials on a shared base of {shape.describe()} a pool ({len(pools)} pool(s), "
+            f"{p.gpus:g} GPU(s)): cycle about {p.cycle.seconds:.1f} s, about {p.gpu_hours:.1f} GPU-hours, makespan "
+            f"about {fmt_hours(p.makespan_h)} (cost model, pipelined; `plan` for the shapes side by side). Separate "
+            "instead: " + paragraph(plan).removeprefix("plan: "))
 
 
 def _bare_pool(cfg, trials: int) -> PoolWork:

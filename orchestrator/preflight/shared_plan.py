@@ -260,29 +260,9 @@ def run_paragraph(campaign: Campaign) -> str:
     if shared is None:
         return paragraph(make_plan(campaign, cluster=cluster))
     plan = make_plan(with_shared_base(campaign, None), cluster=cluster)  # the trials as separate ones
-    shaped = _shaped_paragraph(campaign, plan)
-    if shaped is not None:
-        return shaped + " Separate instead: " + paragraph(plan).removeprefix("plan: ")
     pool = plan_shared(plan, shared.slots, device_kind(None))
     pools = "one pool" if pool.pools == 1 else f"{pool.pools} pools (one per base model, {shared.slots} slots each)"
     return (f"plan: {len(plan.trials)} trials on a shared base ({shared.slots} slots): {pools} of {pool.gpus:g} "
             f"GPU(s), about {pool.gpu_hours:.1f} GPU-hours, makespan about {fmt_hours(pool.makespan_h)} (cost model, "
             f"lock-step; `plan` for both sides). Separate instead: " + paragraph(plan).removeprefix("plan: "))
 
-
-def _shaped_paragraph(campaign: Campaign, plan) -> str | None:
-    """`run`'s plan of a pool of several learners or engines (orchestrator/preflight/pool_shape.py: the pipelined
-    cycle); None for the one-learner pool of rollout.num_workers engines (the lock-step plan above)."""
-    from orchestrator.preflight.pool_shape import pool_works, shape_plan, written_shape
-
-    cfg = campaign.trials[0].trial
-    shape = written_shape(cfg)
-    if shape is None or (shape.learners == 1 and shape.engines == cfg.rollout.num_workers):
-        return None
-    pools = pool_works(plan, device_kind(cfg.resources.accelerator_type))
-    if pools is None:
-        return None
-    p = shape_plan(pools, shape)
-    return (f"plan: {len(plan.trials)} trials on a shared base of {shape.describe()} a pool ({len(pools)} pool(s), "
-            f"{p.gpus:g} GPU(s)): cycle about {p.cycle.seconds:.1f} s, about {p.gpu_hours:.1f} GPU-hours, makespan "
-            f"about {fmt_hours(p.makespan_h)} (cost model, pipelined; `plan` for the shapes side by side).")

@@ -240,7 +240,7 @@ def run_campaign(campaign: Campaign) -> int:
     check_cluster(campaign)
     check_campaign_models(campaign)
     check_episodes(campaign.source, [(t.name, t.trial) for t in campaign.trials])
-    from orchestrator.preflight.shared_plan import run_paragraph
+    from orchestrator.preflight.pool_shape import run_paragraph
 
     print(run_paragraph(campaign), flush=True)
     with driver_lock(campaign):

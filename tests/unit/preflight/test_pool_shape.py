@@ -23,6 +23,7 @@ from orchestrator.preflight.pool_shape import (
     PoolWork,
     Shape,
     ShapePlan,
+    Step,
     check_shape,
     choose,
     cycle,
@@ -44,7 +45,7 @@ LEAN = ROOT / "campaigns/sepa_lean.yaml"
 def test_one_engine_one_learner_is_the_overlapped_pool():
     """g 10, l 3, 8 trials, no KV limit: 8 batches decode at 4x one's rate (0.20 / 0.05), G = 2 x 10 = 20; the one
     learner trains 8 slots, Lw = 24; one trial's own step 10 + 3 = 13: C = 24."""
-    c = cycle(10.0, 3.0, engines=1, learners=1, k=8)
+    c = cycle(Step(10.0, 3.0), 1, 1, 8)
     assert (c.generate_s, c.learn_s, c.own_s, c.seconds) == (20.0, 24.0, 13.0, 24.0)
     assert c.engine_busy == pytest.approx(20 / 24) and c.learner_busy == pytest.approx(1.0)
     assert c.lockstep_s == 44.0
@@ -53,20 +54,20 @@ def test_one_engine_one_learner_is_the_overlapped_pool():
 def test_more_engines_and_learners_by_hand():
     """E 2, L 4, k 8: each engine decodes 4 batches at once, at 4x one's rate: G = 10; each learner 2 slots:
     Lw = 6; one trial alone on 2 engines (half a batch each: the rate of half the sequences) 10 + 3: C = 13."""
-    c = cycle(10.0, 3.0, engines=2, learners=4, k=8)
+    c = cycle(Step(10.0, 3.0), 2, 4, 8)
     assert (c.generate_s, c.learn_s, c.own_s, c.seconds) == (10.0, 6.0, 13.0, 13.0)
     assert c.engine_busy == pytest.approx(10 / 13) and c.learner_busy == pytest.approx(6 / 13)
-    assert cycle(10.0, 3.0, engines=2, learners=3, k=8).learn_s == 9.0  # ceil(8 / 3) = 3 slots on the busiest
+    assert cycle(Step(10.0, 3.0), 2, 3, 8).learn_s == 9.0  # ceil(8 / 3) = 3 slots on the busiest
 
 
 def test_a_kv_cache_full_with_one_batch_splits_generation_over_the_engines():
     """One engine's KV cache holds 128 sequences, a trial's batch is 256: 2 trials on each of 4 engines decode at
     one capped batch's rate, G = 2 x 100; a trial alone over 4 engines holds 64 a engine, half the capped rate:
     0.25 / 0.5 x 100 = 50, + 50 training; 2 learners of 4 slots: Lw = 200."""
-    c = cycle(100.0, 50.0, engines=4, learners=2, k=8, batch=256, kv_sequences=128)
+    c = cycle(Step(100.0, 50.0, batch=256, kv_sequences=128), 4, 2, 8)
     assert (c.generate_s, c.learn_s, c.own_s, c.seconds) == (200.0, 200.0, 100.0, 200.0)
     assert c.engine_busy == 1.0 and c.learner_busy == 1.0
-    assert cycle(100.0, 50.0, engines=8, learners=8, k=8, batch=256, kv_sequences=128).seconds == 100.0  # own step
+    assert cycle(Step(100.0, 50.0, batch=256, kv_sequences=128), 8, 8, 8).seconds == 100.0  # own step
 
 
 def _pool(**kw) -> PoolWork:
@@ -131,13 +132,13 @@ works = st.tuples(st.floats(0.1, 1e4), st.floats(0.1, 1e4), st.integers(1, 512),
 @given(works, st.integers(1, 64), st.integers(1, 64), st.integers(1, 64))
 def test_more_engines_never_slow_generation_and_shares_are_shares(work, engines, learners, k):
     g, lrn, batch, kv = work
-    c = cycle(g, lrn, engines, min(learners, k), k, batch, kv)
-    more = cycle(g, lrn, engines + 1, min(learners, k), k, batch, kv)
+    c = cycle(Step(g, lrn, batch, kv), engines, min(learners, k), k)
+    more = cycle(Step(g, lrn, batch, kv), engines + 1, min(learners, k), k)
     assert more.generate_s <= c.generate_s * (1 + 1e-12) and more.seconds <= c.seconds * (1 + 1e-12)
     assert 0.0 <= c.engine_busy <= 1.0 + 1e-12 and 0.0 <= c.learner_busy <= 1.0 + 1e-12
     assert c.seconds >= max(c.generate_s, c.learn_s, c.own_s) and c.seconds <= c.lockstep_s + c.own_s
     if learners < k:
-        assert cycle(g, lrn, engines, learners + 1, k, batch, kv).learn_s <= c.learn_s
+        assert cycle(Step(g, lrn, batch, kv), engines, learners + 1, k).learn_s <= c.learn_s
 
 
 # ------------------------------------------------------------------------------------------- campaigns
@@ -270,7 +271,8 @@ def test_a_lone_trial_refuses_auto(tmp_path, monkeypatch):
 
 
 def test_run_paragraph_of_a_shaped_pool_is_the_pipelined_plan(tmp_path, monkeypatch):
-    from orchestrator.preflight.shared_plan import run_paragraph
+    from orchestrator.preflight.pool_shape import run_paragraph
+    from orchestrator.preflight.shared_plan import run_paragraph as plain
 
     monkeypatch.setattr("ray.cluster_resources", lambda: {"GPU": 16.0, "CPU": 128.0})
     campaign = load_campaign(_lean(tmp_path, {"slots": 20, "learners": 7, "engines": 9}))
@@ -282,6 +284,8 @@ def test_run_paragraph_of_a_shaped_pool_is_the_pipelined_plan(tmp_path, monkeypa
                            f"16 GPU(s)): cycle about {want.cycle.seconds:.1f} s, about {want.gpu_hours:.1f} "
                            "GPU-hours"), text
     assert "Separate instead: 20 trials, 800 steps, about 71.0 GPU-hours" in text
+    one = load_campaign(_lean(tmp_path, {"slots": 5}))  # one learner, num_workers engines: the lock-step paragraph
+    assert run_paragraph(one) == plain(one)
 
 
 # ------------------------------------------------------------------------------------------- a calibration
@@ -309,7 +313,7 @@ def test_a_calibrated_cycle_by_hand():
 
     cal = Calibration.model_validate({**CAL, "decode": [{"sequences": 4, "tokens_per_s": 400},
                                                         {"sequences": 8, "tokens_per_s": 400}]})
-    c = cycle(10.0, 3.0, engines=1, learners=2, k=4, batch=2, rate=cal.decode_rate, export_s=1.0, load_s=0.5)
+    c = cycle(Step(10.0, 3.0, batch=2, rate=cal.decode_rate, export_s=1.0, load_s=0.5), 1, 2, 4)
     assert c.generate_s == 10 * 2 + 4 * 0.5 and c.learn_s == 2 * (3 + 1)
     assert c.own_s == 10 * 1 + 0.5 + 3 + 1 and c.seconds == 22.0
     assert c.learner_busy == pytest.approx(4 * 4 / 2 / 22)
