@@ -21,7 +21,10 @@ The cost model (the separate trial's terms, orchestrator/preflight/cost_model.py
 - a campaign that sweeps base models gets one pool per model (orchestrator/config/pool_key.py), side by side:
   their GPUs and trials at once add up, the step time and makespan are the slowest pool's, and every pool holds
   its GPUs until the campaign ends.
-With --pilot the measured step time is split into generate and learn by the cost model's shares.
+With --pilot the measured step time is split into generate and learn by the cost model's shares; with
+--calibration (orchestrator/config/calibration.py) the measured decode throughput against sequences in flight
+replaces GENERATE_BATCHED's growth, the measured learner rate the learner's, and each step adds its adapter's
+export + load. Pools of several engines or learners: orchestrator/preflight/pool_shape.py.
 """
 
 from __future__ import annotations

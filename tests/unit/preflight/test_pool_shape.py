@@ -1,7 +1,8 @@
 """The shape of a shared-base pool (orchestrator/preflight/pool_shape.py): the pipelined cycle of E engines and L
 learners against closed forms worked by hand, the `shape: auto` rule on a table whose pick is known, the
-refusals of shapes that cannot run (one line, exit 2), `shape: auto` resolved at launch, and the headline of
-issue 56: sepa_lean on 16 H100s with Qwen3-4B's published config."""
+refusals of shapes that cannot run (one line, exit 2), `shape: auto` resolved at launch, the headline of issue 56
+(sepa_lean on 16 H100s with Qwen3-4B's published config), and `plan --calibration` (measured rates in place of the
+assumed ones)."""
 
 from __future__ import annotations
 
