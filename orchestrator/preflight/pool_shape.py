@@ -86,6 +86,11 @@ class Cycle:
     learner_busy: float  # mean over the learners: k l / L / C
 
     @property
+    def busiest_learner(self) -> float:
+        """The busiest learner's share of the cycle: ceil(k / L) l / C."""
+        return self.learn_s / self.seconds if self.seconds > 0 else 0.0
+
+    @property
     def lockstep_s(self) -> float:
         return self.generate_s + self.learn_s
 
@@ -355,10 +360,16 @@ def shape_report(plan, kind: str, cap: int, resolve=None) -> ShapeReport | None:
     return ShapeReport(pools, plans, pick, near, cap)
 
 
-def _row(name: str, gpus: float, at_once: int, cycle_s: float, gpu_h: float, span_h: float, learner: float,
+def _row(name: str, gpus: float, at_once: int, cycle_s: float, gpu_h: float, span_h: float, learner: str,
          engine: float) -> tuple[str, ...]:
     return (name, f"{gpus:g}", str(at_once), f"{cycle_s:.1f} s" if math.isfinite(cycle_s) else "unknown",
-            f"{gpu_h:.1f}", fmt_hours(span_h), f"{learner:.2f}", f"{engine:.2f}")
+            f"{gpu_h:.1f}", fmt_hours(span_h), learner, f"{engine:.2f}")
+
+
+def _busy(c: Cycle) -> str:
+    """A learner's mean busy share, and the busiest's when slots do not spread evenly."""
+    mean, top = f"{c.learner_busy:.2f}", f"{c.busiest_learner:.2f}"
+    return mean if mean == top else f"{mean} (max {top})"
 
 
 def shape_lines(plan, report: ShapeReport | None, kind: str, chosen: Shape | None = None,
@@ -378,7 +389,8 @@ def shape_lines(plan, report: ShapeReport | None, kind: str, chosen: Shape | Non
         lrn = max(s[1] for s in splits if s)
         per = max(t.gpus for t in plan.trials)
         rows.append(_row(f"separate ({per:g} GPUs a trial)", plan.at_once * per, plan.at_once,
-                         max(t.step_s for t in sep), plan.gpu_hours, plan.makespan_h, lrn / (g + lrn), g / (g + lrn)))
+                         max(t.step_s for t in sep), plan.gpu_hours, plan.makespan_h, f"{lrn / (g + lrn):.2f}",
+                         g / (g + lrn)))
     shown = frontier(report.plans)
     if len(shown) > 8:  # thinned: the cheapest, the fastest and evenly between
         idx = sorted({round(i * (len(shown) - 1) / 7) for i in range(8)})
@@ -391,7 +403,7 @@ def shape_lines(plan, report: ShapeReport | None, kind: str, chosen: Shape | Non
         mark += " (as written)" if written is not None and p.shape == written else ""
         mark += " (chosen)" if chosen is not None and p.shape == chosen else ""
         rows.append(_row("pool: " + p.shape.describe() + mark, p.gpus, p.at_once, p.cycle.seconds, p.gpu_hours,
-                         p.makespan_h, p.cycle.learner_busy, p.cycle.engine_busy))
+                         p.makespan_h, _busy(p.cycle), p.cycle.engine_busy))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     table = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     out = ["", head, table[0], "  ".join("-" * w for w in widths), *table[1:]]

@@ -58,6 +58,9 @@ def test_more_engines_and_learners_by_hand():
     c = cycle(Step(10.0, 3.0), 2, 4, 8)
     assert (c.generate_s, c.learn_s, c.own_s, c.seconds) == (10.0, 6.0, 13.0, 13.0)
     assert c.engine_busy == pytest.approx(10 / 13) and c.learner_busy == pytest.approx(6 / 13)
+    assert c.busiest_learner == pytest.approx(6 / 13)
+    uneven = cycle(Step(10.0, 3.0), 1, 3, 8)  # 3 + 3 + 2 slots: mean 8 x 3 / 3 = 8 s of a 20 s cycle, busiest 9 s
+    assert uneven.seconds == 20.0 and uneven.learner_busy == pytest.approx(0.4) and uneven.busiest_learner == 0.45
     assert cycle(Step(10.0, 3.0), 2, 3, 8).learn_s == 9.0  # ceil(8 / 3) = 3 slots on the busiest
 
 
