@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--metric", help="metric of the measure (default: the report's)")
     pl.add_argument("--compare-placement", action="store_true",
                     help="also plan every trial under the other resources.placement (colocated / separate)")
+    pl.add_argument("--calibration", help="a calibration file (benchmarks/calibrate.py): measured decode throughput, "
+                    "learner rate, adapter export / load and start-up in place of the cost model's assumed ones")
     pl.add_argument("--slots", type=int, help="slots of the shared-base plan printed for a LoRA campaign "
                     "(default: its resources.shared_base.slots, else min(trials, 8))")
     pl.set_defaults(fn=campaign.plan)

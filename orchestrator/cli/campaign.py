@@ -33,7 +33,8 @@ def plan(args: argparse.Namespace) -> int:
 
     campaign = load_campaign(args.file)
     request = PlanRequest(pilot=args.pilot, effect=args.effect, gpus=args.gpus, cpus=args.cpus,
-                          device=args.device, measure=args.measure, metric=args.metric)
+                          device=args.device, measure=args.measure, metric=args.metric,
+                          calibration=args.calibration)
     shares = campaign.trials[0].trial.resources.shared_base is not None
     separate = with_shared_base(campaign, None) if shares else campaign  # the table: each trial on its own GPUs
     plan = make_plan(separate, request)
@@ -45,6 +46,8 @@ def plan(args: argparse.Namespace) -> int:
         print("\n".join(compare_lines(plan, other and make_plan(other, request, cluster=plan.cluster))))
     slots = planned_slots(campaign, args.slots)
     print("\n".join(shared_section(separate, plan, slots, device_kind(args.device), chosen=shares)))
+    if any(t.trial.learner.mode == "lora" for t in campaign.trials):
+        print("\n".join(_shapes(campaign, separate, plan, args)))
     # per distinct trial shape: learner and engine memory per GPU against the named GPU (and the shared pool's);
     # refuses (exit 2) one that cannot fit. Planning reads model configs already on this machine only (a path or
     # the hub cache)
@@ -56,6 +59,30 @@ def plan(args: argparse.Namespace) -> int:
     for line in lines:
         print(line)
     return 0
+
+
+def _shapes(campaign, separate, plan, args: argparse.Namespace) -> list[str]:
+    """`plan`'s pool shapes for a LoRA campaign (orchestrator/preflight/pool_shape.py); a written shape the cluster
+    given (--gpus/--cpus, RAY_ADDRESS) cannot hold is refused (exit 2)."""
+    from orchestrator.config.errors import UserError
+    from orchestrator.preflight.cost_model import device_kind
+    from orchestrator.preflight.pool_shape import check_shape, shape_lines, shape_report, written_shape
+    from orchestrator.preflight.shared_plan import with_shared_base
+
+    try:
+        with_shared_base(campaign, 1)
+    except UserError:
+        return []  # its trials cannot share: the shared section above says why
+    own = campaign.trials[0].trial.resources.shared_base
+    if own is not None:  # against the cluster when one is named (--gpus/--cpus, RAY_ADDRESS), else the shape alone
+        check_shape(campaign, None if plan.cluster.source.startswith("this machine") else plan.cluster)
+    cap = args.slots or (own.slots if own is not None else len(campaign.trials))
+    kind = device_kind(args.device)
+    report = shape_report(plan, kind, cap)
+    written = written_shape(campaign.trials[0].trial)
+    auto = own is not None and own.shape == "auto"
+    chosen = written or (report.pick.shape if auto and report is not None and report.pick else None)
+    return shape_lines(separate and plan, report, kind, chosen=chosen, written=written, auto=auto)
 
 
 def status(args: argparse.Namespace) -> int:

@@ -79,6 +79,16 @@ class SharedBaseConfig(StrictConfig):
     slots: int = Field(ge=1, description=(
         "trials a pool serves at once (each its adapter, optimizer and RNG in a slot); Tune runs at most this many "
         "trials of a pool at once, the rest queue; a campaign sweeping base models gets a pool per model"))
+    learners: int = Field(1, ge=1, description=(
+        "learner processes of the pool (one GPU each), each holding the base once and a share of the slots "
+        "(their adapters, optimizers, RNG): slot s trains on learner s mod learners"))
+    engines: int | None = Field(None, ge=1, description=(
+        "rollout engines of the pool, each serving every slot's adapter; None: rollout.num_workers, as a "
+        "separate trial of the campaign would start"))
+    shape: Literal["auto"] | None = Field(None, description=(
+        "auto: `run` takes the shape `plan` picks for the cluster at hand (learners, engines and at most `slots` "
+        "slots: the shortest makespan among the shapes within 10% of the lowest GPU-hours; "
+        "orchestrator/preflight/pool_shape.py), a resumed campaign the shape it started with; None: as written"))
     supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig, description=(
         "deadlines under which the campaign driver probes the pool's engines and learner"))
 

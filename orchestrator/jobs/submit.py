@@ -15,7 +15,7 @@ from pathlib import Path
 from orchestrator.campaign.schema import Campaign
 from orchestrator.config.errors import UserError
 from orchestrator.jobs.env import job_env, secrets_note
-from orchestrator.preflight.working_dir import refuse_storage_inside
+from orchestrator.preflight.checks import refuse_storage_inside
 
 
 def plugin_env(campaign: Campaign, src: Path, cwd: Path) -> dict[str, str]:

@@ -8,13 +8,20 @@ import json
 import os
 from pathlib import Path
 
+from orchestrator import storage as store
 from orchestrator.actors.models import local_tokenizer
 from orchestrator.campaign.schema import Campaign
 from orchestrator.config.errors import UserError
 from orchestrator.config.trial import TrialConfig
 from orchestrator.preflight.cluster import check_campaign
 from orchestrator.preflight.model_limits import check_model_limits
-from orchestrator.preflight.working_dir import refuse_storage_inside
+
+
+def refuse_storage_inside(campaign: Campaign, working_dir: Path) -> None:
+    """A job's working dir is uploaded afresh for every job: storage inside it could never be resumed."""
+    if not store.is_uri(campaign.storage) and Path(campaign.storage).is_relative_to(working_dir):
+        raise UserError(f"{campaign.source}: storage: {campaign.storage} lies inside the uploaded working dir, "
+                        "which is new for every job (a re-submit could not resume); use an absolute path or a URI")
 
 
 def check_episodes(source: str, trials: list[tuple[str, TrialConfig]]) -> None:

@@ -10,15 +10,22 @@ The learner's factors s and t count its passes (`learner_flops`):
   recomputed forward, 2P per trained model. The rates are effective FLOP/s per device: a device's dense bf16 peak times the
 fraction a workload of that kind reaches (decode-heavy generation far less than training). They are stated
 assumptions, not a fit to this project's runs: `plan --pilot DIR` replaces the whole model by the pilot's
-measured `time/*` per step, and the plan says which of the two it used.
+measured `time/*` per step, and the plan says which of the two it used; `plan --calibration FILE`
+(orchestrator/config/calibration.py) replaces the assumed rates by measured ones: generation at the engine's
+measured decode throughput for the sequences one engine holds a step, every learner token at the measured
+learner rate, and a LoRA step's adapter export + load (`sync`), the start-up by the measured one.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from orchestrator.config.trial import TrialConfig
+
+if TYPE_CHECKING:
+    from orchestrator.config.calibration import Calibration
 
 # dense bf16 peak FLOP/s (vendor spec sheets) and the assumed share of it each kind of work reaches
 PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "cpu": 1e12}
@@ -83,8 +90,17 @@ def device_kind(name: str | None) -> str:
     return key or "H100"
 
 
-def step_seconds(cfg: TrialConfig, device: str = "H100") -> dict[str, float] | None:
-    """Estimated seconds per step by part (generate, score, train), or None when the model size is unknown."""
+def step_seconds(cfg: TrialConfig, device: str = "H100", cal: Calibration | None = None) -> dict[str, float] | None:
+    """Estimated seconds per step by part (generate, score, train; with a calibration `cal` also sync, a LoRA
+    step's adapter export + load), or None when the model size is unknown."""
+    if cal is not None:
+        tok = step_tokens(cfg)
+        engines, ranks = cfg.rollout.num_workers, cfg.resources.learner_ranks
+        per_engine = cfg.rollout.prompts_per_step * cfg.rollout.n / engines  # sequences one engine decodes at once
+        return {"generate": (tok.generated + tok.eval_generated) / (cal.decode_rate(per_engine) * engines),
+                "score": tok.scored / cal.learner_tokens_per_s / ranks,
+                "train": tok.trained / cal.learner_tokens_per_s / ranks,
+                "sync": cal.adapter_export_s + cal.adapter_load_s if cfg.learner.mode == "lora" else 0.0}
     p = model_params(cfg.model.name)
     if p is None:
         return None
@@ -99,20 +115,20 @@ def step_seconds(cfg: TrialConfig, device: str = "H100") -> dict[str, float] | N
     return {"generate": gen, "score": score, "train": train}
 
 
-def step_wall(cfg: TrialConfig, device: str = "H100") -> float | None:
+def step_wall(cfg: TrialConfig, device: str = "H100", cal: Calibration | None = None) -> float | None:
     """Seconds per step from `step_seconds`'s parts: their sum, or when generation runs ahead of the learner
     (one_step_off, async with max_staleness > 0: orchestrator/trial/step/sequence.py) the next step's generation
     overlapped with this step's scoring and training, max(generate, score + train), plus the evaluation's
     generation, which runs before the step and overlaps nothing. At steady state one batch is sampled per step
     whatever k >= 1, so the model is the same for every k >= 1. None when the model size is unknown."""
-    parts = step_seconds(cfg, device)
+    parts = step_seconds(cfg, device, cal)
     if parts is None:
         return None
     if cfg.rollout.staleness_bound == 0:
         return sum(parts.values())
     tok = step_tokens(cfg)
     evaluate = parts["generate"] * tok.eval_generated / max(tok.generated + tok.eval_generated, 1)
-    return evaluate + max(parts["generate"] - evaluate, parts["score"] + parts["train"])
+    return evaluate + max(parts["generate"] - evaluate, parts["score"] + parts["train"] + parts.get("sync", 0.0))
 
 
 # What a trial spends besides its steps, when no pilot measured it. Assumptions, not measurements: start-up is
@@ -129,17 +145,17 @@ HOST_COPY_BYTES_PER_S = 10e9  # pinned device <-> host copy of a sleeping engine
 SLEEP_WAKE_FIXED_S = 1.0  # allocator and scheduler round trips of one sleep + wake
 
 
-def overhead_seconds(cfg: TrialConfig, device: str = "H100") -> dict[str, float]:
+def overhead_seconds(cfg: TrialConfig, device: str = "H100", cal: Calibration | None = None) -> dict[str, float]:
     """Modelled seconds of one trial outside its steps' generate / score / train, by part: start-up,
     checkpoints, weight syncs, (colocated) sleep + wake, and learner.offload_between_steps' copies (no-ops on a
-    CPU). Evaluation's generation is in `step_seconds`."""
+    CPU). Evaluation's generation is in `step_seconds`; `cal`: the measured start-up replaces the modelled one."""
     p = model_params(cfg.model.name) or 0.0
     gpu = device != "cpu"
     full = cfg.learner.mode == "full"
     state = 12 * p * (1.0 if full else 0.01)  # fp32 weights + Adam's two moments; LoRA: about 1% of P trains
     checkpoints = -(-cfg.steps // cfg.checkpoint.every)
     out = {
-        "startup": STARTUP_S["gpu" if gpu else "cpu"] + 2 * p / LOAD_BYTES_PER_S,
+        "startup": cal.startup_s if cal is not None else STARTUP_S["gpu" if gpu else "cpu"] + 2 * p / LOAD_BYTES_PER_S,
         "checkpoints": checkpoints * (CHECKPOINT_FIXED_S + state / CHECKPOINT_BYTES_PER_S),
         "sync": cfg.steps * (2 * p / SYNC_BYTES_PER_S if full else 0.0),
     }

@@ -89,20 +89,33 @@ def shared_lines(cfg, counts, have_gib: float, slots: int, source: str, refuse: 
     holds; `refuse` (the campaign sets resources.shared_base): UserError (one line) when `slots` do not fit."""
     usable = have_gib * (1 - RESERVE) * GIB
     mem = learner_memory(cfg, counts, 1)
-    lrn = shared_learner(mem, slots)
+    sb = cfg.resources.shared_base
+    learners = sb.learners if sb is not None and sb.shape is None else 1  # auto: pool_shape.py respects the memory
+    per = -(-slots // learners)  # slot s trains on learner s mod learners
+    lrn = shared_learner(mem, per)
     eng = pool_engine(cfg, counts, have_gib, slots)
     adapter = eng.adapters / max(slots, 1)
     per_token = counts.kv_per_token / cfg.rollout.engine.tensor_parallel_size
     most_l = slots_fitting_learner(mem, usable)
     most_e = slots_fitting_engine(eng.share, eng.weights, adapter, per_token, cfg.model.max_model_len)
-    if refuse and (slots > most_l or slots > most_e):
-        what = (f"the pool's learner needs {lrn.describe()} of {usable / GIB:.1f} usable" if slots > most_l else
+    if refuse and sb is not None and sb.shape == "auto":
+        refuse = slots > most_e  # the learners auto chooses hold what they are given
+    if refuse and (per > most_l or slots > most_e):
+        if per > most_l and learners > 1:
+            raise UserError(f"{source}: resources.shared_base.learners: {slots} slots on {learners} learners put "
+                            f"{per} on a {have_gib:.0f} GiB learner GPU: it needs {lrn.describe()} of "
+                            f"{usable / GIB:.1f} usable; at most {most_l} slot(s) a learner fit: learners "
+                            f"{-(-slots // max(most_l, 1))} or more, in the pool of model {cfg.model.name}")
+        what = (f"the pool's learner needs {lrn.describe()} of {usable / GIB:.1f} usable" if per > most_l else
                 f"the pool's engine KV cache holds {eng.kv_per_slot:,} tokens a slot, less than one model.max_model_len "
                 f"({cfg.model.max_model_len}) sequence")
         raise UserError(f"{source}: resources.shared_base.slots: {slots} slots on a {have_gib:.0f} GiB GPU: {what}: "
                         f"at most {min(most_l, most_e)} slot(s) fit (learner {most_l}, engine {most_e}) in the pool "
-                        f"of model {cfg.model.name}")
-    return [f"shared base, {slots} slot(s): learner GPU {lrn.describe()} of {have_gib:.0f} GiB; at most {most_l} "
+                        f"of model {cfg.model.name}"
+                        + (f", or learners {-(-slots // most_l)} with these slots" if per > most_l and most_l
+                           and slots <= most_e else ""))
+    on = f" ({per} a learner, {learners} learners)" if learners > 1 else ""
+    return [f"shared base, {slots} slot(s){on}: learner GPU {lrn.describe()} of {have_gib:.0f} GiB; at most {most_l} "
             "slot(s) fit",
             f"  engine GPU {eng.describe()}; at most {most_e} slot(s) hold a {cfg.model.max_model_len}-token sequence "
             "each"]

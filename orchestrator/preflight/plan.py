@@ -58,6 +58,7 @@ class Plan:
     at_once: int
     makespan_h: float
     power: list[str] = field(default_factory=list)
+    calibration: object = None  # orchestrator/config/calibration.py:Calibration, when `--calibration` gave one
 
     @property
     def gpu_hours(self) -> float:
@@ -184,6 +185,7 @@ class PlanRequest:
     device: str | None = None
     measure: str | None = None
     metric: str | None = None
+    calibration: str | None = None  # a calibration file (benchmarks/calibrate.py): measured rates, not assumed
 
 
 def make_plan(campaign: Campaign, request: PlanRequest = PlanRequest(), cluster: Cluster | None = None) -> Plan:
@@ -192,17 +194,22 @@ def make_plan(campaign: Campaign, request: PlanRequest = PlanRequest(), cluster:
         raise UserError(f"--measure: {measure!r}: must be auc_LO_HI (e.g. auc_0_15) or final")
     runs = pilot_runs(pilot) if pilot else []
     kind = device_kind(request.device)
+    cal = None
+    if request.calibration:
+        from orchestrator.config.calibration import load_calibration
+
+        cal = load_calibration(request.calibration)
     trials = []
     for t in campaign.trials:
         b = bundles(t.trial)
         g, c = sum(x.get("GPU", 0) for x in b), sum(x.get("CPU", 0) for x in b)
         step_s, source = (pilot_step_s(runs, t.condition), "pilot") if runs else (None, "")
         if step_s is None:
-            wall = step_wall(t.trial, kind if g else "cpu")  # generation overlapped with the learner when k > 0
-            step_s, source = (wall, "cost model") if wall is not None else (None, "unknown")
+            wall = step_wall(t.trial, kind if g else "cpu", cal)  # generation overlapped with the learner when k > 0
+            step_s, source = (wall, "calibration" if cal else "cost model") if wall is not None else (None, "unknown")
         outside = pilot_overhead_s(runs, t.condition, step_s) if runs and step_s is not None else None
         over = (outside, "pilot") if outside is not None else (
-            sum(overhead_seconds(t.trial, kind if g else "cpu").values()), "modelled")
+            sum(overhead_seconds(t.trial, kind if g else "cpu", cal).values()), "calibration" if cal else "modelled")
         trials.append(TrialPlan(t, step_s, source, g, c, *over))
     cluster = cluster or cluster_size(request.gpus, request.cpus)
     cfg = campaign.config
@@ -215,7 +222,7 @@ def make_plan(campaign: Campaign, request: PlanRequest = PlanRequest(), cluster:
         span += makespan([t.overhead_s / 3600 for t in trials], at_once)  # start-ups etc., at least once each
     else:
         span = makespan([t.hours for t in trials], at_once)
-    plan = Plan(campaign, trials, cluster, at_once, span)
+    plan = Plan(campaign, trials, cluster, at_once, span, calibration=cal)
     if effect is not None:
         plan.power = (power_lines(campaign, runs, effect, _measure_of(campaign, measure), metric) if runs else
                       [f"seeds to detect {effect:g}: needs --pilot DIR (the pilot's paired sd)"])
@@ -307,7 +314,11 @@ def render(plan: Plan, shared: bool = False) -> str:
              f"<= {total_tok:,} generated tokens, {plan.gpu_hours:.1f} GPU-hours",
              f"step time from: {', '.join(sources)}"
              + ("" if sources != ["cost model"] else " (FLOPs x assumed device efficiency, orchestrator/"
-                "cost_model.py; give --pilot DIR for measured times)"),
+                "cost_model.py; give --pilot DIR for measured times)")
+             + (f" (measured on {plan.calibration.device} with {plan.calibration.model}: decode throughput against "
+                f"sequences in flight, {plan.calibration.learner_tokens_per_s:,.0f} learner tokens/s, adapter export "
+                f"{plan.calibration.adapter_export_s:.2f} s + load {plan.calibration.adapter_load_s:.2f} s a step, "
+                f"start-up {plan.calibration.startup_s:.1f} s)" if plan.calibration is not None else ""),
              _outside_line(plan),
              f"placement: {placement_of(plan)}, {max(t.gpus for t in plan.trials):g} GPU(s) per trial",
              f"cluster: {_size(plan.cluster)} ({plan.cluster.source}): "
@@ -331,7 +342,8 @@ def _outside_line(plan: Plan) -> str:
     src = sorted({t.overhead_source for t in plan.trials})
     how = ("each trial's measured wall (events.jsonl) less its steps" if src == ["pilot"] else
            "modelled start-up, checkpoints, full-weight syncs and colocated sleep / wake (assumed rates, "
-           "orchestrator/preflight/cost_model.py:overhead_seconds)" if src == ["modelled"] else ", ".join(src))
+           "orchestrator/preflight/cost_model.py:overhead_seconds)" if src == ["modelled"] else
+           "the calibration's start-up, modelled checkpoints" if src == ["calibration"] else ", ".join(src))
     return f"time outside the steps: {statistics.median(per) / 60:.1f} min a trial (median), from {how}"
 
 

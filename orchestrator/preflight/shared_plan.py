@@ -21,7 +21,10 @@ The cost model (the separate trial's terms, orchestrator/preflight/cost_model.py
 - a campaign that sweeps base models gets one pool per model (orchestrator/config/pool_key.py), side by side:
   their GPUs and trials at once add up, the step time and makespan are the slowest pool's, and every pool holds
   its GPUs until the campaign ends.
-With --pilot the measured step time is split into generate and learn by the cost model's shares.
+With --pilot the measured step time is split into generate and learn by the cost model's shares; with
+--calibration (orchestrator/config/calibration.py) the measured decode throughput against sequences in flight
+replaces GENERATE_BATCHED's growth, the measured learner rate the learner's, and each step adds its adapter's
+export + load. Pools of several engines or learners: orchestrator/preflight/pool_shape.py.
 """
 
 from __future__ import annotations
@@ -41,18 +44,21 @@ TRIAL_START_S = 10.0  # a shared trial's own start-up: its driver process and a 
 DEFAULT_SLOTS = 8  # slots planned for a LoRA campaign that does not set resources.shared_base
 
 
-def generate_factor(k: int, batch: int = 1, kv_sequences: float = math.inf) -> float:
+def generate_factor(k: float, batch: int = 1, kv_sequences: float = math.inf, rate=None) -> float:
     """k trials' generation in one engine, in units of one trial's generate time: the rate grows with the
     sequences decoded at once (k x `batch`, one trial's, at most `kv_sequences`, what the KV cache holds) relative
-    to one trial's, up to GENERATE_BATCHED / EFFICIENCY['generate']."""
+    to one trial's, up to GENERATE_BATCHED / EFFICIENCY['generate']; `rate` (a calibration's decode throughput
+    against sequences in flight) in place of that assumed growth."""
     one, many = min(batch, kv_sequences), min(k * batch, kv_sequences)
+    if rate is not None:
+        return k * rate(one) / rate(many)
     return k / min(many / one, GENERATE_BATCHED / EFFICIENCY["generate"])
 
 
 def cycle_seconds(gen_s: float, learn_s: float, k: int, batch: int = 1,
-                  kv_sequences: float = math.inf) -> tuple[float, float]:
+                  kv_sequences: float = math.inf, rate=None) -> tuple[float, float]:
     """(lock-step, overlapped) seconds for k active trials to take one step each on one pool."""
-    g, lrn = gen_s * generate_factor(k, batch, kv_sequences), k * learn_s
+    g, lrn = gen_s * generate_factor(k, batch, kv_sequences, rate), k * learn_s
     return g + lrn, max(g, lrn)
 
 
@@ -110,10 +116,11 @@ class SharedPlan:
         return shared_gpu_hours(self.pool_trials, self.makespan_h * 3600.0)
 
 
-def split_step(cfg, step_s: float | None, kind: str) -> tuple[float, float] | None:
-    """(generate, learn) seconds of one trial's step: the cost model's, or `step_s` (a pilot's) split by its
-    shares; None when the model's size is unknown."""
-    parts = step_seconds(cfg, kind)
+def split_step(cfg, step_s: float | None, kind: str, cal=None) -> tuple[float, float] | None:
+    """(generate, learn) seconds of one trial's step: the cost model's (`cal`: a calibration's rates), or `step_s`
+    (a pilot's) split by its shares; None when the model's size is unknown. A calibration's adapter sync is left
+    out: the pool's model counts it on its own."""
+    parts = step_seconds(cfg, kind, cal)
     if not parts:
         return None
     gen, learn = parts["generate"], parts["score"] + parts["train"]
@@ -144,7 +151,7 @@ def plan_shared(plan, slots: int, kind: str, kv_tokens: dict[str, int] | None = 
         return SharedPlan(slots, gpus, 0, math.nan, math.nan, math.inf, math.nan, len(groups), firsts)
     at_once, steps, spans = sum(min(slots, len(g)) for g in groups.values()), [], []
     for pid, group in groups.items():
-        part = _pool_plan(group, slots, kind if gpus else "cpu", (kv_tokens or {}).get(pid))
+        part = _pool_plan(group, slots, kind if gpus else "cpu", (kv_tokens or {}).get(pid), plan.calibration)
         if part is None:
             return SharedPlan(slots, gpus, at_once, math.nan, math.nan, math.nan, math.nan, len(groups), firsts)
         steps.append(part[:2])
@@ -153,24 +160,24 @@ def plan_shared(plan, slots: int, kind: str, kv_tokens: dict[str, int] | None = 
                       max(s[0] for s in spans), max(s[1] for s in spans), len(groups), firsts)
 
 
-def _pool_plan(trials: list, slots: int, kind: str, kv_tokens: int | None):
+def _pool_plan(trials: list, slots: int, kind: str, kv_tokens: int | None, cal=None):
     """(step s, overlapped step s, makespan h, overlapped makespan h) of one pool, or None when a model's size is
-    unknown."""
+    unknown; `cal`: a calibration's rates (the adapter's export + load added to each trial's learn)."""
     cfgs = [t.trial.trial for t in trials]
     k = min(slots, len(cfgs))
-    splits = [split_step(c, t.step_s if t.source == "pilot" else None, kind) for c, t in zip(cfgs, trials,
-                                                                                           strict=True)]
+    splits = [split_step(c, t.step_s if t.source == "pilot" else None, kind, cal) for c, t in zip(cfgs, trials,
+                                                                                                strict=True)]
     if any(s is None for s in splits):
         return None
     gen = max(s[0] for s in splits)  # the cycle of the pool's largest trials (upper bound for mixed ones)
-    learn = max(s[1] for s in splits)
+    learn = max(s[1] for s in splits) + (cal.adapter_export_s + cal.adapter_load_s if cal is not None else 0.0)
     first = cfgs[0]
     batch = first.rollout.prompts_per_step * first.rollout.n
     kv_seqs = max(kv_tokens / sequence_tokens(first), 1.0) if kv_tokens is not None else math.inf
-    step, step_over = cycle_seconds(gen, learn, k, batch, kv_seqs)
-    per_trial = [sum(v for key, v in overhead_seconds(c, kind).items() if key != "startup") + TRIAL_START_S
+    step, step_over = cycle_seconds(gen, learn, k, batch, kv_seqs, cal.decode_rate if cal is not None else None)
+    per_trial = [sum(v for key, v in overhead_seconds(c, kind, cal).items() if key != "startup") + TRIAL_START_S
                  for c in cfgs]
-    pool_start = overhead_seconds(first, kind)["startup"]
+    pool_start = overhead_seconds(first, kind, cal)["startup"]
 
     def span(step_s: float) -> float:
         return pool_start / 3600 + makespan([(c.steps * step_s + o) / 3600 for c, o in zip(cfgs, per_trial,
@@ -213,6 +220,10 @@ def compare_rows(plan, shared: SharedPlan | None, why: str | None, chosen: bool 
                 *([f"  one pool per base model ({shared.pools}), side by side, each with {shared.slots} slots; step "
                    "time: the slowest pool's"] if shared.pools > 1 else []),
                 "  (assumptions: orchestrator/preflight/shared_plan.py)"]
+        if plan.calibration is not None:
+            out.append(f"  calibrated ({plan.calibration.device}, {plan.calibration.model}): the measured decode "
+                       "throughput against sequences in flight and learner rate replace the assumed ones; each step "
+                       "adds the adapter's export + load")
     return out
 
 
@@ -257,3 +268,4 @@ def run_paragraph(campaign: Campaign) -> str:
     return (f"plan: {len(plan.trials)} trials on a shared base ({shared.slots} slots): {pools} of {pool.gpus:g} "
             f"GPU(s), about {pool.gpu_hours:.1f} GPU-hours, makespan about {fmt_hours(pool.makespan_h)} (cost model, "
             f"lock-step; `plan` for both sides). Separate instead: " + paragraph(plan).removeprefix("plan: "))
+

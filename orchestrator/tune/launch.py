@@ -197,6 +197,35 @@ def campaign_cpus(campaign: Campaign) -> float:
     return pool_cpus + (concurrency_limit(campaign) or len(campaign.trials)) * first.resources.driver_cpus
 
 
+def shaped(campaign: Campaign) -> Campaign:
+    """The campaign with `shape: auto` resolved for the connected cluster (what it can grow to), a resumed one with
+    the shape it started with (campaign.json), and its written shape checked against the cluster
+    (orchestrator/preflight/pool_shape.py; one line, exit 2, when it cannot hold it)."""
+    from orchestrator.campaign.shared import check_shared_base
+    from orchestrator.preflight.cluster import capacity
+    from orchestrator.preflight.cost_model import device_kind
+    from orchestrator.preflight.plan import Cluster
+    from orchestrator.preflight.pool_shape import check_shape, resolve_shape
+
+    first = campaign.trials[0].trial.resources.shared_base
+    if first is None:
+        return campaign
+    cap = capacity()
+    cluster = Cluster(cap.total("GPU"), cap.total("CPU"), f"the Ray cluster ({cap.describe()})")
+    text = store.read_text(store.join(campaign.directory, store.CAMPAIGN_FILE))
+    started = {t["name"]: t["config"] for t in json.loads(text)["trials"]} if text else None
+    resolved = resolve_shape(campaign, cluster, device_kind(campaign.trials[0].trial.resources.accelerator_type),
+                             started=started)
+    if resolved is not campaign:
+        shape = resolved.trials[0].trial.resources.shared_base
+        print(f"shape: auto -> {shape.engines} engine(s), {shape.learners} learner(s), {shape.slots} slot(s) on "
+              f"{cluster.gpus:g} GPUs, {cluster.cpus:g} CPUs" + (" (as the campaign started)" if started else ""),
+              flush=True)
+        check_shared_base(resolved.config, resolved.trials, resolved.source)
+    check_shape(resolved, cluster)
+    return resolved
+
+
 def events_writer(directory: str):
     """`record(event)`: one line of the campaign's events.jsonl in `directory`."""
     return lambda event: store.append_line(store.join(directory, store.EVENTS_FILE), event)
@@ -207,10 +236,11 @@ def run_campaign(campaign: Campaign) -> int:
     imports_done()  # a driver that may run for days collects at the default thresholds: workers/startup.py
     campaign = with_wandb_mode(campaign, wandb_mode())  # $WANDB_MODE / --wandb-mode over the file
     ensure_ray(campaign_cpus(campaign))
+    campaign = shaped(campaign)  # resources.shared_base.shape: auto -> the shape `plan` picks for this cluster
     check_cluster(campaign)
     check_campaign_models(campaign)
     check_episodes(campaign.source, [(t.name, t.trial) for t in campaign.trials])
-    from orchestrator.preflight.shared_plan import run_paragraph
+    from orchestrator.preflight.pool_shape import run_paragraph
 
     print(run_paragraph(campaign), flush=True)
     with driver_lock(campaign):
@@ -259,6 +289,11 @@ def failure_line(err: BaseException) -> str:
 
 def run_single_trial(cfg: TrialConfig, storage: Path, max_failures: int = 0):
     """Run one trial to completion as a one-trial experiment; returns the Tune Result (None if it errored)."""
+    sb = cfg.resources.shared_base
+    if sb is not None and sb.shape == "auto":
+        raise UserError("resources.shared_base.shape: auto shapes a campaign's pool for its cluster (`python -m "
+                        "orchestrator run CAMPAIGN`, `plan` shows the pick); a lone trial runs its pool as written: "
+                        "set learners and engines instead")
     storage.mkdir(parents=True, exist_ok=True)
     if cfg.output_dir is None:
         cfg = cfg.model_copy(update={"output_dir": str(storage / cfg.name / "trial")})

@@ -40,6 +40,8 @@ SCRIPTS = {  # name: (script, smallest flags that still reach every part of it)
     # one pool of 1 slot vs 1 separate trial, one step: two processes of ~10 CPU-s each, no Ray
     "shared": ("shared.py", ["--ks", "1", "--steps", "1", "--prompts", "2", "--n", "2", "--max-tokens", "4"]),
     "shared_learner": ("shared_learner.py", ["--k", "2", *LEARNER]),
+    # a trial's worker and learner actors: 1, 2, 4 sequences decoding, a 2 x 2 learner batch, one trial step
+    "calibrate": ("calibrate.py", ["--quick", "--out", "calibration.yaml"]),
 }
 
 
