@@ -56,7 +56,10 @@ def test_view_references_only_what_the_offline_runs_hold(ray_local, tmp_path):
                      "interventions": {"rv_filter": {"enabled": True, "value": 0.9}}},
         },
         "sweep": {"interventions.kl.coef": [0.05]},  # one value: a swept key's panels and grouping, two trials
-        "resources": {"rollout_workers": 1, "worker_cpus": 0.5, "learner_cpus": 0.5, "driver_cpus": 0.25},
+        # the two trials as adapters on one pool (one engine and one learner start, not two each): a pool slot's
+        # run logs the rows a separate trial's does (the slot's record goes to events.jsonl, not to W&B)
+        "resources": {"rollout_workers": 1, "worker_cpus": 0.5, "learner_cpus": 0.5, "driver_cpus": 0.25,
+                      "shared_base": {"slots": 2}},
     }))
     campaign = load_campaign(path)
     assert run_campaign(campaign) == 0
