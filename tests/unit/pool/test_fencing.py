@@ -99,3 +99,15 @@ def test_the_learner_refuses_the_previous_holders_late_calls(monkeypatch):
             late()
     assert pool.learner(new).seed == 2 and pool.learner(new).calls == []  # nothing of A reached B's learner
     assert pool.train_step(new, "b0") == "b0" and pool.export_policy(new, 1) == ("policy", 2, 1)
+
+
+def test_a_learner_of_several_refuses_another_learners_slot():
+    """Learner j of L serves the slots s with s mod L = j (orchestrator/config/pool_key.py:slot_learner): a call
+    for another learner's slot is refused in one line before it reaches any slot."""
+    from orchestrator.pool.actors import PoolLearnerActor
+
+    actor = PoolLearnerActor.__new__(PoolLearnerActor)  # no model: only the slot's check
+    actor._slots, actor.place = [None] * 4, (1, 2)
+    assert actor._index(SlotLease(3, 1, "T")) == 3
+    with pytest.raises(ValueError, match=r"slot 2 trains on learner 0 of the pool's 2, not on learner 1 \(trial T\)"):
+        actor._index(SlotLease(2, 1, "T"))
