@@ -231,6 +231,13 @@ def test_checkpoints_move_between_a_slot_and_a_separate_learner(model, twins):
     saved_slot = pool.checkpoint_files(1)
     assert saved_slot.keys() == saved_separate.keys() == {"learner.pt"}
     assert saved_slot == saved_separate
+    # a pool of several learners: a retry may take a slot on another learner (another process, its own copy of
+    # the base) and restores the checkpoint there; it continues as the separate learner does
+    other = SharedLearner(model, slots=2)
+    other.open(0, **_settings(k))
+    other.restore(0, saved_slot, "slot")
+    _assert_same_result(other.train_step(0, _batch(tok, k, 2)), want[2])
+    del other
     resumed = _separate(model, k)
     resumed.train_step(_batch(tok, 3, 0))
     resumed.restore(saved_slot, "slot")
