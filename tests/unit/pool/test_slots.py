@@ -141,3 +141,15 @@ def test_one_worker_trials_on_two_engines_alternate():
 
     assert [slot_engines(s, 1, 2) for s in range(4)] == [[0], [1], [0], [1]]
     assert [slot_engines(s, 2, 3) for s in range(3)] == [[0, 1], [2, 0], [1, 2]]
+
+
+def test_the_usage_line_reports_each_learner():
+    from orchestrator.pool.lifecycle import usage_line
+
+    engine = {"step_s": 5.0, "up_s": 10.0, "adapter_s": 0.5, "served_calls": 3, "max_in_flight": 2}
+    learners = [{"train_s": 2.0, "up_s": 10.0, "export_s": 0.1, "checkpoint_s": 0.2},
+                {"train_s": 8.0, "up_s": 10.0, "export_s": 0.3, "checkpoint_s": 0.4}]
+    line = usage_line("p", [engine, engine], learners)
+    assert "engines decoding 50%, 50% of their 10 s" in line and "6 rollouts" in line
+    assert "learner0 training 20% of its 10 s (exports 0.1 s, checkpoints 0.2 s)" in line
+    assert "learner1 training 80% of its 10 s (exports 0.3 s, checkpoints 0.4 s)" in line
