@@ -145,14 +145,14 @@ def test_an_export_runs_beside_another_slots_step_and_changes_neither(model, twi
     tok = pool.learner(0).tokenizer
     pool.train_step(1, _batch(tok, 1, 0))
     inside, release, got = threading.Event(), threading.Event(), {}
-    step = pool.learner(0).train_step
+    step = pool.learner(0).train_prepared  # the part of the step under the learner's lock
 
-    def held_step(batch):  # slot 0's step, paused inside the learner's lock until the test releases it
+    def held_step(prepared):  # slot 0's step, paused inside the learner's lock until the test releases it
         inside.set()
         assert release.wait(60)
-        return step(batch)
+        return step(prepared)
 
-    pool.learner(0).train_step = held_step
+    pool.learner(0).train_prepared = held_step
     train = threading.Thread(target=lambda: got.setdefault("step", pool.train_step(0, _batch(tok, 0, 0))))
     train.start()
     assert inside.wait(60)
