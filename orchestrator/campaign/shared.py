@@ -59,7 +59,7 @@ def check_shared_base(cfg: CampaignConfig, trials: list[ExpandedTrial], source: 
                             f"{where}")
         if c.resources.learner_ranks != 1:
             raise UserError(f"{source}: {_origin(cfg, t, 'resources.learner_ranks')}: resources.shared_base needs "
-                            f"learner_ranks 1 (one learner process holds every slot) {where}")
+                            f"learner_ranks 1 (each learner process of the pool holds its slots unsharded) {where}")
         sb = c.resources.shared_base
         if sb.shape is not None:
             raise UserError(f"{source}: {_origin(cfg, t, 'resources.shared_base.shape')}: shape {sb.shape!r} is not "

@@ -59,7 +59,7 @@ def _decomposes(credit: CreditConfig) -> bool:
 
 
 @dataclass(frozen=True)
-class Prepared:
+class StepInputs:
     """A step's batch as `Learner.prepare` made it: the plain batch, its padded tensors, its planning mask."""
 
     batch: LearnerBatch
@@ -214,15 +214,15 @@ class Learner:
         """
         return self.train_prepared(self.prepare(batch))
 
-    def prepare(self, batch: LearnerBatch) -> Prepared:
+    def prepare(self, batch: LearnerBatch) -> StepInputs:
         """The step's CPU work that reads neither the model nor a random stream, a pure function of `batch` (and
         this learner's tokenizer and credit settings): the padded tensors and the planning mask. `train_step` is
         `train_prepared(prepare(batch))`; the shared learner runs it outside its device lock
         (workers/learner/pool/shared.py), beside another slot's training."""
         b = collate(batch, self.tokenizer.pad_token_id)
-        return Prepared(batch, b, self._planning(b))
+        return StepInputs(batch, b, self._planning(b))
 
-    def train_prepared(self, prepared: Prepared) -> StepResult:
+    def train_prepared(self, prepared: StepInputs) -> StepResult:
         """`train_step` on a batch `prepare` made (by this learner: its tokenizer and settings)."""
         batch, b, planning = prepared.batch, prepared.b, prepared.planning
         moved = self.offloader.reload() if self.offloader is not None else {}  # the state left in host memory
