@@ -42,15 +42,20 @@ def bundle_roles(cfg: TrialConfig) -> list[str]:
     return ["driver"] + ["rollout worker"] * engines(cfg) + ["learner rank"] * n
 
 
+def _bundle(cfg: TrialConfig, cpu: float, gpu: float) -> dict[str, float]:
+    """One bundle of `cpu` CPUs and `gpu` GPUs (pinned to the trial's GPU model, if it names one)."""
+    r = cfg.resources
+    # a GPU model is a resource Ray gives each node (accelerator_type:H100 = 1): a sliver of it pins the bundle
+    model = {f"accelerator_type:{r.accelerator_type}": 0.001} if r.accelerator_type else {}
+    return {"CPU": cpu, **({"GPU": gpu, **model} if gpu else {})}
+
+
 def bundles(cfg: TrialConfig) -> list[dict[str, float]]:
     """Placement-group bundles, in the order of `bundle_roles`."""
     r = cfg.resources
 
-    # a GPU model is a resource Ray gives each node (accelerator_type:H100 = 1): a sliver of it pins the bundle
-    model = {f"accelerator_type:{r.accelerator_type}": 0.001} if r.accelerator_type else {}
-
     def b(cpu: float, gpu: float) -> dict[str, float]:
-        return {"CPU": cpu, **({"GPU": gpu, **model} if gpu else {})}
+        return _bundle(cfg, cpu, gpu)
 
     if colocated(cfg):
         return [b(r.driver_cpus, 0)] + [b(r.worker_cpus + r.learner_cpus, r.learner_gpus)] * r.learner_ranks
@@ -62,6 +67,15 @@ def tune_bundles(cfg: TrialConfig) -> list[dict[str, float]]:
     """What the trial asks Tune for: its placement group's bundles, or only its driver's when its engines and
     learner are the campaign's shared pool (`resources.shared_base`, orchestrator/pool/), which reserved them once."""
     return bundles(cfg)[:1] if cfg.resources.shared_base is not None else bundles(cfg)
+
+
+def shape_bundles(cfg: TrialConfig, n_engines: int, n_learners: int) -> list[dict[str, float]]:
+    """A shared-base pool's placement group (orchestrator/config/pool_key.py:pool_bundles): `n_engines` rollout
+    worker bundles then `n_learners` learners' bundles, each a separate trial's (its learner_ranks bundles; no
+    driver's: the trials ask Tune for theirs)."""
+    r = cfg.resources
+    return ([_bundle(cfg, r.worker_cpus, r.worker_gpus)] * n_engines
+            + [_bundle(cfg, r.learner_cpus, r.learner_gpus)] * (n_learners * r.learner_ranks))
 
 
 def worker_slots(cfg: TrialConfig) -> list[ActorSlot]:

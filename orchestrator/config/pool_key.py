@@ -9,6 +9,10 @@ so that the pool that names them (orchestrator/pool/), the trials that find them
 and the campaign driver that releases their slots (orchestrator/tune/slot_owner.py) agree without importing each
 other.
 
+The pool's shape (`resources.shared_base.learners` L, `.engines` E): `pool_learners` / `pool_engines` read it, and
+which of them a slot uses is decided here only, by pure functions of the slot: `slot_learner` (slot s trains on
+learner s mod L) and `slot_engines` (the w engines a trial of `rollout.num_workers` w samples on, among the E).
+
 `shared_gpu_hours` is what a shared campaign costs: its pools' GPUs for as long as they are up, whatever their trials
 do; `plan` charges it over the makespan (orchestrator/preflight/shared_plan.py), the lockstep budget over the wall
 since the campaign's driver started its trials (orchestrator/tune/lockstep.py)."""
@@ -21,6 +25,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from orchestrator.config.placement import engines, shape_bundles
 from orchestrator.config.trial import TrialConfig
 
 # what a pool's engines and learner are built from; `model` may differ between pools, the rest is campaign-wide
@@ -30,8 +35,8 @@ PER_POOL = ("model",)
 POOL = "shared-base-pool"  # the prefix of every pool actor's name
 
 
-def learner_name(pool: str) -> str:
-    return f"{POOL}/{pool}/learner"
+def learner_name(pool: str, j: int) -> str:
+    return f"{POOL}/{pool}/learner{j}"
 
 
 def slots_name(pool: str) -> str:
@@ -66,10 +71,45 @@ def pool_groups(cfgs: Iterable[TrialConfig]) -> dict[str, list[TrialConfig]]:
     return groups
 
 
+def pool_learners(cfg: TrialConfig) -> int:
+    """Learner actors of the trial's pool (`resources.shared_base.learners`; 1 for a trial without shared_base)."""
+    shared = cfg.resources.shared_base
+    return 1 if shared is None else shared.learners
+
+
+def pool_engines(cfg: TrialConfig) -> int:
+    """Engine actors of the trial's pool: `resources.shared_base.engines`, or (None, or no shared_base) the engines
+    a separate trial of it would start (config/placement.py:engines)."""
+    shared = cfg.resources.shared_base
+    return engines(cfg) if shared is None or shared.engines is None else shared.engines
+
+
+def slot_learner(slot: int, learners: int) -> int:
+    """The learner (its index, `learner_name(pool, j)`) slot `slot` trains on: slot mod learners."""
+    if learners < 1 or slot < 0:
+        raise ValueError(f"slot {slot} of a pool of {learners} learner(s)")
+    return slot % learners
+
+
+def slot_engines(slot: int, workers: int, engines: int) -> list[int]:
+    """The engines (their indices, `engine_name(pool, i)`, in the order the trial splits its prompts over them)
+    that a trial of `workers` rollout workers samples on in slot `slot` of a pool of `engines` engines: `workers`
+    distinct consecutive ones (mod `engines`) from slot x workers, so the slots spread over the engines; the trial
+    splits its prompts over them as a separate trial over its own `workers` engines (the same metrics)."""
+    if not 0 <= workers <= engines or slot < 0:
+        raise ValueError(f"a trial of {workers} rollout worker(s) in slot {slot} of a pool of {engines} engine(s)")
+    return [(slot * workers + i) % engines for i in range(workers)]
+
+
+def pool_bundles(cfg: TrialConfig) -> list[dict[str, float]]:
+    """The pool's placement group: its engines' bundles (indices 0 .. E-1) then its learners' (E .. E+L-1)."""
+    return shape_bundles(cfg, pool_engines(cfg), pool_learners(cfg))
+
+
 def pool_gpus(cfg: TrialConfig) -> float:
-    """GPUs one pool holds while it is up: a separate trial's engines and learner (its bundles less its driver's)."""
-    r = cfg.resources
-    return r.learner_gpus * r.learner_ranks + cfg.rollout.num_workers * r.worker_gpus
+    """GPUs one pool holds while it is up: its engines' (`pool_engines`) and learners' (`pool_learners`, each a
+    separate trial's learner)."""
+    return sum(b.get("GPU", 0.0) for b in pool_bundles(cfg))
 
 
 def shared_gpus(cfgs: Iterable[TrialConfig]) -> float:

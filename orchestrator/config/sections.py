@@ -72,9 +72,10 @@ class SupervisorConfig(StrictConfig):
 
 
 class SharedBaseConfig(StrictConfig):
-    """One pool per base model of the campaign (orchestrator/pool/): the rollout engines (vLLM multi-LoRA) and one
-    learner hold the base model once; every trial is an adapter in a slot of its own. LoRA trials only, one learner
-    rank."""
+    """One pool per base model of the campaign (orchestrator/pool/): the rollout engines (vLLM multi-LoRA) and the
+    learners each hold the base model once; every trial is an adapter in a slot of its own, trained on one learner
+    (slot mod learners) and sampled on `rollout.num_workers` of the engines (orchestrator/config/pool_key.py:
+    slot_learner, slot_engines). LoRA trials only, one learner rank."""
 
     slots: int = Field(ge=1, description=(
         "trials a pool serves at once (each its adapter, optimizer and RNG in a slot); Tune runs at most this many "

@@ -1,5 +1,6 @@
-"""The pool's Ray actors: the shared learner (workers/learner/pool/shared.py:SharedLearner, every slot's adapter on one
-copy of the base) and the shared rollout engines (workers/rollout/shared.py:SharedRolloutWorker, one vLLM engine
+"""The pool's Ray actors: the shared learners (workers/learner/pool/shared.py:SharedLearner, each its slots' adapters
+on one copy of the base: learner j of L trains the slots s with s mod L = j, orchestrator/config/pool_key.py:
+slot_learner, and refuses the others) and the shared rollout engines (workers/rollout/shared.py:SharedRolloutWorker, one vLLM engine
 serving every slot's adapter), each told where it runs (placement.json of every shared trial records them). Every
 call of a slot names it by the holder's lease (workers/fence.py): a bare slot index is refused, and a lease older
 than the one the slot was opened under is refused with one line naming the slot, both epochs and the trial."""
@@ -14,6 +15,7 @@ import ray
 
 from orchestrator.actors.models import resolve_model
 from orchestrator.actors.setup import engine_dtype, where_am_i
+from orchestrator.config.pool_key import slot_learner
 from orchestrator.config.trial import ModelConfig
 from orchestrator.pool.probe import CallClock, ProbeAnswer
 from workers.fence import SlotLease
@@ -93,7 +95,8 @@ def _exit_soon(after_s: float = 1.0) -> None:
 
 
 class PoolLearnerActor(SharedLearner):
-    """The pool's learner: every slot's adapter, optimizer and RNG on one copy of the base model. Calls run one at a
+    """A learner of the pool (`place`: its index j and the pool's count L): its slots' adapters, optimizers and RNG
+    on one copy of the base model; a call for a slot of another learner is refused in one line. Calls run one at a
     time (a slot's train step, checkpoint, restore), except `export_policy`, which runs on threads of its own (one
     per slot: `pool_learner_actor`) beside another slot's call, and the control calls (health, ready, placement,
     stats, the supervisor's probe), which answer on a thread of their own meanwhile; every slot call is timed
@@ -102,10 +105,11 @@ class PoolLearnerActor(SharedLearner):
     trial's client reopens its slot and continues from its newest checkpoint (the trial's
     trial/actors/shared.py:PoolLearnerClient)."""
 
-    def __init__(self, model_cfg: dict, slots: int, scratch: str | None = None):
+    def __init__(self, model_cfg: dict, slots: int, scratch: str | None = None, place: tuple[int, int] = (0, 1)):
         if scratch:
-            enter_scratch(scratch, "pool-learner")
+            enter_scratch(scratch, f"pool-learner{place[0]}")
         check_gpu_runtime()
+        self.place = tuple(place)
         self.clock = CallClock()  # how long each slot call has run: the supervisor's probe reads it
         super().__init__(resolve_model(ModelConfig(**model_cfg)), slots)
 
@@ -140,7 +144,12 @@ class PoolLearnerActor(SharedLearner):
             super().restore(slot, files, source)
 
     def _index(self, slot: SlotLease) -> int:
-        return super()._index(_leased(slot))
+        index = super()._index(_leased(slot))
+        j, n = self.place
+        if slot_learner(index, n) != j:
+            raise ValueError(f"slot {index} trains on learner {slot_learner(index, n)} of the pool's {n}, not on "
+                             f"learner {j} (trial {slot.trial})")
+        return index
 
     @ray.method(concurrency_group="export")
     def export_policy(self, slot: SlotLease, version: int):

@@ -90,13 +90,14 @@ class SlotTable:
 
 @ray.remote(num_cpus=0)
 class SlotRegistry:
-    """The pool's slot table as a small actor; `engines`: how many engine actors the pool runs; `state`: the file
-    its table lives in across the actor's restarts (module docstring)."""
+    """The pool's slot table as a small actor; `engines`, `learners`: how many engine and learner actors the pool
+    runs (a trial reads them to find its own: orchestrator/config/pool_key.py:slot_engines, slot_learner); `state`:
+    the file its table lives in across the actor's restarts (module docstring)."""
 
-    def __init__(self, slots: int, engines: int, state: str):
+    def __init__(self, slots: int, engines: int, state: str, learners: int = 1):
         self.path = Path(state)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.table, self.count = SlotTable.load(self.path, slots), engines
+        self.table, self.count, self.learner_count = SlotTable.load(self.path, slots), engines, learners
 
     def _saved(self, result):
         self.table.save(self.path)
@@ -116,3 +117,6 @@ class SlotRegistry:
 
     def engines(self) -> int:
         return self.count
+
+    def learners(self) -> int:
+        return self.learner_count

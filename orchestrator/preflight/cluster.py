@@ -203,16 +203,15 @@ def check_trials(campaign, cap: Capacity) -> list[str]:
 
 
 def check_pools(campaign, cap: Capacity) -> None:
-    """Exit 2 for a shared-base campaign whose pools (one per base model, each holding its engines' and learner's
-    bundles for the whole campaign) the cluster cannot hold at once."""
-    from orchestrator.config.placement import bundles
-    from orchestrator.config.pool_key import pool_groups
+    """Exit 2 for a shared-base campaign whose pools (one per base model, each holding its engines' and learners'
+    bundles for the whole campaign: orchestrator/config/pool_key.py:pool_bundles) the cluster cannot hold at once."""
+    from orchestrator.config.pool_key import pool_bundles, pool_groups
 
     pools = pool_groups(t.trial for t in campaign.trials)
-    if len(pools) < 2:
-        return  # one pool: its bundles are a trial's, checked above
+    if not pools:
+        return
     for key in ("GPU", "CPU"):
-        need = sum(sum(b.get(key, 0.0) for b in bundles(group[0])[1:]) for group in pools.values())
+        need = sum(sum(b.get(key, 0.0) for b in pool_bundles(group[0])) for group in pools.values())
         if need > cap.total(key):
             raise UserError(f"{campaign.source}: resources.shared_base: {len(pools)} pools (one per base model: "
                             f"{', '.join(pools)}) hold {need:g} {key}s at once; the cluster can have at most "

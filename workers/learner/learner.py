@@ -6,8 +6,8 @@ how it is cut into mini- / micro-batches in `workers.learner.batch`, what a step
 It trains on sequences with a loss mask: the response window after the prompt holds the sampled ids of every turn
 (loss mask True) and, for multi-turn episodes, the observation ids between turns (loss mask False). Every
 per-token quantity reads the loss mask; a single-turn completion is the case of one contiguous sampled run.
-`train_step` is split by concept: collate -> score (no grad) -> planning mask -> credit -> entropy floors ->
-optimise -> metrics. The parts it composes each get what they use: `PolicyForward` (forward passes,
+`train_step` is split by concept: collate -> planning mask (these two `prepare`: CPU only, no model, no random
+stream) -> score (no grad) -> credit -> entropy floors -> optimise -> metrics. The parts it composes each get what they use: `PolicyForward` (forward passes,
 workers/learner/passes/forward.py), `Scorer` (the scoring pass), `Updater` (the PPO updates), `PolicyExport` and
 `LearnerStateIO` (what leaves the learner: workers/learner/state.py).
 In a group of N ranks every rank gets the whole batch, scores and trains its token-balanced share of each
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -55,6 +56,15 @@ POLICY, MODELS = "policy", "models"  # offload groups (workers/learner/offload.p
 def _decomposes(credit: CreditConfig) -> bool:
     """Whether the learner logs `credit/decomp_*`: asked for, or the signal is computed from logits anyway."""
     return credit.log_decomposition or credit.uncertainty_kind != "surprisal"
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """A step's batch as `Learner.prepare` made it: the plain batch, its padded tensors, its planning mask."""
+
+    batch: LearnerBatch
+    b: Batch
+    planning: Tensor
 
 
 class Learner:
@@ -202,8 +212,20 @@ class Learner:
         Returns the metrics plus `exec_values` (raw execution-token uncertainties, for SEPA's auto schedule) and
         `uncertainty` (the samples when `batch.want_uncertainty`, else None).
         """
-        moved = self.offloader.reload() if self.offloader is not None else {}  # the state left in host memory
+        return self.train_prepared(self.prepare(batch))
+
+    def prepare(self, batch: LearnerBatch) -> StepInputs:
+        """The step's CPU work that reads neither the model nor a random stream, a pure function of `batch` (and
+        this learner's tokenizer and credit settings): the padded tensors and the planning mask. `train_step` is
+        `train_prepared(prepare(batch))`; the shared learner runs it outside its device lock
+        (workers/learner/pool/shared.py), beside another slot's training."""
         b = collate(batch, self.tokenizer.pad_token_id)
+        return StepInputs(batch, b, self._planning(b))
+
+    def train_prepared(self, prepared: StepInputs) -> StepResult:
+        """`train_step` on a batch `prepare` made (by this learner: its tokenizer and settings)."""
+        batch, b, planning = prepared.batch, prepared.b, prepared.planning
+        moved = self.offloader.reload() if self.offloader is not None else {}  # the state left in host memory
         iv = self.iv
         floor = None
         if batch.action_token_ids and iv.probability_floor.is_active:
@@ -226,7 +248,6 @@ class Learner:
         ratio_base = scored.learner_lp
         tis, tis_metrics = offpolicy_weights(scored.learner_lp, b.old_lp, b.mask, offpolicy) \
             if offpolicy.active else (None, {})
-        planning = self._planning(b)
         gae_adv = returns = None
         if self.critic is not None:
             gae_adv, returns = self._gae(batch, b, scored.values)

@@ -10,7 +10,10 @@ it): its clients, its `slot` event, its placement record, and `close`, the slot'
 
 The pool's actors are named in the campaign's Ray namespace (the campaign driver and its trials' drivers are one
 Ray job) under the pool's id (orchestrator/config/pool_key.py: one pool per base model, the id a pure function of
-the trial's config)."""
+the trial's config). A pool of L learners and E engines: the trial's slot s trains on learner s mod L and samples on
+`rollout.num_workers` of the engines (pool_key.py:slot_learner, slot_engines), splitting its prompts over them as
+a separate trial over its own; only these actors are the trial's (waited for, recovered, recorded), so a learner's
+restart is seen by its own slots' trials only."""
 
 from __future__ import annotations
 
@@ -23,7 +26,15 @@ import ray
 from ray.exceptions import ActorUnavailableError
 
 from orchestrator import storage as store
-from orchestrator.config.pool_key import engine_name, learner_name, pool_id, slots_name
+from orchestrator.config.placement import engines as trial_engines
+from orchestrator.config.pool_key import (
+    engine_name,
+    learner_name,
+    pool_id,
+    slot_engines,
+    slot_learner,
+    slots_name,
+)
 from orchestrator.config.trial import TrialConfig
 from orchestrator.storage import EVENTS_FILE
 from orchestrator.trial.actors.calls import Calls, check_health, judge_health
@@ -51,9 +62,11 @@ class PoolEnginesClient:
     pushed and the call redone (engine_recovery.py; waiting up to `wait_s` for the engine to be back)."""
 
     def __init__(self, engines: list, lease: SlotLease, calls: Calls, wait_s: float = 3600.0,
-                 record: Callable[[dict], None] | None = None):
+                 record: Callable[[dict], None] | None = None, indices: list[int] | None = None):
         self.engines, self.lease, self.calls = list(engines), lease, calls
-        self.names = [(f"pool.engine[{i}]", e) for i, e in enumerate(self.engines)]
+        # `indices`: each engine's index in the pool (pool_key.py:slot_engines), for the names in errors and events
+        self.indices = list(range(len(self.engines))) if indices is None else list(indices)
+        self.names = [(f"pool.engine[{i}]", e) for i, e in zip(self.indices, self.engines, strict=True)]
         self.recovery = EngineRecovery(lease, calls, wait_s, record=record)
 
     @property
@@ -123,9 +136,9 @@ class PoolLearnerClient:
     of the learner actor), none of the trial's `max_failures`; once they are spent the call fails in one line.
     Every step's result passes the leak guard (leak_guard.py)."""
 
-    def __init__(self, learner, lease: SlotLease, calls: Calls):
-        self.learner, self.lease, self.calls = learner, lease, calls
-        self.named = [("pool.learner", learner)]
+    def __init__(self, learner, lease: SlotLease, calls: Calls, index: int = 0):
+        self.learner, self.lease, self.calls, self.index = learner, lease, calls, index  # index: learner j of the pool
+        self.named = [(f"pool.learner[{index}]", learner)]
         self.cfg: TrialConfig | None = None  # what `open` built the slot from, to reopen it after a restart
 
     def open(self, cfg: TrialConfig) -> None:
@@ -198,7 +211,7 @@ class PoolLearnerClient:
             if not learner_lost(e) or self.cfg is None:
                 raise
             reason = first_line(e)
-        what = f"shared pool learner, slot {self.lease.slot} of trial {self.lease.trial}"
+        what = f"shared pool learner {self.index}, slot {self.lease.slot} of trial {self.lease.trial}"
         end = time.monotonic() + self.cfg.timeouts.setup
         while True:  # a learner that dies again while the slot reopens: wait again, within the same bound
             await_learner(lambda s: ready_within(self.learner, s), max(end - time.monotonic(), 0.0), what)
@@ -242,14 +255,19 @@ class PoolSlot:
         """Give the slot back (the trial ended or failed) unless a later holder, or a later attempt of this trial,
         has it already: the campaign driver releases it too, whatever happened to this process
         (orchestrator/tune/slot_owner.py)."""
-        try:
-            ray.get(self.registry.release.remote(self.lease.trial, self.lease.epoch), timeout=30)
-        except Exception:  # noqa: BLE001 - a pool already stopped (the campaign ending) has nothing to release
-            pass
+        _release(self.registry, self.lease)
 
     def close(self) -> None:
         """The trial is done with the pool: its slot released (the pool's actors live on for other trials)."""
         self.release()
+
+
+def _release(registry, lease: SlotLease) -> None:
+    """`lease`'s slot back to the pool's registry (nothing when a later holder or attempt has it)."""
+    try:
+        ray.get(registry.release.remote(lease.trial, lease.epoch), timeout=30)
+    except Exception:  # noqa: BLE001 - a pool already stopped (the campaign ending) has nothing to release
+        pass
 
 
 def await_restarts(actors: list, timeout_s: float, poll_s: float = 0.5) -> None:
@@ -283,20 +301,31 @@ def acquire_slot(registry, trial: str, driver: str | None, calls: Calls, timeout
 
 def connect(cfg: TrialConfig, calls: Calls, pg=None) -> PoolSlot:
     """The trial's slot in its base model's running pool (the same slot again for a retried trial that still holds
-    one), opened fresh under a new epoch: the engines drop the slot's adapter, the learner builds this trial's from
-    its seed. Anything failing after the acquire gives the slot back before the error goes on. `pg`: the trial's
-    placement group, for its placement record."""
+    one), opened fresh under a new epoch on the slot's learner and engines (pool_key.py:slot_learner,
+    slot_engines; any slot, on any learner: a retry restores its checkpoint into whichever it gets): the engines
+    drop the slot's adapter, the learner builds this trial's from its seed. Anything failing after the acquire
+    gives the slot back before the error goes on. `pg`: the trial's placement group, for its placement record."""
     pool = pool_id(cfg)
     registry = ray.get_actor(slots_name(pool))
-    count = calls.get(registry.engines.remote(), "setup", [("pool.slots", registry)])
-    actors = [ray.get_actor(engine_name(pool, i)) for i in range(count)], ray.get_actor(learner_name(pool))
-    await_restarts([*actors[0], actors[1]], cfg.timeouts.setup)
+    named = [("pool.slots", registry)]
+    count, learners = (calls.get(registry.engines.remote(), "setup", named),
+                       calls.get(registry.learners.remote(), "setup", named))
     at = time.monotonic()
     lease = acquire_slot(registry, cfg.name, ray.get_runtime_context().get_actor_id(), calls, cfg.timeouts.setup)
+    try:
+        mine = slot_engines(lease.slot, min(trial_engines(cfg), count), count)
+        j = slot_learner(lease.slot, learners)
+        actors = [ray.get_actor(engine_name(pool, i)) for i in mine], ray.get_actor(learner_name(pool, j))
+        # only the slot's own actors: a restart of another learner is none of this trial's business
+        await_restarts([*actors[0], actors[1]], cfg.timeouts.setup)
+    except BaseException:
+        _release(registry, lease)
+        raise
     events = None if cfg.output_dir is None else store.join(cfg.output_dir, EVENTS_FILE)
     engines = PoolEnginesClient(actors[0], lease, calls, wait_s=cfg.timeouts.setup,
-                                record=None if events is None else lambda e: store.append_line(events, e))
-    learner = PoolLearnerClient(actors[1], lease, calls)
+                                record=None if events is None else lambda e: store.append_line(events, e),
+                                indices=mine)
+    learner = PoolLearnerClient(actors[1], lease, calls, index=j)
     slot = PoolSlot(pool, lease, engines, learner, registry, time.monotonic() - at, pg)
     try:
         slot.engines.drop()
@@ -307,16 +336,18 @@ def connect(cfg: TrialConfig, calls: Calls, pg=None) -> PoolSlot:
     except BaseException:
         slot.release()
         raise
-    slot.events.append({"event": "slot", "pool": pool, "slot": slot.slot, "epoch": lease.epoch,
-                        "waited_s": round(slot.waited_s, 3), "time": time.time()})
+    slot.events.append({"event": "slot", "pool": pool, "slot": slot.slot, "epoch": lease.epoch, "learner": j,
+                        "engines": mine, "waited_s": round(slot.waited_s, 3), "time": time.time()})
     return slot
 
 
 def pool_record(slot: PoolSlot, health: list[dict]) -> dict:
-    """The pool's part of a shared trial's placement.json: its id, the slot, the learner's and each engine's process
-    (pid, node, placement group) and the engines' child processes: the same for every trial of that pool."""
+    """The pool's part of a shared trial's placement.json: its id, the slot, the index of the slot's learner
+    (`learner_index`) and of its engines (`engine_indices`), that learner's and each of those engines' process
+    (pid, node, placement group) and the engines' child processes: the same for every trial of that slot."""
     where = slot.engines.placements()
-    return {"id": slot.pool, "slot": slot.slot, "epoch": slot.lease.epoch,
+    return {"id": slot.pool, "slot": slot.slot, "epoch": slot.lease.epoch, "learner_index": slot.learner.index,
+            "engine_indices": slot.engines.indices,
             "learner": slot.learner.placements()[0],
             "workers": [{**w, "engine_pids": [c["pid"] for c in h.get("children", [])]}
                         for w, h in zip(where, health, strict=True)]}

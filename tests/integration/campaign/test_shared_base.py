@@ -1,14 +1,16 @@
-"""A LoRA campaign on one shared base (`resources.shared_base`, orchestrator/pool/) on the real stack: one pool
-(one vLLM engine serving every trial's adapter, one learner holding every trial's slot) for 2 conditions x 2
-seeds on the tiny reasoner, 2 slots, so Tune runs two trials at a time and the other two queue and reuse the
-slots the first two released.
+"""A LoRA campaign on one shared base (`resources.shared_base`, orchestrator/pool/) on the real stack: one pool of
+2 learners and 2 engines (each vLLM engine serving every slot's adapter; slot s trains on learner s mod 2 and, a
+trial having one rollout worker, samples on engine s mod 2: orchestrator/config/pool_key.py) for 2 conditions x 2
+seeds on the tiny reasoner, 2 slots, so Tune runs two trials at a time (one on each learner and engine) and the
+other two queue and reuse the slots the first two released.
 
 The last queued trial meets two faults, one after each of its first two checkpoints: its own driver SIGKILLed
 (while the other queued trial runs beside it, which must go on stepping), then the pool's learner. After the
 driver's death the trial fails, Tune retries it and it resumes inside the running pool from its newest checkpoint.
 Ray restarts a pool actor in place (the same actor, a new process, every slot empty); the learner's death is the
-pool's and costs no trial a retry: each trial that held a slot reopens it and restores its newest checkpoint in its
-own process (orchestrator/trial/actors/shared.py:PoolLearnerClient; three of them: test_shared_learner_restarts.py).
+pool's and costs no trial a retry: the trial on it reopens its slot and restores its newest checkpoint in its own
+process (orchestrator/trial/actors/shared.py:PoolLearnerClient; three of them: test_shared_learner_restarts.py),
+and the trial beside it, on the other learner, sees nothing of it.
 The faulted trial then equals the same trial run separately (its own engine and learner, no fault) at every step,
 and the queued pair's step 0 equals across conditions (common random numbers).
 
@@ -42,7 +44,7 @@ from tests.integration.trial.test_trial import stable
 
 STEPS = 3  # a fault after each of the first two checkpoints, one step left to run after the last
 RESOURCES = {"rollout_workers": 1, "worker_cpus": 0.5, "learner_cpus": 0.5, "driver_cpus": 0.25,
-             "shared_base": {"slots": 2}}
+             "shared_base": {"slots": 2, "learners": 2, "engines": 2}}
 BASE = {"steps": STEPS, "model": {"name": "tiny-reasoner"}, "task": {"name": "chain"},
         "rollout": {"prompts_per_step": 4, "n": 4, "max_tokens": 32, "skip_uninformative": False},
         "eval": {"every": 2, "problems": 4, "n": 2, "k": 2}, "checkpoint": {"every": 1, "keep": 2}}
@@ -124,35 +126,46 @@ def test_one_pool_serves_every_trial_two_at_a_time(shared_campaign, ray_local):
     campaign, _, done = shared_campaign
     records = _records(campaign)
     pools = [r["placement"]["pool"] for r in records.values()]
-    # one engine actor and one learner actor for the whole campaign, in a placement group of the pool's own;
-    # the restarts are the same actors in new processes; every trial's driver is its own
-    assert len({p["learner"]["actor_id"] for p in pools}) == 1 and None not in {p["learner"]["actor_id"] for p in pools}
-    assert len({p["workers"][0]["actor_id"] for p in pools}) == 1 and all(len(p["workers"]) == 1 for p in pools)
+    # two engine actors and two learner actors for the whole campaign, in a placement group of the pool's own;
+    # each trial on its slot's learner and engine (slot s: learner s mod 2, engine s mod 2), the two slots on
+    # different ones; the restarts are the same actors in new processes; every trial's driver is its own
+    from orchestrator.config.pool_key import slot_engines, slot_learner
+
+    assert all(p["learner_index"] == slot_learner(p["slot"], 2) and p["engine_indices"] == slot_engines(p["slot"], 1, 2)
+               and len(p["workers"]) == 1 for p in pools), pools
+    learners = {(p["learner_index"], p["learner"]["actor_id"]) for p in pools}
+    engines = {(p["engine_indices"][0], p["workers"][0]["actor_id"]) for p in pools}
+    assert len(learners) == len(engines) == 2 and {i for i, _ in learners} == {i for i, _ in engines} == {0, 1}
+    assert None not in {a for _, a in learners} and len({a for _, a in learners | engines}) == 4
     group = pools[0]["learner"]["placement_group"]
-    assert all(p["learner"]["placement_group"] == group != r["placement"]["placement_group"]
-               for p, r in zip(pools, records.values(), strict=True))
+    assert all(p["learner"]["placement_group"] == group == w["placement_group"] != r["placement"]["placement_group"]
+               for p, r in zip(pools, records.values(), strict=True) for w in p["workers"])
     assert all(r["placement"]["placement"] == "shared" for r in records.values())
     assert len({r["placement"]["driver"]["pid"] for r in records.values()}) == 4
     # 2 slots: at most two trials at once, and the queued two reused the slots the first two released
     spans = [r["span"] for r in records.values()]
     assert max(sum(a <= m < b for a, b in spans) for m, _ in spans) <= 2
     assert {p["slot"] for p in pools} <= {0, 1}  # four trials on two slots: the later ones reused released slots
-    # the first two ran before any fault, uninterrupted, on the pool's first processes
+    # the first two ran before any fault, uninterrupted, on the pool's first processes, one on each learner
     first = campaign.trials[:2]
     assert all([e["from_step"] for e in records[t.name]["starts"]] == [0] for t in first)
-    engine0 = done[1][3]["pool"]["workers"][0]["pid"]
-    assert all(records[t.name]["placement"]["pool"]["workers"][0]["pid"] == engine0 for t in first)
+    assert {records[t.name]["placement"]["pool"]["learner_index"] for t in first} == {0, 1}
     # the pool is gone with the campaign (its actors are named by its pool id: one pool, one id)
     import ray
 
-    from orchestrator.config.pool_key import pool_id
-    from orchestrator.trial.actors.shared import learner_name
+    from orchestrator.config.pool_key import engine_name, learner_name, pool_id
 
     assert {p["id"] for p in pools} == {pool_id(campaign.trials[0].trial)}
-    with pytest.raises(ValueError):
-        ray.get_actor(learner_name(pool_id(campaign.trials[0].trial)))
-    # the learner's death left the engine's process alone: one engine process for the whole campaign
-    assert {r["placement"]["pool"]["workers"][0]["pid"] for r in records.values()} == {engine0}
+    for name in (learner_name, engine_name):
+        for i in (0, 1):
+            with pytest.raises(ValueError):
+                ray.get_actor(name(pool_id(campaign.trials[0].trial), i))
+    # the learner's death left the engines' processes alone: one process per engine for the whole campaign
+    engine_pids = {(p["engine_indices"][0], p["workers"][0]["pid"]) for p in pools}
+    assert len(engine_pids) == 2, engine_pids
+    # the other learner was never touched either: one process for the whole campaign
+    killed = done[1][3]["pool"]["learner_index"]
+    assert len({p["learner"]["pid"] for p in pools if p["learner_index"] != killed}) == 1
 
 
 def test_each_fault_restarts_what_it_killed_and_the_trial_resumes_from_its_checkpoint(shared_campaign):
@@ -161,10 +174,13 @@ def test_each_fault_restarts_what_it_killed_and_the_trial_resumes_from_its_check
     record = _records(campaign)[name]
     (_, driver0, t_driver, at_driver), (_, learner0, t_learner, at_learner) = done
     # the driver kill restarted no pool process; the campaign driver freed the dead attempt's slot (a SIGKILLed
-    # driver releases nothing itself) and the retry took one afresh, under a new epoch; the learner kill restarted
-    # the learner only, and the trial kept its slot and epoch through it
-    same = ("id", "learner", "workers")
-    assert {k: at_learner["pool"][k] for k in same} == {k: at_driver["pool"][k] for k in same}
+    # driver releases nothing itself) and the retry took one afresh, under a new epoch (the lowest free slot: its
+    # own, the trial beside it holding the other; on the other learner and engine had that one been free first);
+    # the learner kill restarted that learner only, and the trial kept its slot and epoch through it
+    same = ("id", "learner", "workers", "learner_index", "engine_indices")
+    if at_learner["pool"]["slot"] == at_driver["pool"]["slot"]:
+        assert {k: at_learner["pool"][k] for k in same} == {k: at_driver["pool"][k] for k in same}
+    print(f"driver kill in slot {at_driver['pool']['slot']}, retry in slot {at_learner['pool']['slot']}")
     assert at_learner["driver"]["pid"] != driver0
     released = [e for e in campaign_events(campaign.directory) if e["event"] == "slot_release" and e["trial"] == name]
     assert released and released[0]["why"] == "error" and released[0]["time"] < record["starts"][1]["time"]
@@ -185,12 +201,15 @@ def test_each_fault_restarts_what_it_killed_and_the_trial_resumes_from_its_check
     assert froms[0] == 0 and froms == sorted(set(froms)), froms
     assert all(f >= step + 1 for f, (step, _) in zip(froms[1:], FAULTS, strict=True)), froms
     assert all(t < s["time"] for t, s in zip((t_driver, t_learner), starts[1:], strict=True))
-    # the trial beside it never retried: no fault was its own, and the learner's death is the pool's (at most one
-    # in-process rewind, had it held its slot when the learner died)
+    # the trial beside it never retried and never saw the learner's death: no fault was its own, and it trains on
+    # the other learner (its slot is the other one), whose process never changed
     beside = _records(campaign)[campaign.trials[2].name]
     assert len(beside["starts"]) == 1, beside["starts"]
     beside_events = _jsonl(_trial_dir(campaign, campaign.trials[2].name) / "events.jsonl")
-    assert len([e for e in beside_events if e["event"] == "learner_restart"]) <= 1
+    assert [e for e in beside_events if e["event"] == "learner_restart"] == []
+    if beside["span"][1] > t_learner:  # it held the other slot when the learner died (it had steps left)
+        assert beside["placement"]["pool"]["learner_index"] != at_learner["pool"]["learner_index"]
+        assert beside["placement"]["pool"]["learner"]["pid"] != learner0
     # while the killed driver was retried, reconnected, restored and ran its first step again (until t_learner: the
     # injector saw that step's checkpoint sealed), the trial beside it kept stepping on the pool: a step of it
     # reported inside that window (skipped when it had no step left after the kill)
@@ -265,7 +284,7 @@ def _inject_engine(campaign, stop: threading.Event, done: list, errors: list) ->
 
 @pytest.fixture(scope="module")
 def runs(shared_campaign, tmp_path_factory):
-    """(the unfaulted reference: the first campaign, 0 failed, no faults), (the engine-fault campaign, its failed
+    """(the unfaulted reference: the first campaign, 0 failed, its faults), (the engine-fault campaign, its failed
     trials, its faults)."""
     tmp = tmp_path_factory.mktemp("engine_restart")
     faulted = load_campaign(_write(tmp, name="engine_faults", base=BASE, conditions=CONDITIONS, seeds=[0, 1],
@@ -273,7 +292,7 @@ def runs(shared_campaign, tmp_path_factory):
     failed, done, errors, seconds = run_with_injector(faulted, _inject_engine)
     print(f"engine-fault campaign: {seconds:.0f} s")
     assert not errors, errors
-    return (shared_campaign[0], 0, []), (faulted, failed, done)
+    return (shared_campaign[0], 0, shared_campaign[2]), (faulted, failed, done)
 
 
 def _stable_rows(campaign, name: str) -> list[dict]:
@@ -299,7 +318,7 @@ def test_an_engine_killed_or_stopped_under_requests_costs_no_trial_anything_but_
 
 
 def test_the_supervisor_kills_a_stopped_engine_within_its_deadline_and_records_it(runs):
-    (clean, _, _), (faulted, _, done) = runs
+    (clean, _, clean_done), (faulted, _, done) = runs
     events = campaign_events(faulted.directory)
     pool = [e for e in events if e["event"].startswith("pool_actor_")]
     stopped_at, stopped_pid = done[1][2], done[1][1]
@@ -315,8 +334,10 @@ def test_the_supervisor_kills_a_stopped_engine_within_its_deadline_and_records_i
     assert seen in (["pool_actor_died", "pool_actor_back", "pool_actor_killed", "pool_actor_back"],
                     ["pool_actor_died", "pool_actor_killed", "pool_actor_back"]), pool
     assert {e["actor"] for e in pool} == {"engine0"}
-    # the supervisor never touched the first campaign's healthy engine (only its learner was SIGKILLed there)
-    assert {e["actor"] for e in campaign_events(clean.directory) if e["event"].startswith("pool_actor_")} <= {"learner"}
+    # the supervisor never touched the first campaign's healthy engines or other learner (only the faulted trial's
+    # learner was SIGKILLed there)
+    killed = f"learner{clean_done[1][3]['pool']['learner_index']}"
+    assert {e["actor"] for e in campaign_events(clean.directory) if e["event"].startswith("pool_actor_")} <= {killed}
     # `status` says what happened to the pool
     from orchestrator.jobs.status import render
 

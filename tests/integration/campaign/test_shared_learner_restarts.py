@@ -1,15 +1,16 @@
-"""The pool's learner restarting is the pool's fault, not the trials' (orchestrator/trial/actors/shared.py:
-PoolLearnerClient, orchestrator/trial/loop.py): a shared campaign whose learner process is SIGKILLed three times
-(the pool's whole restart budget, orchestrator/pool/lifecycle.py:RESTARTS) under a trial with `max_failures: 1`.
+"""A pool learner restarting is the pool's fault, not the trials', and only its own slots' trials see it
+(orchestrator/trial/actors/shared.py:PoolLearnerClient, orchestrator/trial/loop.py): a shared campaign on a pool of
+two learners (slot s on learner s mod 2) whose one learner's process is SIGKILLed three times (its whole restart
+budget, orchestrator/pool/lifecycle.py:RESTARTS) under a trial with `max_failures: 1`.
 
-Two trials of one config under two condition names share one slot, so they run one after the other on the same
-pool: the first meets the three kills, one after each of its first three checkpoints, mid-step (`rollout.mode:
-async`, max_staleness 2, paced: a training step in flight beside the generation of the next steps, whose batches
-sampled ahead, up to two, the checkpoint holds); the second runs after them, unfaulted, on the learner's fourth
-process. Every kill is absorbed inside the first trial's process: it waits for the learner, reopens its slot,
-restores its newest checkpoint, the batches sampled ahead included, as a Tune retry would, and carries on. Tune
-sees no error, each trial starts once, and the faulted trial's metrics equal the unfaulted one's at every step,
-bit for bit. Every step also passed the leak guard (orchestrator/trial/actors/leak_guard.py): the drift of
+Two trials of one config under two condition names run side by side on the pool's two slots, so on its two
+learners: the first to place itself meets the three kills of its learner, one after each of its first three
+checkpoints, mid-step (`rollout.mode: async`, max_staleness 2, paced: a training step in flight beside the
+generation of the next steps, whose batches sampled ahead, up to two, the checkpoint holds); the other, on the other
+learner, sees none of them (no rewind, one learner process throughout). Every kill is absorbed inside the first
+trial's process: it waits for its learner, reopens its slot, restores its newest checkpoint, the batches sampled
+ahead included, as a Tune retry would, and carries on. Tune sees no error, each trial starts once, and the faulted
+trial's metrics equal the unfaulted one's at every step, bit for bit. Every step also passed the leak guard (orchestrator/trial/actors/leak_guard.py): the drift of
 batches two policies behind the learner stays far below its bound.
 
 one_step_off is not run again here: it is the same step sequence with a lookahead of one
@@ -37,7 +38,7 @@ from tests.integration.trial.test_trial import stable
 STEPS = 4  # a kill after each of the first three checkpoints, one step left after the last
 KILLS = (0, 1, 2)  # after the checkpoint of these steps
 RESOURCES = {"rollout_workers": 1, "worker_cpus": 0.5, "learner_cpus": 0.5, "driver_cpus": 0.25,
-             "shared_base": {"slots": 1}}
+             "shared_base": {"slots": 2, "learners": 2}}
 BASE = {"steps": STEPS, "model": {"name": "tiny-reasoner"}, "task": {"name": "chain"},
         "rollout": {"prompts_per_step": 4, "n": 4, "max_tokens": 24, "skip_uninformative": False,
                     "mode": "one_step_off", "engine": {"in_process": True}},
@@ -48,13 +49,17 @@ MODES = {  # name -> (rollout settings over BASE's, the staleness the trained ba
 }
 
 
+def _pool(campaign, name: str) -> dict:
+    return json.loads((_trial_dir(campaign, name) / "placement.json").read_text())["pool"]
+
+
 def _learner_pid(campaign, name: str) -> int:
-    return json.loads((_trial_dir(campaign, name) / "placement.json").read_text())["pool"]["learner"]["pid"]
+    return _pool(campaign, name)["learner"]["pid"]
 
 
 def _kill_learner(campaign, stop: threading.Event, done: list, errors: list) -> None:
-    """SIGKILL the pool's learner once the trial that holds the slot first has sealed each step of KILLS, each time
-    in the learner process it placed last (a new one after each restart). `done`: (trial, pid, time)."""
+    """SIGKILL the learner of the trial that placed itself first once that trial has sealed each step of KILLS,
+    each time in the learner process it placed last (a new one after each restart). `done`: (trial, pid, time)."""
     try:
         name = None
         while name is None:  # whichever trial Tune started first
@@ -90,6 +95,21 @@ def test_three_learner_restarts_cost_no_trial_a_retry(restarted):
     assert unfinished == 0  # every trial finished
     faulted = done[0][0]
     assert {d[0] for d in done} == {faulted}
+    # the two trials side by side on the two learners; the other's learner never restarted (one process)
+    other = next(t.name for t in campaign.trials if t.name != faulted)
+    pools = {name: _pool(campaign, name) for name in (faulted, other)}
+    assert {p["learner_index"] for p in pools.values()} == {0, 1}, pools
+    assert {p["slot"] for p in pools.values()} == {0, 1}, pools
+    spans = {name: [e["time"] for e in _jsonl(_trial_dir(campaign, name) / "events.jsonl") if "time" in e]
+             for name in pools}
+    during = [d for d in done if spans[other][0] < d[2] < spans[other][-1]]
+    print(f"{len(during)} of the {len(done)} kills while the other trial ran")
+    assert during and during[0] == done[0], (spans, done)  # it ran when its neighbour's learner first died
+    assert _learner_pid(campaign, other) not in {d[1] for d in done}
+    from orchestrator.storage import campaign_events
+
+    seen = {e["actor"] for e in campaign_events(campaign.directory) if e["event"].startswith("pool_actor_")}
+    assert seen <= {f"learner{pools[faulted]['learner_index']}"}, seen  # the supervisor saw no other actor go
     for t in campaign.trials:
         events = _jsonl(_trial_dir(campaign, t.name) / "events.jsonl")
         starts = [e for e in events if e["event"] == "start"]

@@ -145,14 +145,14 @@ def test_an_export_runs_beside_another_slots_step_and_changes_neither(model, twi
     tok = pool.learner(0).tokenizer
     pool.train_step(1, _batch(tok, 1, 0))
     inside, release, got = threading.Event(), threading.Event(), {}
-    step = pool.learner(0).train_step
+    step = pool.learner(0).train_prepared  # the part of the step under the learner's lock
 
-    def held_step(batch):  # slot 0's step, paused inside the learner's lock until the test releases it
+    def held_step(prepared):  # slot 0's step, paused inside the learner's lock until the test releases it
         inside.set()
         assert release.wait(60)
-        return step(batch)
+        return step(prepared)
 
-    pool.learner(0).train_step = held_step
+    pool.learner(0).train_prepared = held_step
     train = threading.Thread(target=lambda: got.setdefault("step", pool.train_step(0, _batch(tok, 0, 0))))
     train.start()
     assert inside.wait(60)
@@ -231,6 +231,13 @@ def test_checkpoints_move_between_a_slot_and_a_separate_learner(model, twins):
     saved_slot = pool.checkpoint_files(1)
     assert saved_slot.keys() == saved_separate.keys() == {"learner.pt"}
     assert saved_slot == saved_separate
+    # a pool of several learners: a retry may take a slot on another learner (another process, its own copy of
+    # the base) and restores the checkpoint there; it continues as the separate learner does
+    other = SharedLearner(model, slots=2)
+    other.open(0, **_settings(k))
+    other.restore(0, saved_slot, "slot")
+    _assert_same_result(other.train_step(0, _batch(tok, k, 2)), want[2])
+    del other
     resumed = _separate(model, k)
     resumed.train_step(_batch(tok, 3, 0))
     resumed.restore(saved_slot, "slot")

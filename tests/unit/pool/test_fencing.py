@@ -65,7 +65,14 @@ class _SlotLearner:
     def __init__(self, base, *, learner, credit, interventions, run):
         self.seed, self.calls = run.seed, []
 
-    def train_step(self, batch):
+    prepared = None  # a threading.Event set by `prepare`, when a test wants to see it run
+
+    def prepare(self, batch):
+        if self.prepared is not None:
+            self.prepared.set()
+        return batch
+
+    def train_prepared(self, batch):
         self.calls.append(("train", batch))
         return batch
 
@@ -99,3 +106,39 @@ def test_the_learner_refuses_the_previous_holders_late_calls(monkeypatch):
             late()
     assert pool.learner(new).seed == 2 and pool.learner(new).calls == []  # nothing of A reached B's learner
     assert pool.train_step(new, "b0") == "b0" and pool.export_policy(new, 1) == ("policy", 2, 1)
+
+
+def test_a_learner_of_several_refuses_another_learners_slot():
+    """Learner j of L serves the slots s with s mod L = j (orchestrator/config/pool_key.py:slot_learner): a call
+    for another learner's slot is refused in one line before it reaches any slot."""
+    from orchestrator.pool.actors import PoolLearnerActor
+
+    actor = PoolLearnerActor.__new__(PoolLearnerActor)  # no model: only the slot's check
+    actor._slots, actor.place = [None] * 4, (1, 2)
+    assert actor._index(SlotLease(3, 1, "T")) == 3
+    with pytest.raises(ValueError, match=r"slot 2 trains on learner 0 of the pool's 2, not on learner 1 \(trial T\)"):
+        actor._index(SlotLease(2, 1, "T"))
+
+
+def test_a_train_steps_cpu_preparation_runs_beside_another_slots_call(monkeypatch):
+    """While another slot's call holds the learner's device lock, a slot's train step prepares its batch
+    (Learner.prepare: CPU only) and only then waits for the lock; its training runs once the lock is free."""
+    import threading
+
+    import workers.learner.pool.shared as shared
+
+    monkeypatch.setattr(shared, "SharedBase", lambda path: None)
+    monkeypatch.setattr(shared, "SlotLearner", _SlotLearner)
+    pool = shared.SharedLearner("model", slots=2)
+    run = type("Run", (), {"seed": 1})()
+    pool.open(1, learner=LearnerConfig(), credit=None, interventions=None, run=run)
+    pool.learner(1).prepared = threading.Event()
+    out = []
+    with pool._lock:  # another slot's step under way
+        step = threading.Thread(target=lambda: out.append(pool.train_step(1, "b")))
+        step.start()
+        assert pool.learner(1).prepared.wait(10)  # prepared while the device lock is held
+        step.join(0.2)
+        assert step.is_alive() and out == [] and pool.learner(1).calls == []  # training waits for the lock
+    step.join(10)
+    assert out == ["b"] and pool.learner(1).calls == [("train", "b")]

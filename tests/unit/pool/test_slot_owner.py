@@ -106,7 +106,9 @@ class _Actor:
             setattr(self, name, _Remote(fn))
 
 
-def _fake_pool(monkeypatch, table: SlotTable, open_fails: bool):
+def _fake_pool(monkeypatch, table: SlotTable, open_fails: bool, engines: tuple[int, ...] = (0,),
+               learners: tuple[int, ...] = (0,), shape: tuple[int, int] = (1, 1)):
+    """A pool of shape (engines, learners) whose named actors are only `engines` and `learners` (by index)."""
     import orchestrator.trial.actors.shared as client
 
     def open_slot(lease, **settings):
@@ -114,10 +116,12 @@ def _fake_pool(monkeypatch, table: SlotTable, open_fails: bool):
             raise RuntimeError("the learner could not build the slot's adapter")
 
     actors = {
-        "slots": _Actor(engines=lambda: 1, try_acquire=table.try_acquire, acquire=table.acquire,
-                        release=table.release),
-        "engine0": _Actor(ready=lambda: True, drop=lambda lease: None, load_policy=lambda lease, u: u),
-        "learner": _Actor(ready=lambda: True, open=open_slot, export_policy=lambda lease, v: v),
+        "slots": _Actor(engines=lambda: shape[0], learners=lambda: shape[1], try_acquire=table.try_acquire,
+                        acquire=table.acquire, release=table.release),
+        **{f"engine{i}": _Actor(ready=lambda: True, drop=lambda lease: None, load_policy=lambda lease, u: u)
+           for i in engines},
+        **{f"learner{j}": _Actor(ready=lambda: True, open=open_slot, export_policy=lambda lease, v: v)
+           for j in learners},
     }
     fake_ray = SimpleNamespace(
         get_actor=lambda name: actors[name.rsplit("/", 1)[-1]],
@@ -145,3 +149,19 @@ def test_connect_failing_after_the_acquire_gives_the_slot_back(monkeypatch, tmp_
         {"event": "slot", "pool": pool.pool, "slot": 0, "epoch": 2}]
     pool.close()
     assert table.held() == {}
+
+
+def test_connect_takes_its_slots_learner_and_engines_only(monkeypatch, tmp_path):
+    """A pool of 2 engines and 2 learners: the trial that gets slot 3 reaches learner 1 and engine 1 only (the
+    fake pool names no other actor: any other lookup fails) and records them."""
+    cfg = _campaign(str(tmp_path)).trials[0].trial
+    table = SlotTable(4)
+    for other in ("a", "b", "c"):
+        table.acquire(other)
+    client, calls = _fake_pool(monkeypatch, table, open_fails=False, engines=(1,), learners=(1,), shape=(2, 2))
+    pool = client.connect(cfg, calls)
+    assert (pool.slot, pool.learner.index, pool.engines.indices) == (3, 1, [1])
+    assert {k: pool.events[0][k] for k in ("slot", "learner", "engines")} == {"slot": 3, "learner": 1, "engines": [1]}
+    assert [n for n, _ in pool.engines.names] == ["pool.engine[1]"]
+    pool.close()
+    assert table.held() == {"a": 0, "b": 1, "c": 2}

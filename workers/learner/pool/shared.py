@@ -10,10 +10,13 @@ One adapter per call: each call runs one trial's step on its own module tree, as
 a time from their drivers; a grouped matmul over several adapters would only pay when steps of different trials
 were batched into one forward, which the pool's one-call-per-step interface does not do.
 
-Plain Python, no Ray (orchestrator/pool/ wraps it in an actor). Calls are serialised by a lock: the random streams
-they swap are the process's. An export is the exception: it reads only its slot's adapter and draws no random
-number, so it takes only its slot's lock and runs beside another slot's training step (a trial's push does not
-wait behind the other trials' steps). Locks are taken in one order (the learner's, then the slot's).
+Plain Python, no Ray (orchestrator/pool/ wraps it in an actor). Calls are serialised by a lock (the device lock):
+the random streams they swap are the process's. Two exceptions take only their slot's lock and run beside another
+slot's call: an export (it reads only its slot's adapter and draws no random number: a trial's push does not wait
+behind the other trials' steps) and a train step's CPU preparation, the padded batch and its planning mask
+(`Learner.prepare`: a pure function of the batch and the slot's own tokenizer, no model, no random stream), done
+before the step takes the device lock, so that one slot's tokenizing and padding overlap another slot's training.
+Locks are taken in one order (the learner's, then the slot's).
 
 Fencing (workers/fence.py): a slot named by a `SlotLease` (the pool's calls) is opened under it, and a call under an
 older lease is refused inside the slot's lock, so it never runs on the slot's next holder's learner.
@@ -110,19 +113,17 @@ class SharedLearner:
 
     # -- the separate learner's calls, per slot ---------------------------------------------------------
     def train_step(self, slot: int | SlotLease, batch: LearnerBatch) -> StepResult:
+        """The slot's learner's `train_step`: its `prepare` under the slot's lock only (module docstring), the
+        rest under both locks with the slot's random streams swapped in."""
+        with self._slot_only(slot) as learner:
+            prepared = learner.prepare(batch)
         with self._entered(slot) as learner, self._timed("train_s"):
-            return learner.train_step(batch)
+            return learner.train_prepared(prepared)
 
     def export_policy(self, slot: int | SlotLease, version: int) -> PolicyUpdate:
         """The slot's adapter as the engines load it; runs beside another slot's call (module docstring)."""
-        lease, slot = slot, self._index(slot)
-        with self._slot_locks[slot]:
-            self.fence.check(lease)
-            held = self._slots[slot]
-            if held is None:
-                raise SlotNotOpen(f"slot {slot} is not open")
-            with self._timed("export_s"):
-                return held.learner.export_policy(version)
+        with self._slot_only(slot) as learner, self._timed("export_s"):
+            return learner.export_policy(version)
 
     def checkpoint_files(self, slot: int | SlotLease) -> dict[str, bytes]:
         """The files a separate learner writes (learner.pt): a trial may resume shared from a separate
@@ -190,6 +191,18 @@ class SharedLearner:
         finally:
             with self._count_lock:  # exports of different slots end at once
                 self._busy[key] += time.perf_counter() - t0
+
+    @contextmanager
+    def _slot_only(self, slot: int | SlotLease):
+        """The slot's learner under the slot's lock only (beside another slot's call under the learner's lock):
+        for what touches neither the process's random streams nor another slot. A stale lease is refused here."""
+        lease, slot = slot, self._index(slot)
+        with self._slot_locks[slot]:
+            self.fence.check(lease)
+            held = self._slots[slot]
+            if held is None:
+                raise SlotNotOpen(f"slot {slot} is not open")
+            yield held.learner
 
     @contextmanager
     def _entered(self, slot: int | SlotLease):
