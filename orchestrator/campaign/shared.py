@@ -61,14 +61,10 @@ def check_shared_base(cfg: CampaignConfig, trials: list[ExpandedTrial], source: 
             raise UserError(f"{source}: {_origin(cfg, t, 'resources.learner_ranks')}: resources.shared_base needs "
                             f"learner_ranks 1 (each learner process of the pool holds its slots unsharded) {where}")
         sb = c.resources.shared_base
-        if sb.shape is not None:
-            raise UserError(f"{source}: {_origin(cfg, t, 'resources.shared_base.shape')}: shape {sb.shape!r} is not "
-                            f"resolved before launch yet; set resources.shared_base.learners and .engines and leave "
-                            f"shape unset {where}")
         if sb.learners > sb.slots:
             raise UserError(f"{source}: {_origin(cfg, t, 'resources.shared_base.learners')}: {sb.learners} learners "
-                            f"for {sb.slots} slots would leave a learner without a slot; at most slots "
-                            f"({sb.slots}) {where}")
+                            f"for {sb.slots} slots would leave a learner without a slot; at most {sb.slots} "
+                            f"(the slots) {where}")
         if sb.engines is not None and sb.engines < c.rollout.num_workers:
             raise UserError(f"{source}: {_origin(cfg, t, 'resources.shared_base.engines')}: {sb.engines} engines "
                             f"for trials of rollout.num_workers {c.rollout.num_workers}, each sampling on that many "
