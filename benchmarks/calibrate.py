@@ -18,7 +18,7 @@ against what the calibration predicts for them (their sequences' generated token
 sequences, their prompt + response tokens at the learner rate, the sync), as a ratio measured / predicted.
 
     python benchmarks/calibrate.py [--out calibration.yaml] [--quick] [--model tiny] [--prompts 16] [--n 8]
-                                   [--max-tokens 32] [--max-seqs 128] [--reps 3] [--steps 4]
+                                   [--max-tokens 32] [--max-model-len N] [--max-seqs 128] [--reps 3] [--steps 4]
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--prompts", type=int, default=16, help="prompts of a trial step and of the learner's batch")
     ap.add_argument("--n", type=int, default=8, help="samples per prompt")
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--max-model-len", type=int, default=None, help="model.max_model_len of the measured trial "
+                    "(default: the trial's own default)")
     ap.add_argument("--max-seqs", type=int, default=128, help="decode measured at 1, 2, 4, ... up to this many")
     ap.add_argument("--reps", type=int, default=3, help="timed calls per decode point and learner batch")
     ap.add_argument("--steps", type=int, default=4, help="timed trial steps (after one warm-up step)")
@@ -76,8 +78,9 @@ def main() -> None:
     from workers.tasks import make_task
 
     cfg = TrialConfig(
-        name="calibrate", steps=100_000, model={"name": args.model, "max_model_len": 128 if args.model == "tiny"
-                                                else 4096},
+        # max_model_len: the trial's own default unless given (a local tiny model's position limit is 512)
+        name="calibrate", steps=100_000,
+        model={"name": args.model, **({"max_model_len": args.max_model_len} if args.max_model_len else {})},
         task={"name": "arithmetic", "max_operand": 4}, eval={"every": 0},
         rollout={"num_workers": 1, "prompts_per_step": args.prompts, "n": args.n, "max_tokens": args.max_tokens,
                  "skip_uninformative": False},

@@ -396,6 +396,8 @@ def shape_lines(plan, report: ShapeReport | None, kind: str, chosen: Shape | Non
         idx = sorted({round(i * (len(shown) - 1) / 7) for i in range(8)})
         shown = [shown[i] for i in idx]
     extra = [p for p in report.plans if written is not None and p.shape == written]
+    if written is not None and not extra and misfit(report.pools, written, plan.cluster) is None:
+        extra = [shape_plan(report.pools, written)]  # fits, but outside the shapes tried (e.g. more slots)
     if report.pick is not None and report.pick not in shown:
         shown.append(report.pick)
     for p in extra + [p for p in sorted(shown, key=lambda p: p.gpu_hours) if p not in extra]:
@@ -407,9 +409,9 @@ def shape_lines(plan, report: ShapeReport | None, kind: str, chosen: Shape | Non
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     table = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     out = ["", head, table[0], "  ".join("-" * w for w in widths), *table[1:]]
-    if written is not None and not any(p.shape == written for p in report.plans):
+    if written is not None and not extra:
         why = misfit(report.pools, written, plan.cluster)
-        out.append(f"  as written ({written.describe()}): does not fit: {why[1] if why else 'not planned'}")
+        out.append(f"  as written ({written.describe()}): does not fit: {why[1]}")
     out.append("  " + why_line(plan, report, auto))
     kv = "known" if all(p.kv_sequences is not None for p in report.pools) else "not counted (no model config here)"
     cal = plan.calibration

@@ -190,6 +190,22 @@ def test_plan_of_an_auto_campaign_marks_the_pick_chosen(tmp_path, capsys):
     assert "(auto) (chosen)" in out and "shape: auto runs" in out
 
 
+def test_a_written_shape_that_fits_is_planned_even_outside_the_shapes_tried(tmp_path, capsys):
+    """The demo's 10 trials on 4 slots and 2 learners, 2 CPUs: not among the shapes `plan` tries there, but it fits
+    (an engine, 2 learners and 4 drivers: 2.0 CPUs) and `make demo` runs it; it gets its own row, where it once got
+    'does not fit: not planned'."""
+    data = yaml.safe_load((ROOT / "campaigns" / "demo.yaml").read_text())
+    data["resources"]["shared_base"] = {"slots": 4, "learners": 2}
+    data["storage"] = str(tmp_path / "store")
+    path = tmp_path / "demo.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert cli.main(["plan", str(path), "--gpus", "0", "--cpus", "2"]) == 0
+    out = capsys.readouterr().out
+    rows = [x for x in out.splitlines() if "(as written)" in x]
+    assert len(rows) == 1 and rows[0].startswith("pool: 1 engine + 2 learners, 4 slots (as written)"), out
+    assert "does not fit" not in out
+
+
 @pytest.mark.parametrize(("shared", "args", "key", "says"), [
     ({"slots": 4, "learners": 6}, ["--gpus", "16"], "resources.shared_base.learners", "at most 4"),
     ({"slots": 4, "learners": 6}, [], "resources.shared_base.learners", "at most 4"),  # whatever the cluster
