@@ -9,7 +9,7 @@ from typing import Any
 
 from orchestrator.campaign.schema import CampaignConfig, ExpandedTrial
 from orchestrator.config.errors import UserError
-from orchestrator.config.pool_key import PER_POOL, POOL_KEYS
+from orchestrator.config.pool_key import PER_POOL, POOL_KEYS, batch_invariant_refusal
 from orchestrator.config.pool_key import get_path as _get
 
 
@@ -69,6 +69,8 @@ def check_shared_base(cfg: CampaignConfig, trials: list[ExpandedTrial], source: 
             raise UserError(f"{source}: {_origin(cfg, t, 'resources.shared_base.engines')}: {sb.engines} engines "
                             f"for trials of rollout.num_workers {c.rollout.num_workers}, each sampling on that many "
                             f"of the pool's engines; at least {c.rollout.num_workers} (or unset: as many) {where}")
+        if refused := batch_invariant_refusal(c):
+            raise UserError(f"{source}: {_origin(cfg, t, refused[0])}: {refused[1]} {where}")
         if c.resources.placement != "separate":
             raise UserError(f"{source}: {_origin(cfg, t, 'resources.placement')}: resources.shared_base needs "
                             f"placement 'separate' (the pool's engines serve other trials while one trains) {where}")

@@ -46,6 +46,10 @@ def trial(args: argparse.Namespace) -> int:
         from orchestrator.trial.artifacts.replay import check_replay
 
         cfg = cfg.model_copy(update={"replay": check_replay(cfg, cfg.replay, args.config or "<default trial>")})
+    from orchestrator.config.pool_key import batch_invariant_refusal
+
+    if refused := batch_invariant_refusal(cfg):  # resources.shared_base: a pool of the trial's own
+        raise UserError(f"{args.config or '<default trial>'}: {refused[0]}: {refused[1]}")
     from orchestrator.preflight.checks import check_episodes
     from orchestrator.preflight.model_limits import check_model_limits
     from orchestrator.tune.launch import run_single_trial

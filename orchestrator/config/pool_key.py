@@ -84,6 +84,40 @@ def pool_engines(cfg: TrialConfig) -> int:
     return engines(cfg) if shared is None or shared.engines is None else shared.engines
 
 
+# CUDA compute capability by Ray's accelerator_type label (the labels of preflight/learner_memory.py:GPU_MEMORY_GIB);
+# vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1) are written for 9.0 and later (Hopper, Blackwell)
+COMPUTE_CAPABILITY = {"H100": (9, 0), "H200": (9, 0), "B200": (10, 0), "A100": (8, 0), "A100-80G": (8, 0),
+                      "A100-40G": (8, 0), "L40S": (8, 9), "L4": (8, 9), "A10G": (8, 6), "V100": (7, 0),
+                      "T4": (7, 5)}
+BATCH_INVARIANT_CC = (9, 0)
+
+
+def engine_env(cfg: TrialConfig) -> dict[str, str]:
+    """The environment variables the trial's pool engines start with (their actors' runtime_env, set before the
+    process imports vLLM, which reads VLLM_BATCH_INVARIANT at import): `shared_base.batch_invariant`."""
+    shared = cfg.resources.shared_base
+    return {"VLLM_BATCH_INVARIANT": "1"} if shared is not None and shared.batch_invariant else {}
+
+
+def batch_invariant_refusal(cfg: TrialConfig) -> tuple[str, str] | None:
+    """(key path, why) when the trial asks `shared_base.batch_invariant` where it cannot hold; None otherwise (also
+    for a GPU model not in COMPUTE_CAPABILITY: nothing known to refuse)."""
+    r = cfg.resources
+    if r.shared_base is None or not r.shared_base.batch_invariant:
+        return None
+    if r.worker_gpus == 0:
+        return ("resources.worker_gpus", "resources.shared_base.batch_invariant needs a CUDA GPU of compute "
+                "capability 9.0+ (H100/H200 class) per engine, and worker_gpus is 0; on CPU it is not needed: the "
+                "suite shows shared engines on CPU give each slot the same samples as a separate engine, bit for "
+                "bit: unset batch_invariant")
+    cc = COMPUTE_CAPABILITY.get(r.accelerator_type or "")
+    if cc is not None and cc < BATCH_INVARIANT_CC:
+        return ("resources.accelerator_type", f"resources.shared_base.batch_invariant needs a CUDA GPU of compute "
+                f"capability 9.0+ (H100, H200, B200), and {r.accelerator_type} is {cc[0]}.{cc[1]}: pick such a GPU "
+                f"or unset batch_invariant (the report's step-0 check then accepts a stated tolerance)")
+    return None
+
+
 def slot_learner(slot: int, learners: int) -> int:
     """The learner (its index, `learner_name(pool, j)`) slot `slot` trains on: slot mod learners."""
     if learners < 1 or slot < 0:

@@ -92,6 +92,13 @@ class SharedBaseConfig(StrictConfig):
         "orchestrator/preflight/pool_shape.py), a resumed campaign the shape it started with; None: as written"))
     supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig, description=(
         "deadlines under which the campaign driver probes the pool's engines and learner"))
+    batch_invariant: bool = Field(False, description=(
+        "vLLM's batch-invariant kernels on the pool's engines (VLLM_BATCH_INVARIANT=1 in each engine's "
+        "environment), so a slot's samples do not depend on which other slots' requests share its batch; CUDA "
+        "GPUs of the H100/H200 class (compute capability 9.0+) only: refused before launch with worker_gpus 0 "
+        "(on CPU the engines already give each slot what a separate engine would, bit for bit) and with an "
+        "accelerator_type known to be older. Off on GPU: the report's step-0 check accepts a stated tolerance "
+        "(orchestrator/report/sections/trajectories.py)"))
 
 
 class ResourcesConfig(StrictConfig):

@@ -36,6 +36,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from orchestrator.actors.setup import rollout_settings
 from orchestrator.config.pool_key import (
     POOL,
+    engine_env,
     engine_name,
     learner_name,
     pool_bundles,
@@ -123,8 +124,12 @@ def _build(pool: Pool, cfg: TrialConfig) -> None:
     # the pool's temp files in one folder: a restarted actor removes its dead predecessor's, `stop` the rest
     pool.scratch = scratch_root(cfg.resources.scratch_dir, POOL, f"{pool.id}:{cfg.output_dir or cfg.name}")
     engine_actor = pool_engine_actor()
+    # shared_base.batch_invariant: in the engine process's environment before it imports vLLM (Ray merges these
+    # env_vars with the job's: VLLM_CPU_KVCACHE_SPACE and the others still reach it)
+    env = engine_env(cfg)
     pool.engines = [engine_actor.options(name=engine_name(pool.id, i), max_concurrency=slots + 2,
                                          num_cpus=r.worker_cpus, num_gpus=r.worker_gpus, max_restarts=RESTARTS,
+                                         **({"runtime_env": {"env_vars": env}} if env else {}),
                                          **bundle(i)).remote(model_cfg, slots, settings, pool.scratch)
                     for i in range(k)]
     learner_actor = pool_learner_actor(slots)

@@ -8,7 +8,9 @@ before the update, are identical across conditions; they differ from step 1 on o
 assignment did to the policy. Paired differences by seed therefore isolate the condition's effect.
 
 `distance_table` gives, per group, metric and step, the paired difference to the baseline (mean over the seeds
-both have, with min and max) and the mean absolute difference; `crn_check` tests the step-0 identity.
+both have, with min and max) and the mean absolute difference; `crn_check` tests the step-0 identity: bit for bit,
+except for runs sampled on a shared pool's GPU engines without batch-invariant kernels (`batch_variant`), whose
+step-0 values may differ by batch composition within STEP0_TOLERANCE.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -54,25 +57,60 @@ def distance_table(groups: Sequence[Group], base: Group | None, metrics: Sequenc
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def crn_check(groups: Sequence[Group], metric: str = "train/correct_rate") -> tuple[int, int, list[str]]:
-    """Step-0 identity across conditions sharing a seed: (seeds checked, seeds identical, mismatches)."""
+# The step-0 difference across conditions accepted for runs whose shared engines are not batch-invariant (GPU
+# engines, `resources.shared_base.batch_invariant` off): absolute, on the step-0 correct rate. Such kernels move a
+# log-prob by rounding (~1e-3 relative in bf16), which changes a sampled token only where the seeded draw lies that
+# close to a boundary of the token's CDF; the sample then continues differently and may be scored otherwise, so a
+# difference comes in whole samples (1 / (prompts_per_step x n) each), not as a small relative change: a relative
+# 1e-3 would accept none. 0.05 accepts 3 samples of a 64-sample step flipping. A stated value, not measured (no GPU
+# was lent to this project): the report names it wherever it was used.
+STEP0_TOLERANCE = 0.05
+
+
+class CrnCheck(NamedTuple):
+    checked: int  # seeds with at least two conditions at step 0
+    same: int  # of them, identical bit for bit
+    within: int  # of them, not identical but within STEP0_TOLERANCE (engines not batch-invariant)
+    bad: list[str]  # the others: "seed s: label=value, ..."
+
+
+def batch_variant(config: dict[str, Any]) -> bool:
+    """Whether a run (its trial config) sampled on a shared pool's GPU engines without vLLM's batch-invariant
+    kernels, so its samples may depend on which other slots' requests shared its batch. CPU engines (worker_gpus
+    0) and batch_invariant engines give each slot what a separate engine would: identity is required of them."""
+    r = config.get("resources") if isinstance(config, dict) else None
+    shared = r.get("shared_base") if isinstance(r, dict) else None
+    return (isinstance(shared, dict) and not shared.get("batch_invariant", False)
+            and float(r.get("worker_gpus") or 0.0) > 0.0)
+
+
+def crn_check(groups: Sequence[Group], metric: str = "train/correct_rate") -> CrnCheck:
+    """Step-0 identity across conditions sharing a seed: bit for bit, or within STEP0_TOLERANCE when any of the
+    seed's runs is `batch_variant`."""
     by_seed: dict[int, list[tuple[str, float]]] = {}
+    loose: set[int] = set()
     for g in groups:
         for r in g.runs:
             v = r.value_at(metric, 0) if r.started else math.nan
             if math.isfinite(v):
                 by_seed.setdefault(r.seed, []).append((g.label, v))
-    checked = same = 0
+                if batch_variant(r.config):
+                    loose.add(r.seed)
+    checked = same = within = 0
     bad = []
     for seed, vals in sorted(by_seed.items()):
         if len(vals) < 2:
             continue
         checked += 1
-        if max(v for _, v in vals) - min(v for _, v in vals) <= 1e-12:
+        spread = max(v for _, v in vals) - min(v for _, v in vals)
+        if spread == 0.0:
             same += 1
+        elif seed in loose and spread <= STEP0_TOLERANCE:
+            within += 1
         else:
-            bad.append(f"seed {seed}: " + ", ".join(f"{label}={v:.4g}" for label, v in vals))
-    return checked, same, bad
+            beyond = f" (beyond the stated tolerance {STEP0_TOLERANCE:g})" if seed in loose else ""
+            bad.append(f"seed {seed}: " + ", ".join(f"{label}={v:.4g}" for label, v in vals) + beyond)
+    return CrnCheck(checked, same, within, bad)
 
 
 def markdown(table: pd.DataFrame, groups: Sequence[Group], base: Group | None, metrics: Sequence[str]) -> list[str]:
@@ -81,10 +119,13 @@ def markdown(table: pd.DataFrame, groups: Sequence[Group], base: Group | None, m
           "a paired design, which is why the deltas above pair runs by seed. At step 0 every condition samples from "
           "the same initial policy, so step-0 rollouts are identical across conditions; afterwards they differ only "
           "through what each condition's credit assignment did to the policy."]
-    checked, same, bad = crn_check(groups)
+    checked, same, within, bad = crn_check(groups)
     if checked:
         md += ["", f"Check: step-0 `train/correct_rate` is identical across conditions for {same} of {checked} "
-                   "seeds" + ("." if not bad else "; differing: " + "; ".join(bad) + ".")]
+                   "seeds (bit for bit)"
+               + (f"; within the stated tolerance {STEP0_TOLERANCE:g} (engines not batch-invariant) for {within}"
+                  if within else "")
+               + ("." if not bad else "; differing: " + "; ".join(bad) + ".")]
     if base is None or not len(table):
         return md + ["", "No paired trajectories (a single group or no shared seeds)."]
     md += ["", f"Paired difference to `{base.label}` (same seed), mean over seeds, at selected steps "

@@ -105,9 +105,50 @@ def test_crn_mismatch_is_reported_and_missing_decomposition_is_said(tmp_path):
     rows[0]["train/correct_rate"] += 0.1
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     rep = build_report(camp, ReportOptions(figures=False))
-    assert "for 1 of 2 seeds; differing: seed 1" in rep.markdown
+    assert "for 1 of 2 seeds (bit for bit); differing: seed 1" in rep.markdown
     # C4 still has seed 0 with decomposition metrics
     assert "C4" in set(rep.tables["decomposition"].group)
+
+
+def _engines(camp: Path, resources: dict, shift: float) -> str:
+    """The campaign's trials given `resources`, C4_s1's step-0 correct rate moved by `shift`: the report's line."""
+    meta = json.loads((camp / "campaign.json").read_text())
+    for t in meta["trials"]:
+        t["config"]["resources"] = resources
+    (camp / "campaign.json").write_text(json.dumps(meta))
+    path = camp / "trials" / "C4_s1" / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    rows[0]["train/correct_rate"] += shift
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    md = build_report(camp, ReportOptions(figures=False)).markdown
+    return next(line for line in md.splitlines() if line.startswith("Check: step-0"))
+
+
+GPU_SHARED = {"worker_gpus": 1, "learner_gpus": 1, "shared_base": {"slots": 2}}
+
+
+def test_crn_accepts_the_stated_tolerance_on_shared_gpu_engines_that_are_not_batch_invariant(tmp_path):
+    from orchestrator.report.sections.trajectories import STEP0_TOLERANCE
+
+    line = _engines(write_campaign(tmp_path / "c", seeds=(0, 1)), GPU_SHARED, 0.02)
+    assert line == ("Check: step-0 `train/correct_rate` is identical across conditions for 1 of 2 seeds (bit for "
+                    f"bit); within the stated tolerance {STEP0_TOLERANCE:g} (engines not batch-invariant) for 1.")
+
+
+@pytest.mark.parametrize("resources", [
+    {**GPU_SHARED, "shared_base": {"slots": 2, "batch_invariant": True}},  # batch-invariant kernels
+    {"shared_base": {"slots": 2}},  # CPU engines (worker_gpus 0)
+    {"worker_gpus": 1, "learner_gpus": 1},  # separate engines
+], ids=["batch_invariant", "cpu", "separate"])
+def test_crn_requires_identity_where_the_engines_are_batch_invariant_or_cpu(tmp_path, resources):
+    line = _engines(write_campaign(tmp_path / "c", seeds=(0, 1)), resources, 1e-9)
+    assert "for 1 of 2 seeds (bit for bit); differing: seed 1: " in line and "tolerance" not in line, line
+
+
+def test_crn_beyond_the_tolerance_is_a_mismatch_that_names_it(tmp_path):
+    line = _engines(write_campaign(tmp_path / "c", seeds=(0, 1)), GPU_SHARED, 0.06)
+    assert "for 1 of 2 seeds (bit for bit); differing: seed 1: " in line, line
+    assert line.endswith("(beyond the stated tolerance 0.05).") and "within" not in line, line
 
 
 def _near_deterministic(g: torch.Generator, n: int) -> torch.Tensor:
