@@ -21,44 +21,18 @@ from orchestrator.trial.collect.mixed import MixedSource
 from orchestrator.trial.collect.rollouts import Rollouts
 from orchestrator.trial.step.completion import CompletionQueue, load_inflight, ready_steps
 from orchestrator.trial.step.sequence import TrainingStep
+from tests.unit.trial.test_staleness import FakeEngines, FakeLearner
 from workers.credit import SepaController
 from workers.credit.config import SepaConfig
-from workers.learner.inputs import StepResult
 
 N = 4  # samples per group
-
-
-class _Engines:
-    count, initial_versions = 1, (None, 0)
-
-    def __init__(self):
-        self.version = 0
-
-    def load_policy(self, version: int) -> int:
-        self.version = version
-        return version
-
-
-class _Learner:
-    def __init__(self):
-        self.batches = []
-
-    def submit_train_step(self, batch):
-        self.batches.append(batch)
-        return batch
-
-    def result(self, future) -> StepResult:
-        return StepResult(metrics={"loss/policy": 0.0}, exec_values=None)
-
-    def export_policy(self, version: int) -> int:
-        return version
 
 
 class _Member:
     """`groups` groups a step of completions `lengths` tokens long (uniform, inclusive), each sample correct with
     probability `p`; a pure function of (seed, salt, step), so every arm is offered the same groups."""
 
-    def __init__(self, engines: _Engines, groups: int, lengths: tuple[int, int], p: float, salt: int, seed: int,
+    def __init__(self, engines: FakeEngines, groups: int, lengths: tuple[int, int], p: float, salt: int, seed: int,
                  calls: list):
         self.engines, self.groups, self.lengths, self.p, self.salt, self.seed = engines, groups, lengths, p, salt, seed
         self.calls = calls
@@ -86,7 +60,7 @@ MIX = {"mix": [{"task": {"name": "arithmetic"}, "groups": 4, "label": "short"},
 def _run(rollout: dict, steps: int = 40, seed: int = 0, stop_at: int | None = None, inflight=None, start: int = 0,
          version: int = 0):
     cfg = TrialConfig(steps=steps, seed=seed, model={"name": "tiny"}, task=MIX, rollout={"n": N, **rollout})
-    engines, learner, calls = _Engines(), _Learner(), []
+    engines, learner, calls = FakeEngines(), FakeLearner(), []
     engines.version = version
     source = MixedSource([("short", _Member(engines, 4, (1, 8), 0.7, 1, seed, calls)),
                           ("long", _Member(engines, 4, (8, 24), 0.3, 2, seed, calls))])

@@ -18,7 +18,9 @@ from workers.credit.config import SepaConfig
 from workers.learner.inputs import StepResult
 
 
-class _Engines:
+class FakeEngines:
+    """The engines a TrainingStep drives: one worker, the version it holds (shared with test_completion.py)."""
+
     count, initial_versions = 1, (None, 0)
 
     def __init__(self):
@@ -29,7 +31,9 @@ class _Engines:
         return version
 
 
-class _Learner:
+class FakeLearner:
+    """A learner that keeps the batches it was given and trains nothing."""
+
     def __init__(self):
         self.batches = []
 
@@ -47,7 +51,7 @@ class _Learner:
 class _Source:
     """Two informative groups per step, sampled with the engines' version; records (step, version) per collect."""
 
-    def __init__(self, engines: _Engines, groups: int = 2, uniform: frozenset[int] = frozenset()):
+    def __init__(self, engines: FakeEngines, groups: int = 2, uniform: frozenset[int] = frozenset()):
         self.engines, self.groups, self.calls, self.uniform = engines, groups, [], uniform
 
     def collect(self, step: int) -> Rollouts:
@@ -63,7 +67,7 @@ class _Source:
 
 def _run(rollout: dict, steps: int = 7, stop_at: int | None = None, pending=None, uniform=frozenset()):
     cfg = TrialConfig(steps=steps, model={"name": "tiny"}, task={"name": "arithmetic"}, rollout=rollout)
-    engines, learner = _Engines(), _Learner()
+    engines, learner = FakeEngines(), FakeLearner()
     source = _Source(engines, uniform=uniform)
     ctx = TrialContext(cfg, [], learner, None, None, None, engines=engines)
     pipe = TrainingStep.for_trial(ctx, source, pending)
@@ -207,7 +211,7 @@ def test_an_in_process_rewind_restores_the_queue_as_a_retry_would(tmp_path, monk
     assert resume.rewound and resume.start == 3
     assert [v for _, v in resume.pending] == [v for _, v in load_queue(ck)] and len(resume.pending) >= 2
 
-    engines, learner = _Engines(), _Learner()
+    engines, learner = FakeEngines(), FakeLearner()
     engines.version = resume.version  # the checkpoint's policy back on the engines (`_restore_actors`)
     source = _Source(engines)
     ctx = TrialContext(cfg, [], learner, None, None, None, engines=engines)
