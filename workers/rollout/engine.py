@@ -46,7 +46,7 @@ def quiet_sampler_compile() -> None:
 
 
 def engine_settings(engine: dict | None, *, cuda: bool, in_process: bool = False) -> dict[str, Any]:
-    """`rollout.engine` (orchestrator/config/trial.py:EngineConfig, as a dict) -> `vllm.LLM` keyword arguments.
+    """`rollout.engine` (orchestrator/config/rollout.py:EngineConfig, as a dict) -> `vllm.LLM` keyword arguments.
 
     enforce_eager None = off on a GPU (CUDA graphs run) and on for the CPU build; other None values are left to
     vLLM. On CPU chunked prefill is always off (see the comment below). `in_process` (`engine_in_process`): the

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from orchestrator.config.trial import RolloutConfig, TrialConfig
+from orchestrator.config.rollout import RolloutConfig
+from orchestrator.config.trial import TrialConfig
 from orchestrator.trial.collect.rollouts import HeldOut, Rollouts
 from orchestrator.trial.collect.sources import RolloutSource
 from workers.objectives.filters import FiniteCheck, RVFilterResult, nonfinite_groups, rv_filter

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from orchestrator.config.trial import RolloutConfig
+from orchestrator.config.rollout import RolloutConfig
 from orchestrator.trial.collect.rollouts import Rollouts
 from workers.objectives.settings import OffPolicySettings
 

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.config.trial import RolloutConfig
+from orchestrator.config.rollout import RolloutConfig
 from orchestrator.trial.collect.fill import apply_overlong
 from orchestrator.trial.collect.rollouts import Rollouts
 from workers.objectives.overlong import soft_overlong_penalty

@@ -107,7 +107,7 @@ def test_task_plugin_builds_and_round_trips(examples_on_path):
 
 
 def test_env_plugin_plays_through_the_ragen_protocol(examples_on_path):
-    from orchestrator.config.trial import RolloutConfig
+    from orchestrator.config.rollout import RolloutConfig
 
     cfg = validate_task({"name": "guess_number:GuessNumber", "high": 4})
     assert cfg.agentic
