@@ -62,11 +62,11 @@ def plan(args: argparse.Namespace) -> int:
 
 
 def _shapes(campaign, separate, plan, args: argparse.Namespace) -> list[str]:
-    """`plan`'s pool shapes for a LoRA campaign (orchestrator/preflight/pool_shape.py); a written shape the cluster
+    """`plan`'s pool shapes for a LoRA campaign (orchestrator/preflight/shape_choice.py on pool_shape.py); a written shape the cluster
     given (--gpus/--cpus, RAY_ADDRESS) cannot hold is refused (exit 2)."""
     from orchestrator.config.errors import UserError
     from orchestrator.preflight.cost_model import device_kind
-    from orchestrator.preflight.pool_shape import check_shape, shape_lines, shape_report, written_shape
+    from orchestrator.preflight.shape_choice import check_shape, shape_lines, shape_report, written_shape
     from orchestrator.preflight.shared_plan import with_shared_base
 
     try:

@@ -50,8 +50,7 @@ def trial(args: argparse.Namespace) -> int:
 
     if refused := batch_invariant_refusal(cfg):  # resources.shared_base: a pool of the trial's own
         raise UserError(f"{args.config or '<default trial>'}: {refused[0]}: {refused[1]}")
-    from orchestrator.preflight.checks import check_episodes
-    from orchestrator.preflight.model_limits import check_model_limits
+    from orchestrator.preflight.checks import check_episodes, check_model_limits
     from orchestrator.tune.launch import run_single_trial
 
     check_model_limits(cfg.model, args.config or "<default trial>")

@@ -89,7 +89,7 @@ class SharedBaseConfig(StrictConfig):
     shape: Literal["auto"] | None = Field(None, description=(
         "auto: `run` takes the shape `plan` picks for the cluster at hand (learners, engines and at most `slots` "
         "slots: the shortest makespan among the shapes within 10% of the lowest GPU-hours; "
-        "orchestrator/preflight/pool_shape.py), a resumed campaign the shape it started with; None: as written"))
+        "orchestrator/preflight/shape_choice.py), a resumed campaign the shape it started with; None: as written"))
     supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig, description=(
         "deadlines under which the campaign driver probes the pool's engines and learner"))
     batch_invariant: bool = Field(False, description=(

@@ -153,7 +153,7 @@ def start_pools(cfgs: list[TrialConfig]) -> list[Pool]:
     unresolved = [c.name for c in groups.values() if c.resources.shared_base.shape is not None]
     if unresolved:  # `run` resolves it before launch (orchestrator/tune/launch.py:shaped); a caller that did not
         raise ValueError("shared_base.shape auto reached the pools unresolved "
-                         f"(trials {', '.join(unresolved)}): resolve it first (orchestrator/preflight/pool_shape.py)")
+                         f"(trials {', '.join(unresolved)}): resolve it first (orchestrator/preflight/shape_choice.py)")
     pools: list[Pool] = []
     at = time.monotonic()
     try:

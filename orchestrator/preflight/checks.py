@@ -1,6 +1,7 @@
 """The checks a campaign (or a single trial) passes before anything launches: the cluster can hold its trials,
-its storage survives a job's upload, every model setting fits its model, every learner its GPUs, every agentic
-trial's first turn its context. Each failure is one UserError line (exit 2), nothing started."""
+its storage survives a job's upload, every model setting fits its model (`check_model_limits`: a
+`model.max_model_len` beyond the model's position limit would otherwise fail inside the rollout actor with vLLM's
+validation error), every learner its GPUs, every agentic trial's first turn its context. Each failure is one UserError line (exit 2), nothing started."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ from orchestrator import storage as store
 from orchestrator.actors.models import local_tokenizer
 from orchestrator.campaign.schema import Campaign
 from orchestrator.config.errors import UserError
-from orchestrator.config.trial import TrialConfig
+from orchestrator.config.trial import ModelConfig, TrialConfig
 from orchestrator.preflight.cluster import check_campaign
-from orchestrator.preflight.model_limits import check_model_limits
 
 
 def refuse_storage_inside(campaign: Campaign, working_dir: Path) -> None:
@@ -53,7 +53,7 @@ def check_cluster(campaign: Campaign) -> None:
 
 
 def check_campaign_models(campaign: Campaign) -> None:
-    """Each distinct model setting of the campaign against the model's own config (orchestrator/model_limits),
+    """Each distinct model setting of the campaign against the model's own config (`check_model_limits`),
     and each learner setup against its GPUs' memory (orchestrator/learner_memory; its estimates are printed)."""
     from orchestrator.preflight.memory_check import check_campaign_learners
 
@@ -65,3 +65,35 @@ def check_campaign_models(campaign: Campaign) -> None:
             check_model_limits(t.trial.model, campaign.source, where=f"trial {t.name}: model")
     for line in check_campaign_learners(campaign):
         print(line, flush=True)
+
+
+# where configs keep the position limit (the first one present counts, as in vLLM's derivation)
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
+
+
+def position_limit(model_path: str) -> tuple[str, int] | None:
+    """(config key, value) of the model's position limit, or None when its config cannot be read here (a hub
+    model not in the local cache on a machine without network: the engine checks it where it starts)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_path)
+    except (OSError, ValueError):
+        return None
+    config = getattr(config, "text_config", None) or config
+    for key in POSITION_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return key, value
+    return None
+
+
+def check_model_limits(model: ModelConfig, source: str, where: str = "model") -> None:
+    """Refuse (UserError, one line naming `source`, the key, the value and the limit) a max_model_len the model
+    cannot hold. Local model names are built (cached) to read their config."""
+    from orchestrator.actors.models import resolve_model_quietly
+
+    found = position_limit(resolve_model_quietly(model))
+    if found is not None and model.max_model_len > found[1]:
+        raise UserError(f"{source}: {where}.max_model_len: {model.max_model_len} exceeds the model's position limit "
+                        f"{found[1]} ({found[0]} in {model.name}'s config); allowed: at most {found[1]}")

@@ -133,7 +133,7 @@ def campaign_check(path: str | None) -> Check:
     from orchestrator.campaign.expand import load_campaign
     from orchestrator.config.errors import UserError
     from orchestrator.config.trial import TrialConfig
-    from orchestrator.preflight.model_limits import check_model_limits
+    from orchestrator.preflight.checks import check_model_limits
 
     try:
         campaign = load_campaign(path)

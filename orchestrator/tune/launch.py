@@ -200,12 +200,12 @@ def campaign_cpus(campaign: Campaign) -> float:
 def shaped(campaign: Campaign) -> Campaign:
     """The campaign with `shape: auto` resolved for the connected cluster (what it can grow to), a resumed one with
     the shape it started with (campaign.json), and its written shape checked against the cluster
-    (orchestrator/preflight/pool_shape.py; one line, exit 2, when it cannot hold it)."""
+    (orchestrator/preflight/shape_choice.py; one line, exit 2, when it cannot hold it)."""
     from orchestrator.campaign.shared import check_shared_base
     from orchestrator.preflight.cluster import capacity
     from orchestrator.preflight.cost_model import device_kind
     from orchestrator.preflight.plan import Cluster
-    from orchestrator.preflight.pool_shape import check_shape, resolve_shape
+    from orchestrator.preflight.shape_choice import check_shape, resolve_shape
 
     first = campaign.trials[0].trial.resources.shared_base
     if first is None:
@@ -240,7 +240,7 @@ def run_campaign(campaign: Campaign) -> int:
     check_cluster(campaign)
     check_campaign_models(campaign)
     check_episodes(campaign.source, [(t.name, t.trial) for t in campaign.trials])
-    from orchestrator.preflight.pool_shape import run_paragraph
+    from orchestrator.preflight.shape_choice import run_paragraph
 
     print(run_paragraph(campaign), flush=True)
     with driver_lock(campaign):

@@ -8,7 +8,7 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.config.errors import UserError
 from orchestrator.config.trial import ModelConfig
-from orchestrator.preflight.model_limits import check_model_limits, position_limit
+from orchestrator.preflight.checks import check_model_limits, position_limit
 from workers.tiny.families import SIZE, build_family_model
 
 

@@ -25,17 +25,14 @@ from orchestrator.preflight.pool_shape import (
     Shape,
     ShapePlan,
     Step,
-    check_shape,
     choose,
     cycle,
     frontier,
     misfit,
-    resolve_shape,
     shape_plan,
-    shape_report,
     slot_choices,
-    with_shape,
 )
+from orchestrator.preflight.shape_choice import check_shape, resolve_shape, shape_report, with_shape
 from tests.unit.preflight.test_shipped_campaigns_fit import QWEN3_4B_2507
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -291,7 +288,7 @@ def test_a_lone_trial_refuses_auto(tmp_path, monkeypatch):
 
 
 def test_run_paragraph_of_a_shaped_pool_is_the_pipelined_plan(tmp_path, monkeypatch):
-    from orchestrator.preflight.pool_shape import run_paragraph
+    from orchestrator.preflight.shape_choice import run_paragraph
     from orchestrator.preflight.shared_plan import run_paragraph as plain
 
     monkeypatch.setattr("ray.cluster_resources", lambda: {"GPU": 16.0, "CPU": 128.0})

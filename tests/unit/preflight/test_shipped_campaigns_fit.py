@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.campaign.expand import load_campaign
+from orchestrator.preflight.checks import position_limit
 from orchestrator.preflight.cluster import Capacity, check_trials
 from orchestrator.preflight.learner_memory import GIB, RESERVE, gpu_memory_gib, learner_memory, model_counts
 from orchestrator.preflight.memory_check import check_campaign_learners
-from orchestrator.preflight.model_limits import position_limit
 from tests.unit.preflight.test_learner_memory import QWEN25_3B
 
 CAMPAIGNS = Path(__file__).resolve().parents[3] / "campaigns"
