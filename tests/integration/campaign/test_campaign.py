@@ -17,6 +17,7 @@ import yaml
 from orchestrator.campaign.expand import load_campaign
 from orchestrator.tracking.offline import read_run
 from orchestrator.tune.launch import run_campaign
+from tests.integration.campaign.injection import whole_checkpoint_step
 from tests.integration.trial.test_trial import stable
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -63,11 +64,11 @@ def _most_at_once(spans: dict) -> int:
 
 def _kill_after_first_checkpoint(campaign, name: str, role: str, done: list, errors: list) -> None:
     """SIGKILL trial `name`'s `role` process ("learner": its learner rank, "driver": the trial's driver; its pid in
-    placement.json) as soon as its first checkpoint is sealed (the trial is then in its next step); `done` gets
+    placement.json) as soon as its first checkpoint is whole in Tune's directory (the trial is then in its next step); `done` gets
     (pid, the kill's time, the placement record the killed attempt wrote)."""
     try:
         deadline = time.time() + 600
-        while not list((Path(campaign.directory) / name).glob("checkpoint_*/manifest.json")):
+        while whole_checkpoint_step(Path(campaign.directory) / name) < 0:
             if time.time() > deadline:
                 raise TimeoutError("no checkpoint was sealed")
             time.sleep(0.05)
