@@ -49,9 +49,10 @@ def init_ray(num_cpus: int = 6, tries: int = 3) -> None:
 
 
 class Stack:
-    """`cpus` per actor: Ray sets OMP_NUM_THREADS to it, so give what a bare in-process engine / model gets."""
+    """`cpus` per actor: Ray sets OMP_NUM_THREADS to it, so give what a bare in-process engine / model gets; None:
+    the trial's own `resources.worker_cpus` and `learner_cpus`, as its trial would run them."""
 
-    def __init__(self, cfg, cpus: int = 2):
+    def __init__(self, cfg, cpus: float | None = 2):
         import ray
 
         from orchestrator import storage as store
@@ -72,11 +73,13 @@ class Stack:
 
         self.cfg = cfg
         model_cfg = cfg.model.model_dump()
+        worker_cpus, learner_cpus = (cfg.resources.worker_cpus, cfg.resources.learner_cpus) if cpus is None else (
+            cpus, cpus)
         self.workers = [
-            TrialRolloutActor.options(num_cpus=cpus).remote(model_cfg, rollout_settings(cfg))
+            TrialRolloutActor.options(num_cpus=worker_cpus).remote(model_cfg, rollout_settings(cfg))
             for _ in range(cfg.rollout.num_workers)
         ]
-        self.learner = LearnerGroup([LearnerRankActor.options(num_cpus=cpus).remote(
+        self.learner = LearnerGroup([LearnerRankActor.options(num_cpus=learner_cpus).remote(
             model_cfg, learner=cfg.learner, credit=cfg.credit,
             run=RunSettings(seed=cfg.seed, total_steps=cfg.steps, dtype=cfg.model.dtype),
             interventions=cfg.interventions)],

@@ -46,28 +46,30 @@ def model_params(name: str) -> float | None:
 
 @dataclass(frozen=True)
 class StepTokens:
-    """Tokens one step moves (upper bounds: every generation at max_tokens)."""
+    """Tokens one step moves (upper bounds: every generation at max_tokens, unless measured lengths were given)."""
 
     generations: int
-    generated: int  # tokens sampled by the rollout workers
-    scored: int  # tokens the learner runs forward only (old / reference log-probs)
-    trained: int  # tokens the policy's update runs forward + backward (x PPO epochs; the critic's in learner_flops)
+    generated: float  # tokens sampled by the rollout workers
+    scored: float  # tokens the learner runs forward only (old / reference log-probs)
+    trained: float  # tokens the policy's update runs forward + backward (x PPO epochs; the critic's in learner_flops)
     eval_generated: float  # eval tokens per step, averaged over the trial
 
 
-def step_tokens(cfg: TrialConfig, prompt_tokens: int = 256) -> StepTokens:
-    """Token counts of one step; `prompt_tokens` is an assumed prompt length (a pilot measures it)."""
+def step_tokens(cfg: TrialConfig, prompt_tokens: float = 256, completion_tokens: float | None = None) -> StepTokens:
+    """Token counts of one step; `prompt_tokens` is an assumed prompt length (a pilot or a calibration measures
+    it), `completion_tokens` a measured mean completion length (None: every completion at max_tokens)."""
     r = cfg.rollout
     gens = r.prompts_per_step * r.n
     turns = r.max_turns if cfg.task.agentic else 1
-    gen = gens * r.max_tokens * turns
-    seq = gens * (prompt_tokens * turns + r.max_tokens * turns)
+    completion = r.max_tokens if completion_tokens is None else min(completion_tokens, r.max_tokens)
+    gen = gens * completion * turns
+    seq = gens * (prompt_tokens * turns + completion * turns)
     epochs = cfg.learner.optim.ppo_epochs
     scored = seq if cfg.learner.old_logprobs != "rollout" else 0
     evals = 0.0
     if cfg.eval.every:
         looks = len(range(0, cfg.steps, cfg.eval.every)) + (1 if (cfg.steps - 1) % cfg.eval.every else 0)
-        evals = looks * cfg.eval.problems * cfg.eval.n * r.max_tokens * turns / cfg.steps
+        evals = looks * cfg.eval.problems * cfg.eval.n * completion * turns / cfg.steps
     return StepTokens(gens, gen, scored, seq * epochs, evals)
 
 
@@ -92,15 +94,17 @@ def device_kind(name: str | None) -> str:
 
 def step_seconds(cfg: TrialConfig, device: str = "H100", cal: Calibration | None = None) -> dict[str, float] | None:
     """Estimated seconds per step by part (generate, score, train; with a calibration `cal` also sync, a LoRA
-    step's adapter export + load), or None when the model size is unknown."""
+    step's adapter export + load, and other, the rest of a step's measured wall), or None when the model size is
+    unknown. With `cal`, a trial of the model and task it measured takes its measured lengths."""
     if cal is not None:
-        tok = step_tokens(cfg)
+        tok = step_tokens(cfg, **cal.lengths(cfg.model.name, cfg.task.name))
         engines, ranks = cfg.rollout.num_workers, cfg.resources.learner_ranks
         per_engine = cfg.rollout.prompts_per_step * cfg.rollout.n / engines  # sequences one engine decodes at once
         return {"generate": (tok.generated + tok.eval_generated) / (cal.decode_rate(per_engine) * engines),
                 "score": tok.scored / cal.learner_tokens_per_s / ranks,
                 "train": tok.trained / cal.learner_tokens_per_s / ranks,
-                "sync": cal.adapter_export_s + cal.adapter_load_s if cfg.learner.mode == "lora" else 0.0}
+                "sync": cal.adapter_export_s + cal.adapter_load_s if cfg.learner.mode == "lora" else 0.0,
+                "other": cal.step_overhead_s}
     p = model_params(cfg.model.name)
     if p is None:
         return None
@@ -120,15 +124,17 @@ def step_wall(cfg: TrialConfig, device: str = "H100", cal: Calibration | None = 
     (one_step_off, async with max_staleness > 0: orchestrator/trial/step/sequence.py) the next step's generation
     overlapped with this step's scoring and training, max(generate, score + train), plus the evaluation's
     generation, which runs before the step and overlaps nothing. At steady state one batch is sampled per step
-    whatever k >= 1, so the model is the same for every k >= 1. None when the model size is unknown."""
+    whatever k >= 1, so the model is the same for every k >= 1. A calibration's other work (grading, collating,
+    the calls) is the driver's, after both: added. None when the model size is unknown."""
     parts = step_seconds(cfg, device, cal)
     if parts is None:
         return None
     if cfg.rollout.staleness_bound == 0:
         return sum(parts.values())
-    tok = step_tokens(cfg)
+    tok = step_tokens(cfg, **(cal.lengths(cfg.model.name, cfg.task.name) if cal is not None else {}))
     evaluate = parts["generate"] * tok.eval_generated / max(tok.generated + tok.eval_generated, 1)
-    return evaluate + max(parts["generate"] - evaluate, parts["score"] + parts["train"] + parts.get("sync", 0.0))
+    learn = parts["score"] + parts["train"] + parts.get("sync", 0.0)
+    return evaluate + max(parts["generate"] - evaluate, learn) + parts.get("other", 0.0)
 
 
 # What a trial spends besides its steps, when no pilot measured it. Assumptions, not measurements: start-up is

@@ -288,6 +288,17 @@ def _size(c: Cluster) -> str:
     return f"{c.gpus:g} GPUs, " + (f"{c.cpus:g} CPUs" if math.isfinite(c.cpus) else "CPUs not counted")
 
 
+def _lengths_note(plan: Plan) -> str:
+    """Which trials the calibration's measured lengths apply to (its model and task), for the plan's source line."""
+    cal = plan.calibration
+    using = [t for t in plan.trials if cal.lengths(t.trial.trial.model.name, t.trial.trial.task.name)]
+    if not using:
+        return "; token counts: the upper bounds" if cal.prompt_tokens is None else (
+            f"; its lengths ({cal.model} on {cal.task}) fit no trial here: token counts are the upper bounds")
+    return (f"; {len(using)} of {len(plan.trials)} trial(s) at its measured lengths, {cal.prompt_tokens:.0f}-token "
+            f"prompts and {cal.completion_tokens:.0f}-token completions ({cal.model} on {cal.task})")
+
+
 def render(plan: Plan, shared: bool = False) -> str:
     """`plan`'s table; `shared`: the campaign runs on a shared base, whose own lines judge its GPU-hour budget
     (orchestrator/preflight/shared_plan.py:budget_line), not these separate trials'."""
@@ -318,7 +329,8 @@ def render(plan: Plan, shared: bool = False) -> str:
              + (f" (measured on {plan.calibration.device} with {plan.calibration.model}: decode throughput against "
                 f"sequences in flight, {plan.calibration.learner_tokens_per_s:,.0f} learner tokens/s, adapter export "
                 f"{plan.calibration.adapter_export_s:.2f} s + load {plan.calibration.adapter_load_s:.2f} s a step, "
-                f"start-up {plan.calibration.startup_s:.1f} s)" if plan.calibration is not None else ""),
+                f"start-up {plan.calibration.startup_s:.1f} s, {plan.calibration.step_overhead_s:.2f} s a step's "
+                f"other work{_lengths_note(plan)})" if plan.calibration is not None else ""),
              _outside_line(plan),
              f"placement: {placement_of(plan)}, {max(t.gpus for t in plan.trials):g} GPU(s) per trial",
              f"cluster: {_size(plan.cluster)} ({plan.cluster.source}): "

@@ -35,7 +35,9 @@ and the learner's rate as they are (assumptions, not measurements):
 
 With `plan --calibration FILE` (orchestrator/config/calibration.py) g and l come from the measured decode
 throughput and learner rate, generate_factor follows the measured throughput against sequences in flight, and
-each step adds its adapter's export to its learner's work and its load to every engine's (k loads a cycle).
+each step adds its adapter's export to its learner's work and its load to every engine's (k loads a cycle), and
+the calibration's other work of a step (grading, collating, the calls) to the trial's own part o; a trial of the
+model and task the calibration measured lengths for is planned at those lengths.
 
 The shapes tried: slots k from the values that change how many waves the trials run in (ceil(n / w), n the
 pool's trials), at most the written slots under `shape: auto` (--slots or, for a campaign without a shared base,
@@ -107,19 +109,20 @@ class Step:
     rate: Callable[[float], float] | None = None
     export_s: float = 0.0
     load_s: float = 0.0
+    other_s: float = 0.0  # a calibration's per-step other work (grading, collating, the calls): the trial's own
 
 
 def cycle(step: Step, engines: int, learners: int, k: int) -> Cycle:
     """One cycle of a pool of `engines` and `learners` with `k` trials active, each taking `step` (module
     docstring)."""
     gen_s, learn_s, batch, kv_sequences = step.gen_s, step.learn_s, step.batch, step.kv_sequences
-    rate, export_s, load_s = step.rate, step.export_s, step.load_s
+    rate, export_s, load_s, other_s = step.rate, step.export_s, step.load_s, step.other_s
     if engines < 1 or learners < 1 or k < 1:
         raise ValueError(f"a pool has at least 1 engine, 1 learner and 1 active slot (got {engines}, {learners}, {k})")
     g = gen_s * generate_factor(k / engines, batch, kv_sequences, rate) + k * load_s
     lrn = learn_s + export_s
     lw = -(-k // learners) * lrn
-    own = gen_s * generate_factor(1 / engines, batch, kv_sequences, rate) + load_s + lrn
+    own = gen_s * generate_factor(1 / engines, batch, kv_sequences, rate) + load_s + lrn + other_s
     c = max(g, lw, own)
     if c <= 0:
         return Cycle(0.0, g, lw, own, 0.0, 0.0)
@@ -151,6 +154,7 @@ class PoolWork:
     rate: Callable[[float], float] | None = None
     export_s: float = 0.0
     load_s: float = 0.0
+    other_s: float = 0.0  # a step's other work (the calibration's step_overhead_s)
 
     @property
     def trials(self) -> int:
@@ -212,8 +216,8 @@ def shape_plan(pools: list[PoolWork], shape: Shape) -> ShapePlan:
     for p in pools:
         k = min(shape.slots, p.trials)
         kv = p.kv_sequences(shape.slots) if p.kv_sequences is not None else math.inf
-        c = cycle(Step(p.gen_s, p.learn_s, p.batch, kv, p.rate, p.export_s, p.load_s), shape.engines, shape.learners,
-                  k)
+        step = Step(p.gen_s, p.learn_s, p.batch, kv, p.rate, p.export_s, p.load_s, p.other_s)
+        c = cycle(step, shape.engines, shape.learners, k)
         hours = p.start_s / 3600 + makespan([(n * c.seconds + o) / 3600 for n, o in zip(p.steps, p.own_s,
                                                                                          strict=True)], k)
         if worst is None or c.seconds > worst.seconds:
@@ -303,7 +307,8 @@ def pool_works(plan, kind: str, resolve=None) -> list[PoolWork] | None:
             tuple(c.steps for c in cfgs), own, overhead_seconds(first, kind if gpu else "cpu", cal)["startup"],
             r.worker_gpus, r.learner_gpus * r.learner_ranks, r.worker_cpus, r.learner_cpus, r.driver_cpus,
             *_memory(first, resolve), *((cal.decode_rate, cal.adapter_export_s, cal.adapter_load_s)
-                                        if cal is not None and first.learner.mode == "lora" else ())))
+                                        if cal is not None and first.learner.mode == "lora" else ()),
+            other_s=cal.step_overhead_s if cal is not None else 0.0))
     return out
 
 

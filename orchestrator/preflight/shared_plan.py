@@ -162,7 +162,8 @@ def plan_shared(plan, slots: int, kind: str, kv_tokens: dict[str, int] | None = 
 
 def _pool_plan(trials: list, slots: int, kind: str, kv_tokens: int | None, cal=None):
     """(step s, overlapped step s, makespan h, overlapped makespan h) of one pool, or None when a model's size is
-    unknown; `cal`: a calibration's rates (the adapter's export + load added to each trial's learn)."""
+    unknown; `cal`: a calibration's rates (the adapter's export + load and a step's other work added to each
+    trial's learn)."""
     cfgs = [t.trial.trial for t in trials]
     k = min(slots, len(cfgs))
     splits = [split_step(c, t.step_s if t.source == "pilot" else None, kind, cal) for c, t in zip(cfgs, trials,
@@ -170,7 +171,8 @@ def _pool_plan(trials: list, slots: int, kind: str, kv_tokens: int | None, cal=N
     if any(s is None for s in splits):
         return None
     gen = max(s[0] for s in splits)  # the cycle of the pool's largest trials (upper bound for mixed ones)
-    learn = max(s[1] for s in splits) + (cal.adapter_export_s + cal.adapter_load_s if cal is not None else 0.0)
+    learn = max(s[1] for s in splits) + (cal.adapter_export_s + cal.adapter_load_s + cal.step_overhead_s
+                                         if cal is not None else 0.0)
     first = cfgs[0]
     batch = first.rollout.prompts_per_step * first.rollout.n
     kv_seqs = max(kv_tokens / sequence_tokens(first), 1.0) if kv_tokens is not None else math.inf
