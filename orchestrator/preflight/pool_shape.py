@@ -20,6 +20,9 @@ and the learner's rate as they are (assumptions, not measurements):
   own generation. This is the ideal pipeline (a lower bound of the real one: trials whose phases collide wait);
   the lock-step cycle, engines idle while learners train, is G + Lw. A trial's step time is C: the trials on
   lighter learners are taken as slow as the busiest's (an upper bound for them);
+- a GPU-free pool (CPU engines and learners, the demo's) shares the cluster's cores: C is at least every
+  engine's and learner's thread-seconds of the cycle over the cores, (E G te + k l tl) / cores (t: an actor's
+  compute threads, its whole CPUs, at least 1; the drivers' grading and calls are left out: mostly waiting);
 - busy shares per cycle: each engine G / C; a learner on average k l / L / C (the busiest ceil(k / L) l / C);
 - the pool starts once (the separate trial's start-up), each trial its own start-up (TRIAL_START_S) and
   checkpoints; at most k trials run at once, the rest queue, longest first; the pool holds its GPUs
@@ -110,6 +113,9 @@ class Step:
     export_s: float = 0.0
     load_s: float = 0.0
     other_s: float = 0.0  # a calibration's per-step other work (grading, collating, the calls): the trial's own
+    cores: float = math.inf  # a GPU-free pool: the CPU cores its engines and learners share (else not a limit)
+    engine_threads: int = 1  # the compute threads of one engine / learner (Ray's OMP_NUM_THREADS: its CPUs, >= 1)
+    learner_threads: int = 1
 
 
 def cycle(step: Step, engines: int, learners: int, k: int) -> Cycle:
@@ -123,7 +129,9 @@ def cycle(step: Step, engines: int, learners: int, k: int) -> Cycle:
     lrn = learn_s + export_s
     lw = -(-k // learners) * lrn
     own = gen_s * generate_factor(1 / engines, batch, kv_sequences, rate) + load_s + lrn + other_s
-    c = max(g, lw, own)
+    # on CPU the engines and learners share the cores: a cycle's thread-seconds of both over the cores
+    cores = (engines * g * step.engine_threads + k * lrn * step.learner_threads) / step.cores
+    c = max(g, lw, own, cores)
     if c <= 0:
         return Cycle(0.0, g, lw, own, 0.0, 0.0)
     return Cycle(c, g, lw, own, g / c, k * lrn / learners / c)
@@ -159,6 +167,13 @@ class PoolWork:
     @property
     def trials(self) -> int:
         return len(self.steps)
+
+    def step(self, kv: float, cores: float) -> Step:
+        """One trial's step as `cycle` takes it; `cores`: the cluster's CPUs, a limit for a GPU-free pool only."""
+        cpu_only = self.engine_gpus <= 0 and self.learner_gpus <= 0
+        return Step(self.gen_s, self.learn_s, self.batch, kv, self.rate, self.export_s, self.load_s, self.other_s,
+                    cores if cpu_only else math.inf, _threads(self.engine_cpus), _threads(self.learner_cpus))
+
 
 
 @dataclass(frozen=True)
@@ -210,14 +225,19 @@ def misfit(pools: list[PoolWork], shape: Shape, cluster: Cluster) -> tuple[str, 
     return None
 
 
-def shape_plan(pools: list[PoolWork], shape: Shape) -> ShapePlan:
-    """The cost of `shape` in every pool (module docstring); the caller checks that it fits (`misfit`)."""
+def _threads(cpus: float) -> int:
+    """An actor's compute threads: Ray sets OMP_NUM_THREADS to its whole CPUs, at least 1."""
+    return max(1, int(cpus))
+
+
+def shape_plan(pools: list[PoolWork], shape: Shape, cores: float = math.inf) -> ShapePlan:
+    """The cost of `shape` in every pool (module docstring); the caller checks that it fits (`misfit`). `cores`: the
+    cluster's CPUs, which a GPU-free pool's engines and learners share."""
     worst, span, at_once = None, 0.0, 0
     for p in pools:
         k = min(shape.slots, p.trials)
         kv = p.kv_sequences(shape.slots) if p.kv_sequences is not None else math.inf
-        step = Step(p.gen_s, p.learn_s, p.batch, kv, p.rate, p.export_s, p.load_s, p.other_s)
-        c = cycle(step, shape.engines, shape.learners, k)
+        c = cycle(p.step(kv, cores), shape.engines, shape.learners, k)
         hours = p.start_s / 3600 + makespan([(n * c.seconds + o) / 3600 for n, o in zip(p.steps, p.own_s,
                                                                                          strict=True)], k)
         if worst is None or c.seconds > worst.seconds:
@@ -250,7 +270,7 @@ def shapes(pools: list[PoolWork], cluster: Cluster, cap: int, exact: bool = Fals
             for engines in range(1, max(most, 0) + 1):
                 s = Shape(engines, learners, k)
                 if misfit(pools, s, cluster) is None:
-                    out.append(shape_plan(pools, s))
+                    out.append(shape_plan(pools, s, cluster.cpus))
     return out
 
 

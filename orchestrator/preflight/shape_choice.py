@@ -87,7 +87,7 @@ def shape_lines(plan, report: ShapeReport | None, kind: str, chosen: Shape | Non
         shown = [shown[i] for i in idx]
     extra = [p for p in report.plans if written is not None and p.shape == written]
     if written is not None and not extra and misfit(report.pools, written, plan.cluster) is None:
-        extra = [shape_plan(report.pools, written)]  # fits, but outside the shapes tried (e.g. more slots)
+        extra = [shape_plan(report.pools, written, plan.cluster.cpus)]  # fits, but outside the shapes tried (e.g. more slots)
     if report.pick is not None and report.pick not in shown:
         shown.append(report.pick)
     for p in extra + [p for p in sorted(shown, key=lambda p: p.gpu_hours) if p not in extra]:
@@ -243,7 +243,7 @@ def run_paragraph(campaign) -> str:
     pools = pool_works(plan, device_kind(cfg.resources.accelerator_type))
     if pools is None:
         return plain(campaign)
-    p = shape_plan(pools, shape)
+    p = shape_plan(pools, shape, cluster.cpus)
     return (f"plan: {len(plan.trials)} trials on a shared base of {shape.describe()} a pool ({len(pools)} pool(s), "
             f"{p.gpus:g} GPU(s)): cycle about {p.cycle.seconds:.1f} s, about {p.gpu_hours:.1f} GPU-hours, makespan "
             f"about {fmt_hours(p.makespan_h)} (cost model, pipelined; `plan` for the shapes side by side). Separate "

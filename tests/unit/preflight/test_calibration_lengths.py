@@ -84,3 +84,24 @@ def test_plan_says_which_trials_take_the_measured_lengths(tmp_path, capsys):
     assert cli.main(["plan", str(ROOT / "campaigns/demo.yaml"), "--calibration", str(path)]) == 0
     out = capsys.readouterr().out
     assert "its lengths (tiny-reasoner on arithmetic) fit no trial here: token counts are the upper bounds" in out
+
+
+def test_a_gpu_free_pool_shares_the_cores_between_its_engines_and_learners():
+    """g 2, l 1, 4 slots on 1 engine and 2 learners, one thread each (the rate flat: the engine's 4 trials take
+    4 x 2 = 8 s): apart the cycle is max(8, 2 x 1, 2 + 1) = 8 s; on 2 cores the engine's 8 thread-seconds and the
+    learners' 4 x 1 take at least 6 s, on 1 core 12 s; 2-thread learners on 2 cores (8 + 8) / 2 = 8 s."""
+    from orchestrator.preflight.pool_shape import PoolWork
+
+    flat = {"batch": 1, "rate": lambda sequences: 100.0}  # tokens/s whatever the sequences in flight
+    assert cycle(Step(2.0, 1.0, **flat), 1, 2, 4).seconds == 8.0
+    assert cycle(Step(2.0, 1.0, **flat, cores=2), 1, 2, 4).seconds == 8.0
+    assert cycle(Step(2.0, 1.0, **flat, cores=1), 1, 2, 4).seconds == 12.0
+    assert cycle(Step(2.0, 1.0, **flat, cores=2, learner_threads=2), 1, 2, 4).seconds == 8.0
+    two = cycle(Step(2.0, 1.0, **flat, cores=1.5), 2, 2, 4)  # 2 engines of 2 trials each: 4 s apiece
+    assert two.generate_s == 4.0 and two.seconds == pytest.approx((2 * 4.0 + 4 * 1.0) / 1.5)
+    # the cores bind only a pool without GPUs; an actor's threads are its whole CPUs, at least 1
+    cpu = PoolWork("p", 2.0, 1.0, 1, (3,), (0.0,), 0.0, 0.0, 0.0, 0.4, 2.5, 0.2)
+    gpu = PoolWork("p", 2.0, 1.0, 1, (3,), (0.0,), 0.0, 1.0, 1.0, 0.4, 2.5, 0.2)
+    assert (cpu.step(1.0, 2.0).cores, cpu.step(1.0, 2.0).engine_threads, cpu.step(1.0, 2.0).learner_threads) == (
+        2.0, 1, 2)
+    assert gpu.step(1.0, 2.0).cores == float("inf")
