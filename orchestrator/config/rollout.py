@@ -112,6 +112,12 @@ class RolloutConfig(StrictConfig):
         "ceil(its longest completion / decode_per_step) steps after it was sampled, and long groups train staler "
         "(orchestrator/trial/step/completion.py). None: whole batches, as before. Under paced the learner waits "
         "for the oldest batch, so the clock changes nothing. Single-turn tasks only, without rollout.fill"))
+    difficulty_samples: int | None = Field(None, ge=1, description=(
+        "async: each offered problem is also sampled this many times by the starting policy (the base model: a "
+        "LoRA trial's first adapter is zero), seeded apart from the training samples, and the composition's "
+        "difficulty bins (async/*_by_difficulty/*) are that pass rate, a property of the problem the same in "
+        "every arm of a seed; None: each group's own pass rate under the policy that sampled it, which is older, "
+        "so likelier 'hard', in the staler arms. Single-turn LoRA trials on their own engines"))
     correction: Literal["none", "tis", "decoupled"] | None = Field(None, description=(
         "the off-policy correction of the policy loss, with w = pi_prox / pi_behav (pi_prox: the learner's "
         "recomputed log-prob before the update, pi_behav: vLLM's at sampling). none: the PPO ratio to pi_prox "
@@ -157,6 +163,9 @@ class RolloutConfig(StrictConfig):
         if self.decode_per_step is not None and self.fill is not None:
             raise ValueError("decode_per_step admits single groups as they complete; rollout.fill chooses a "
                              "step's groups within its whole batch: use one or the other")
+        if self.difficulty_samples is not None and self.mode != "async":
+            raise ValueError(f"difficulty_samples bins the groups of rollout.mode 'async' (the composition of what "
+                             f"was trained); mode '{self.mode}' logs no composition")
         if self.mode != "async" and self.admission != "paced":
             raise ValueError(f"admission '{self.admission}' needs rollout.mode 'async' (mode '{self.mode}' is paced)")
         if self.correction is None:

@@ -152,6 +152,8 @@ class TrialConfig(StrictConfig):
         if self.task.agentic and self.rollout.decode_per_step is not None:
             raise ValueError("rollout.decode_per_step clocks single-turn completions by their length; "
                              f"task '{self.task.name}' plays multi-turn episodes (drop decode_per_step)")
+        if self.rollout.difficulty_samples is not None and (why := self._no_starting_policy()):
+            raise ValueError(f"rollout.difficulty_samples samples the starting policy beside the trained one: {why}")
         if self.task.agentic and self.interventions.probability_floor.is_active:
             raise ValueError("interventions.probability_floor needs a task with a one-token action set; "
                              f"task '{self.task.name}' answers with multi-token actions")
@@ -218,6 +220,16 @@ class TrialConfig(StrictConfig):
             _refuse(("interventions", "probability_floor"), None,
                     "needs one action set per trial: not available with task.mix")
         return self
+
+    def _no_starting_policy(self) -> str | None:
+        """Why this trial's engines cannot sample its starting policy (the base model) beside the trained one."""
+        if self.learner.mode == "full":
+            return "learner.mode 'full' overwrites the engines' weights every step (use 'lora')"
+        if self.resources.shared_base is not None:
+            return "a shared base's engines serve the slots' adapters only (drop resources.shared_base)"
+        if self.task.agentic:
+            return f"task '{self.task.name}' plays multi-turn episodes (single-turn tasks only)"
+        return None
 
     def _scoring_pass_needs(self) -> str | None:
         """What reads the learner's no-grad scoring pass (None: nothing, `old_logprobs: rollout` may skip it)."""

@@ -15,7 +15,8 @@ from workers.rollout.output import Completion
 class SamplingRequest:
     """One `generate` call's sampling: `n` completions per prompt at `temperature` / `top_p`, at most `max_tokens`
     each, request i seeded `seed + i`, stopped at `stop_token_ids`; `action_token_ids` / `action_min_prob`: the
-    probability floor at the action position (checked by `generate`, which names what is wrong)."""
+    probability floor at the action position (checked by `generate`, which names what is wrong); `base`: sample
+    the base model, not the adapter the worker holds (a LoRA trial's starting policy: `rollout.difficulty_samples`)."""
 
     n: int
     temperature: float
@@ -25,6 +26,7 @@ class SamplingRequest:
     stop_token_ids: list[int] | None = None
     action_token_ids: list[int] | None = None
     action_min_prob: float = 0.0
+    base: bool = False
 
 
 def sampling_params(prompt_ids: list[list[int]], request: SamplingRequest) -> tuple[list[dict], list, list[int] | None]:

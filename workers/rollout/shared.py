@@ -120,6 +120,8 @@ class SharedRolloutWorker:
         """`RolloutWorker.generate` under `slot`'s adapter (base model when the slot holds none): n `Completion`s
         per prompt, prompt i seeded `request.seed + i`, batched with whatever other slots' calls wait with it."""
         i = self._check(slot)
+        if request.base:  # a bare-base request batched with other slots' adapters: see the module docstring
+            raise ValueError("a pool's engine samples its slots' adapters only, not the base model")
         prompts, params, action_ids = sampling_params(prompt_ids, request)
         call = _Call(slot=i, lease=slot, prompts=prompts, params=params, request=request, action_ids=action_ids)
         return self._submit(call)

@@ -181,13 +181,16 @@ class RolloutWorker:
         if self._broken is not None:
             what = "adapter" if self.enable_lora else "weights"
             raise RuntimeError(f"rollout worker unusable since a failed {what} load: {self._broken}")
+        if request.base and not self.enable_lora:
+            raise ValueError("a base-model request needs a LoRA engine: full weights overwrite the base")
         prompts, params, action_ids = sampling_params(prompt_token_ids, request)
         if self._eager_cpu:
             quiet_sampler_compile()  # this thread's, which may not be open_engine's (its docstring)
         t0 = time.perf_counter()
-        outs = self._llm.generate(prompts, params, lora_request=self._sync.lora_request(), use_tqdm=False)
+        lora = None if request.base else self._sync.lora_request()
+        outs = self._llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
         groups, num_tokens = completions(outs, request.stop_token_ids, action_ids)
-        return Generation(self._version, groups, num_tokens, time.perf_counter() - t0)
+        return Generation(None if request.base else self._version, groups, num_tokens, time.perf_counter() - t0)
 
     # -------------------------------------------------------------------------------------------- the policy
     def apply_policy(self, update: PolicyUpdate) -> int:

@@ -15,10 +15,11 @@ length is their trained tokens over their kept groups' sequences (`train/tokens_
 async paced k = 0 arm that trains the same batches get the same ratio.
 
 The composition by problem difficulty and by task: every async row counts its offered and trained groups by
-difficulty (`async/{offered,trained}_by_difficulty/{hard,easy}`: hard when fewer than half of the group's n
-samples are correct, the pass rate of the policy that sampled it, which at step 0 is the starting policy's and
-later at most a few versions from it; the starting policy's own pass rate on every training problem would need
-each one sampled with it, which no trial does) and, in a mixed task, by member (`async/..._by_source/<label>`).
+difficulty (`async/{offered,trained}_by_difficulty/{hard,easy}`: hard when the problem's pass rate is below one
+half: the starting policy's, from `rollout.difficulty_samples` samples of each problem with the base model, the
+same in every arm of a seed, where the trial measured it; else the group's own n samples' under the policy that
+sampled it, which is older, so likelier hard, in a staler arm: the table's `hard by` says which) and, in a mixed
+task, by member (`async/..._by_source/<label>`).
 Per run, `hard ratio` is the hard groups' share of the trained groups over their share of the offered ones,
 summed over the steps, and `<label> ratio` the same for each member: 1 when admission trained the offered mix,
 below 1 when it trained fewer of them. Uninformative groups (all correct or all wrong) are offered and never
@@ -129,6 +130,16 @@ def _is_sync(g: Group) -> bool:
                                         and ro.get("admission", "paced") == "paced")
 
 
+def _difficulty_by(runs: Sequence[Run]) -> str:
+    """What the runs' difficulty bins measure: the starting policy's pass rate (`rollout.difficulty_samples`
+    samples of each problem) or each group's own under the policy that sampled it."""
+    ms = {(r.config.get("rollout") or {}).get("difficulty_samples") for r in runs}
+    if ms == {None}:
+        return "own samples"
+    return "starting policy, " + "/".join(str(m) for m in sorted(m for m in ms if m)) + " samples" + (
+        " (some runs: own samples)" if None in ms else "")
+
+
 def table(groups: Sequence[Group]) -> pd.DataFrame:
     """One row per group (module doc); empty when no run sampled ahead."""
     if not applies(groups):
@@ -156,7 +167,8 @@ def table(groups: Sequence[Group]) -> pd.DataFrame:
                                                   in r.data else 0.0 for r in runs])),
                "delayed_per_step": float(np.mean([_mean(r, "async/groups_delayed") if "async/groups_delayed"
                                                   in r.data else 0.0 for r in runs])),
-               "len_ratio": _finite_mean([_len_ratio(r) for r in runs])}
+               "len_ratio": _finite_mean([_len_ratio(r) for r in runs]),
+               "difficulty_by": _difficulty_by(runs)}
         if base is not None and g is not base:
             pairs = [(base_ratio[r.seed], _len_ratio(r)) for r in runs if r.seed in base_ratio]
             cmp = paired_comparison([a for a, _ in pairs], [b for _, b in pairs], bootstrap=False)
@@ -207,12 +219,16 @@ def markdown(df: pd.DataFrame) -> list[str]:
     comp = [c[:-len("_ratio")] for c in df.columns if c.endswith("_ratio") and c != "len_ratio"]
     if not comp:
         return md
-    head = ["group", "seeds", "len ratio", *[f"{c} ratio" for c in comp]]
+    by = "difficulty_by" in df.columns and "hard" in comp
+    head = ["group", "seeds", "len ratio", *[f"{c} ratio" for c in comp], *(["hard by"] if by else [])]
     md += ["", "Composition of the trained groups against the offered ones: `len ratio` as above; `hard ratio`: the "
-           "share of hard problems (fewer than half of a group's samples correct) among the trained groups over "
-           "their share among the offered ones; `<member> ratio`: the same for each member of a mixed task. 1: "
-           "trained as offered; the uninformative groups every arm leaves out move every arm off 1. In brackets: "
-           "the paired difference by seed against the synchronous arm, with its 95% t interval.", "",
+           "share of hard problems (pass rate below one half) among the trained groups over their share among the "
+           "offered ones, the pass rate being (`hard by`) the starting policy's on `rollout.difficulty_samples` "
+           "samples of each problem, the same in every arm of a seed, or each group's own under the policy that "
+           "sampled it, which is older in a staler arm and so likelier hard there; `<member> ratio`: the same "
+           "for each member of a mixed task. 1: trained as offered; the uninformative groups every arm leaves out "
+           "move every arm off 1. In brackets: the paired difference by seed against the synchronous arm, with "
+           "its 95% t interval.", "",
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def cell(r, col: str, fmt: str = "{:.3f}") -> str:
@@ -226,5 +242,6 @@ def markdown(df: pd.DataFrame) -> list[str]:
 
     for _, r in df.iterrows():
         md.append("| " + " | ".join([str(r.group), str(r.n_seeds), cell(r, "len_ratio"),
-                                     *[cell(r, f"{c}_ratio") for c in comp]]) + " |")
+                                     *[cell(r, f"{c}_ratio") for c in comp],
+                                     *([str(r.difficulty_by)] if by else [])]) + " |")
     return md

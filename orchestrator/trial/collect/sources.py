@@ -26,7 +26,7 @@ from orchestrator.trial.actors.context import TrialContext
 from orchestrator.trial.collect.episodes import episode_metrics, play_episodes
 from orchestrator.trial.collect.evaluation import pass_at_k
 from orchestrator.trial.collect.rollouts import HeldOut, Rollouts, SampleGroup, group_info
-from orchestrator.trial.collect.sampling import sample, step_seed
+from orchestrator.trial.collect.sampling import difficulty_seed, sample, step_seed
 from workers.envs.tokens import first_prompt_ids
 from workers.rollout.output import Completion
 
@@ -40,7 +40,8 @@ class RolloutSource(Protocol):
         """Step `step`'s groups of refill round `round` (fresh prompts / levels from the task cursor, sampling
         seeds of (step, round); round 0 is the only round without `rollout.fill`), sampled with the adapter
         the workers hold now. `versions` holds every adapter version the workers reported; `metrics` goes into
-        the step's row (time spent scoring, if any, as `time/score_s`: it is excluded from `time/generate_s`);
+        the step's row (time spent scoring, if any, and sampling the starting policy for the difficulty bins, as
+        `time/score_s`: it is excluded from `time/generate_s`);
         `truncated` / `lengths` say which samples hit the length limit."""
         ...
 
@@ -91,6 +92,10 @@ class SingleTurnSource:
             scored = self._score(prob, group)
             rewards.append(scored.rewards)
             errors, timeouts = errors + scored.grader_errors, timeouts + scored.grader_timeouts
+        info = [group_info(p.id, p.prompt, _truncated(g)) for p, g in zip(problems, groups, strict=True)]
+        if ro.difficulty_samples:
+            for i, rate in enumerate(self._start_pass_rates(problems, prompt_ids, step, round)):
+                info[i]["start_pass_rate"] = rate
         metrics = {**per_source("train", "correct_rate", problems, [np.mean([r > 0.5 for r in g]) for g in rewards]),
                    "train/grader_errors": errors, "train/grader_timeouts": timeouts,
                    "time/score_s": time.perf_counter() - t0,
@@ -105,8 +110,19 @@ class SingleTurnSource:
             versions={res.adapter_version for res in results}, metrics=metrics,
             truncated=[[c.truncated for c in g] for g in groups],
             lengths=[[len(c.token_ids) for c in g] for g in groups],
-            groups_info=[group_info(p.id, p.prompt, _truncated(g)) for p, g in zip(problems, groups, strict=True)],
+            groups_info=info,
         )
+
+    def _start_pass_rates(self, problems, prompt_ids: list[list[int]], step: int, round: int) -> list[float]:
+        """Each problem's pass rate under the starting policy (the base model), from `rollout.difficulty_samples`
+        samples of it seeded apart from training's (`difficulty_seed`): the composition's difficulty."""
+        ctx, ro = self.ctx, self.ctx.cfg.rollout
+        seeds = [difficulty_seed(ctx.cfg.seed, step, j, round) for j in range(ctx.engines.count)]
+        results = sample(ctx, prompt_ids, n=ro.difficulty_samples, temperature=ro.temperature, seeds=seeds,
+                         base=True)
+        groups = [g for res in results for g in res.completions]
+        return [float(np.mean([r > 0.5 for r in self._score(p, g).rewards]))
+                for p, g in zip(problems, groups, strict=True)]
 
     def evaluate(self, step: int) -> HeldOut:
         """Held-out pass@1 / pass@k on the task's held-out problems."""

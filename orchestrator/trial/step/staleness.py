@@ -67,9 +67,13 @@ def group_staleness(roll: Rollouts, trained_version: int) -> list[int]:
 DIFFICULTY = ("hard", "easy")  # a group's pass rate below 0.5, or not
 
 
-def difficulty(correct: list[bool]) -> str:
-    """A group's difficulty bin: `hard` when fewer than half of its samples are correct (the pass rate of the
-    policy that sampled it, on its own n samples), else `easy`."""
+def difficulty(correct: list[bool], info: dict | None = None) -> str:
+    """A group's difficulty bin: `hard` when its problem's pass rate is below one half, else `easy`. The pass rate
+    is the starting policy's where the trial measured it (`start_pass_rate` in the group's info:
+    rollout.difficulty_samples), else the group's own under the policy that sampled it."""
+    rate = (info or {}).get("start_pass_rate")
+    if rate is not None:
+        return "hard" if rate < 0.5 else "easy"
     return "hard" if 2 * sum(correct) < len(correct) else "easy"
 
 
@@ -82,7 +86,8 @@ def composition(roll: Rollouts, kept: list[int], labels: list[str]) -> dict[str,
     """The step's offered and trained groups counted by difficulty (`difficulty`) and, for a mix (`labels`: its
     members'), by member: `async/{offered,trained}_by_difficulty/<bin>`, `async/{offered,trained}_by_source/<label>`
     (the report's composition table sums them over the run)."""
-    bins = [difficulty(c) for c in roll.correct]
+    infos = roll.groups_info or [None] * len(roll.correct)
+    bins = [difficulty(c, i) for c, i in zip(roll.correct, infos, strict=True)]
     row: dict[str, float] = {}
     for b in DIFFICULTY:
         row[f"async/offered_by_difficulty/{b}"] = sum(x == b for x in bins)

@@ -167,6 +167,12 @@ def test_lora_hot_swap(worker, prompt_ids, base_model, tiny_model_dir, tmp_path)
     state = ray.get(worker.lora_state.remote())
     assert len(state["lora_ids"]) == 1 and len(state["dirs"]) == 1  # version 1 evicted, its dir deleted
     assert state["dirs"][0].startswith("v2_")
+    # a base-model request beside the adapter (rollout.difficulty_samples: the starting policy): exactly what the
+    # engine sampled before any adapter, the adapter still served after it
+    b = _gen(worker, prompt_ids, seed=11, base=True)
+    assert b.adapter_version is None and max_lp_err(base_model, prompt_ids, b, T) < TOL
+    assert [[c.token_ids for c in g] for g in b.completions] == [[c.token_ids for c in g] for g in base.completions]
+    assert max_lp_err(pm2, prompt_ids, _gen(worker, prompt_ids, seed=11), T) < TOL
 
 
 def test_corrupt_adapter_raises_and_blocks_sampling(worker, prompt_ids, tiny_model_dir, tmp_path):

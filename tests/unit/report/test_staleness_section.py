@@ -182,3 +182,19 @@ def test_the_composition_by_difficulty_and_source_against_hand_arithmetic(tmp_pa
     assert "| group | seeds | len ratio | hard ratio | long ratio | short ratio |" in rep.markdown
     line = next(ln for ln in rep.markdown.splitlines() if ln.startswith("| discard | 3 | 1.000"))
     assert f"{(0 + 4 / 9 + 2 / 3) / 3:.3f} ({10 / 27 - 16 / 21:+.3f} [" in line
+
+
+def test_the_composition_says_what_its_difficulty_measures(tmp_path):
+    """`hard by`: the starting policy's pass rate where the runs sampled it (rollout.difficulty_samples), else
+    each group's own samples'; an arm whose seeds differ says so."""
+    sync0 = {"mode": "async", "max_staleness": 0, "admission": "paced", "difficulty_samples": 8}
+    discard = {"mode": "async", "max_staleness": 1, "admission": "discard"}
+    camp = _write(tmp_path / "c", {"sync0": (sync0, [_comp_rows(None, None)] * 2),
+                                   "discard": (discard, [_comp_rows(0, 3), _comp_rows(1, 3)])})
+    rep = build_report(camp, ReportOptions(out_dir=tmp_path / "out"))
+    tab = rep.tables["staleness"].set_index("group")
+    assert tab.loc["sync0", "difficulty_by"] == "starting policy, 8 samples"
+    assert tab.loc["discard", "difficulty_by"] == "own samples"
+    assert "| group | seeds | len ratio | hard ratio | long ratio | short ratio | hard by |" in rep.markdown
+    assert next(ln for ln in rep.markdown.splitlines() if ln.startswith("| sync0 | 2 | 1.000")).endswith(
+        "| starting policy, 8 samples |")
