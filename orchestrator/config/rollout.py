@@ -117,7 +117,8 @@ class RolloutConfig(StrictConfig):
         "LoRA trial's first adapter is zero), seeded apart from the training samples, and the composition's "
         "difficulty bins (async/*_by_difficulty/*) are that pass rate, a property of the problem the same in "
         "every arm of a seed; None: each group's own pass rate under the policy that sampled it, which is older, "
-        "so likelier 'hard', in the staler arms. Single-turn LoRA trials on their own engines"))
+        "so likelier 'hard', in the staler arms. Single-turn LoRA trials (on a shared base the pool's engines serve it "
+        "under a zero adapter of their own)"))
     correction: Literal["none", "tis", "decoupled"] | None = Field(None, description=(
         "the off-policy correction of the policy loss, with w = pi_prox / pi_behav (pi_prox: the learner's "
         "recomputed log-prob before the update, pi_behav: vLLM's at sampling). none: the PPO ratio to pi_prox "

@@ -225,8 +225,6 @@ class TrialConfig(StrictConfig):
         """Why this trial's engines cannot sample its starting policy (the base model) beside the trained one."""
         if self.learner.mode == "full":
             return "learner.mode 'full' overwrites the engines' weights every step (use 'lora')"
-        if self.resources.shared_base is not None:
-            return "a shared base's engines serve the slots' adapters only (drop resources.shared_base)"
         if self.task.agentic:
             return f"task '{self.task.name}' plays multi-turn episodes (single-turn tasks only)"
         return None

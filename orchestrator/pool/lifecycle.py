@@ -109,8 +109,9 @@ def _place(pool: str, cfg: TrialConfig) -> Pool:
     return Pool(pool, group)
 
 
-def _build(pool: Pool, cfg: TrialConfig) -> None:
-    """Start the pool's actors in its placed group (not waited on here)."""
+def _build(pool: Pool, cfg: TrialConfig, start_policy: bool = False) -> None:
+    """Start the pool's actors in its placed group (not waited on here); `start_policy`: its engines also serve
+    base-model requests (a trial of the pool sets rollout.difficulty_samples)."""
     from orchestrator.pool.actors import pool_engine_actor, pool_learner_actor
     from orchestrator.pool.slots import SlotRegistry
 
@@ -120,7 +121,7 @@ def _build(pool: Pool, cfg: TrialConfig) -> None:
         return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pool.group,
                                                                         placement_group_bundle_index=i)}
 
-    model_cfg, settings = cfg.model.model_dump(), rollout_settings(cfg)
+    model_cfg, settings = cfg.model.model_dump(), dataclasses.replace(rollout_settings(cfg), start_policy=start_policy)
     # the pool's temp files in one folder: a restarted actor removes its dead predecessor's, `stop` the rest
     pool.scratch = scratch_root(cfg.resources.scratch_dir, POOL, f"{pool.id}:{cfg.output_dir or cfg.name}")
     engine_actor = pool_engine_actor()
@@ -147,7 +148,8 @@ def start_pools(cfgs: list[TrialConfig]) -> list[Pool]:
     """One pool per pool id among `cfgs` (trials without shared_base need none), each built for the first trial of
     its group (its trials agree on what matters here: orchestrator/campaign/shared.py), all ready when this
     returns; when one fails to start, every one started is stopped and the error raised."""
-    groups = {pid: group[0] for pid, group in pool_groups(cfgs).items()}
+    every = pool_groups(cfgs)
+    groups = {pid: group[0] for pid, group in every.items()}
     if not groups:
         return []
     unresolved = [c.name for c in groups.values() if c.resources.shared_base.shape is not None]
@@ -159,7 +161,7 @@ def start_pools(cfgs: list[TrialConfig]) -> list[Pool]:
     try:
         for pid, cfg in groups.items():
             pools.append(_place(pid, cfg))
-            _build(pools[-1], cfg)
+            _build(pools[-1], cfg, any(c.rollout.difficulty_samples for c in every[pid]))
         for pool in pools:
             cfg = groups[pool.id]
             left = max(cfg.timeouts.setup - (time.monotonic() - at), 1.0)

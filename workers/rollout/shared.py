@@ -9,7 +9,9 @@ differs is that calls from several trial drivers arrive at once and share the ru
   adapter plus the one being loaded). A slot with no adapter (never loaded, or `drop`ped) samples the base model
   and reports `adapter_version` None. A trial's client loads its initial adapter (B = 0) right after `drop`
   (orchestrator/trial/actors/shared.py:connect): at 4 slots a bare-base request batched with other slots'
-  adapters was sampled with another adapter's weights, so a pool never serves one. A failed load breaks only its slot:
+  adapters was sampled with another adapter's weights, so a pool never serves one. Base-model requests
+  (`SamplingRequest.base`: the starting policy, `rollout.difficulty_samples`) go under a zero adapter of their
+  own (`settings.start_policy`), made from the first adapter a slot loads. A failed load breaks only its slot:
   that slot refuses to sample until a later load succeeds (no fallback to the old adapter, as worker.py).
 - Fencing: a slot may be named by a `SlotLease` (workers/fence.py; the pool's calls always are): `drop` opens the
   slot under it, and a call under an older lease than the slot's opener is refused on the engine thread, in the
@@ -30,6 +32,7 @@ differs is that calls from several trial drivers arrive at once and share the ru
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import shutil
 import tempfile
@@ -48,7 +51,7 @@ from workers.fence import Fence, SlotLease, SlotNotOpen, StaleLease, slot_index
 from workers.rollout.output import Generation
 from workers.rollout.sampling import SamplingRequest, completions, sampling_params
 from workers.rollout.worker import RolloutWorkerSettings, open_engine, process_health
-from workers.sync.adapter import AdapterSync, shared_engine_args
+from workers.sync.adapter import AdapterSync, shared_engine_args, zeroed
 from workers.sync.policy import PolicyUpdate
 
 
@@ -93,6 +96,8 @@ class SharedRolloutWorker:
         self._root = Path(tempfile.mkdtemp(prefix="shared_rollout_"))
         ids = itertools.count(1)  # one counter for the whole engine: an id is never reused, across slots too
         self._slots = [_EngineSlot(AdapterSync(self._root / f"slot{i}", s.max_lora_rank, ids)) for i in range(self.slots)]
+        # base-model requests (the starting policy: rollout.difficulty_samples) under a zero adapter of their own
+        self._start = AdapterSync(self._root / "start", s.max_lora_rank, ids) if s.start_policy else None
         self.fence = Fence(self.slots)
         self._queue: deque[_Call] = deque()
         self._cond = threading.Condition()
@@ -113,15 +118,15 @@ class SharedRolloutWorker:
 
     def _open(self, model: str, s: RolloutWorkerSettings) -> None:
         self._llm, self.engine_kwargs, self.in_process = open_engine(
-            model, s, shared_engine_args(s.max_lora_rank, self.slots))
+            model, s, shared_engine_args(s.max_lora_rank, self.slots + (self._start is not None)))
 
     # ------------------------------------------------------------------------------------------------- calls
     def generate(self, slot: int | SlotLease, prompt_ids: list[list[int]], request: SamplingRequest) -> Generation:
         """`RolloutWorker.generate` under `slot`'s adapter (base model when the slot holds none): n `Completion`s
         per prompt, prompt i seeded `request.seed + i`, batched with whatever other slots' calls wait with it."""
         i = self._check(slot)
-        if request.base:  # a bare-base request batched with other slots' adapters: see the module docstring
-            raise ValueError("a pool's engine samples its slots' adapters only, not the base model")
+        if request.base and self._start is None:  # no trial of the pool sets rollout.difficulty_samples
+            raise ValueError("this pool's engine samples its slots' adapters only (started without start_policy)")
         prompts, params, action_ids = sampling_params(prompt_ids, request)
         call = _Call(slot=i, lease=slot, prompts=prompts, params=params, request=request, action_ids=action_ids)
         return self._submit(call)
@@ -162,18 +167,15 @@ class SharedRolloutWorker:
         return dict(self.engine_kwargs)
 
     def stats(self) -> dict:
-        """admissions: times waiting generate calls were added to the engine (calls admitted together count once);
-        served_calls: generate calls answered; max_in_flight: the most generate calls in the engine at once;
-        engine_steps: engine steps (forward passes) run; step_s: seconds spent in them (the engine busy decoding);
-        adapter_s: seconds spent loading and dropping adapters; up_s: seconds since this object was made."""
+        """admissions (calls admitted together count once), served_calls, max_in_flight (generate calls in the engine
+        at once), engine_steps (forward passes) and step_s (their seconds: busy decoding), adapter_s, up_s."""
         with self._cond:
             return {**self._stats, "up_s": time.perf_counter() - self._born}
 
     def liveness(self) -> dict:
-        """What a supervisor reads to tell a live engine thread from a stuck one (orchestrator/pool/supervisor.py):
-        `progress` (engine steps plus engine-thread calls finished) must advance while `pending` (requests in flight,
-        calls queued, a call running) is above 0; `requests`: the requests in flight. Answered without waiting for
-        the engine thread."""
+        """For the supervisor (orchestrator/pool/supervisor.py), without waiting for the engine thread: `progress`
+        (engine steps + engine-thread calls finished) must advance while `pending` (requests in flight, calls queued,
+        a call running) is above 0; `requests`: the requests in flight."""
         with self._cond:
             return {"progress": self._stats["engine_steps"] + self._stats["runs"], "requests": len(self._running),
                     "pending": len(self._running) + len(self._queue) + int(self._in_run)}
@@ -187,8 +189,7 @@ class SharedRolloutWorker:
                       for sl in self._slots]})
 
     def hold(self) -> None:
-        """Block the engine thread (after what it is doing) until `release`: calls made meanwhile queue up and the
-        waiting generate calls are admitted together. For tests and benchmarks that need a known batch."""
+        """Block the engine thread until `release`: calls made meanwhile are admitted together (tests, benchmarks)."""
         self._gate = gate = threading.Event()
         started = threading.Event()
         call = _Call(run=lambda: (started.set(), gate.wait()))
@@ -200,8 +201,7 @@ class SharedRolloutWorker:
     def release(self) -> None:
         self._gate.set()
 
-    def waiting(self) -> int:
-        """How many calls are queued for the engine thread."""
+    def waiting(self) -> int:  # calls queued for the engine thread
         with self._cond:
             return len(self._queue)
 
@@ -214,9 +214,7 @@ class SharedRolloutWorker:
         shutil.rmtree(self._root, ignore_errors=True)
 
     def __del__(self):
-        root = getattr(self, "_root", None)
-        if root is not None:
-            shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(getattr(self, "_root", None) or "/nonexistent", ignore_errors=True)
 
     # ------------------------------------------------------------------------------------- the engine thread
     def _check(self, slot: int | SlotLease) -> int:
@@ -293,13 +291,16 @@ class SharedRolloutWorker:
             except (StaleLease, SlotNotOpen) as e:
                 c.future.set_exception(e)
                 continue
-            if sl.broken is not None:
-                c.future.set_exception(RuntimeError(f"slot {c.slot} unusable since a failed adapter load: "
-                                                    f"{sl.broken}"))
+            why = f"slot {c.slot} unusable since a failed adapter load: {sl.broken}" if sl.broken is not None else (
+                "the starting policy is not loaded yet (made from the first adapter a slot loads)"
+                if c.request.base and self._start.lora_request() is None else None)
+            if why is not None:
+                c.future.set_exception(RuntimeError(why))
                 continue
-            c.outputs, c.left, c.version, c.started = [None] * len(c.prompts), len(c.prompts), sl.version, \
-                time.perf_counter()
-            lora, added = sl.sync.lora_request(), []
+            base = c.request.base  # the starting policy's zero adapter (None: not made yet, refused)
+            c.outputs, c.left, c.version, c.started = [None] * len(c.prompts), len(c.prompts), \
+                None if base else sl.version, time.perf_counter()
+            lora, added = self._start.lora_request() if base else sl.sync.lora_request(), []
             try:
                 for i, (prompt, params) in enumerate(zip(c.prompts, c.params, strict=True)):
                     rid = f"r{next(self._request_ids)}"
@@ -373,6 +374,9 @@ class SharedRolloutWorker:
         finally:
             self._count("adapter_s", time.perf_counter() - t0)
         sl.version, sl.broken = int(update.version), None
+        if self._start is not None and self._start.lora_request() is None:  # also after an engine restart
+            with contextlib.suppress(Exception):  # base requests then fail with their own message
+                self._start.apply(self._llm, zeroed(update))
         return sl.version
 
     def _drop(self, lease: int | SlotLease) -> None:

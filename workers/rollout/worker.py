@@ -62,6 +62,7 @@ class RolloutWorkerSettings:
     engine_kwargs: dict | None = None
     enable_lora: bool = True
     sleep_mode: bool = False
+    start_policy: bool = False  # a pool's engine: serve base-model requests (workers/rollout/shared.py)
 
     def engine_dict(self) -> dict:
         """`engine` with the two overrides applied."""

@@ -94,3 +94,18 @@ def shared_engine_args(max_lora_rank: int, slots: int) -> dict[str, Any]:
     """The `vllm.LLM` LoRA arguments of an engine serving `slots` adapters at once, one `AdapterSync` each: every
     slot's adapter in one batch, and room in the CPU cache for a slot's new adapter next to its old one."""
     return dict(enable_lora=True, max_lora_rank=int(max_lora_rank), max_loras=int(slots), max_cpu_loras=int(slots) + 1)
+
+
+def zeroed(update: PolicyUpdate, version: int = 0) -> PolicyUpdate:
+    """`update`'s adapter with every `lora_B` matrix zero: the base model as an adapter (x A B = 0), what a PEFT
+    adapter is before its first update. A pool's engine serves base-model requests under it, since a request
+    without an adapter batched with other slots' adapters is not served the base (workers/rollout/shared.py)."""
+    import safetensors.torch
+
+    files = dict(update.files)
+    name = next((n for n in files if n.endswith(".safetensors")), None)
+    if name is None:
+        raise ValueError(f"adapter files {sorted(files)} hold no .safetensors weights to zero")
+    tensors = safetensors.torch.load(files[name])
+    files[name] = safetensors.torch.save({k: (v.zero_() if "lora_B" in k else v) for k, v in tensors.items()})
+    return PolicyUpdate(update.kind, version, files)

@@ -49,7 +49,8 @@ def pool(ray_local, tiny_model_dir):
     from workers.rollout.shared import shared_rollout_actor
     from workers.rollout.worker import RolloutWorkerSettings
 
-    actor = shared_rollout_actor(SLOTS, num_cpus=1).remote(tiny_model_dir, SLOTS, RolloutWorkerSettings(seed=0))
+    actor = shared_rollout_actor(SLOTS, num_cpus=1).remote(tiny_model_dir, SLOTS,
+                                                           RolloutWorkerSettings(seed=0, start_policy=True))
     assert ray.get(actor.ready.remote(), timeout=600)
     yield actor
     shutdown_actors([actor])
@@ -136,7 +137,8 @@ def test_each_slot_samples_under_its_own_adapter(pool, adapters, base_model, pro
     assert _tokens(r0) != _tokens(r1)  # same seeds, different adapters
     state = ray.get(pool.lora_state.remote())
     ids = [s["lora_id"] for s in state["slots"]]
-    assert ids[2] is None and state["lora_ids"] == sorted(ids[:2]) and ids[0] != ids[1]
+    # the two slots' adapters and the starting policy's zero adapter (made from the first load: start_policy)
+    assert ids[2] is None and ids[0] != ids[1] and set(ids[:2]) < set(state["lora_ids"]) and len(state["lora_ids"]) == 3
     assert [len(s["dirs"]) for s in state["slots"]] == [1, 1, 0]
 
 
@@ -158,6 +160,24 @@ def test_concurrent_callers_share_one_batch_and_get_their_own_results(pool, adap
     numbers = [_compare(a, b) for a, b in zip(solo, mixed, strict=True)]
     print(f"\nbatch invariance per slot (fraction of identical completions, max |delta log-prob|): {numbers}")
     assert all(a.completions == b.completions for a, b in zip(solo, mixed, strict=True)), numbers
+
+
+def test_base_model_requests_batched_with_adapters_sample_the_base(pool, adapters, base_model, prompt_ids):
+    """`SamplingRequest.base` (the starting policy of rollout.difficulty_samples) from slots 0 and 2 in one batch with
+    slot 1's adapter request: the base requests get the base model (against transformers) and exactly what they
+    get alone, slot 1 its adapter; the slots' adapters are untouched. (A request under no adapter batched with
+    adapters' was once sampled with another adapter's weights at 4 slots: the base goes under a zero adapter.)"""
+    base = dataclasses.replace(REQUEST, base=True)
+    calls = [(0, prompt_ids[:4], base), (1, prompt_ids[:4], REQUEST), (2, prompt_ids[:3], base)]
+    solo = [_gen(pool, *call) for call in calls]
+    mixed, admissions = _batched(pool, calls)
+    assert admissions == 1
+    assert [g.adapter_version for g in mixed] == [None, 5, None]
+    for (_, prompts, _), model, gen in zip(calls, (base_model, adapters[2][0], base_model), mixed, strict=True):
+        assert max_lp_err(model, prompts, gen, T) < TOL
+    assert all(a.completions == b.completions for a, b in zip(solo, mixed, strict=True))
+    assert _gen(pool, 0, prompt_ids).adapter_version == 1 and max_lp_err(adapters[1][0], prompt_ids,
+                                                                         _gen(pool, 0, prompt_ids), T) < TOL
 
 
 def test_reload_and_drop_touch_only_their_slot(pool, adapters, base_model, prompt_ids):
@@ -184,7 +204,9 @@ def test_reload_and_drop_touch_only_their_slot(pool, adapters, base_model, promp
 
     ray.get(pool.drop.remote(1))  # slot 1 back to the base model, its adapter and files gone
     state = ray.get(pool.lora_state.remote())
-    assert state["lora_ids"] == [new0] and state["slots"][1] == {"version": None, "lora_id": None, "dirs": []}
+    start = set(before["lora_ids"]) - {old0, id1}  # the starting policy's zero adapter, left alone
+    assert len(start) == 1 and set(state["lora_ids"]) == {new0, *start}
+    assert state["slots"][1] == {"version": None, "lora_id": None, "dirs": []}
     r1 = _gen(pool, 1, prompt_ids)
     assert r1.adapter_version is None and max_lp_err(base_model, prompt_ids, r1, T) < TOL
     assert max_lp_err(pm3, prompt_ids, _gen(pool, 0, prompt_ids), T) < TOL  # slot 0 untouched

@@ -87,7 +87,7 @@ def test_the_bins_follow_the_starting_policys_pass_rate(monkeypatch):
 @pytest.mark.parametrize(("extra", "says"), [
     ({"rollout": {"mode": "sync", "difficulty_samples": 2}}, "needs"),
     ({"learner": {"mode": "full"}}, "learner.mode 'full'"),
-    ({"resources": {"shared_base": {"slots": 2}}}, "shared base"),
+    ({"task": {"name": "frozen_lake"}, "model": {"name": "tiny-agent"}}, "multi-turn"),
 ])
 def test_a_trial_that_cannot_sample_its_starting_policy_is_refused(extra, says):
     base = {"model": {"name": "tiny"}, "task": {"name": "arithmetic"},
