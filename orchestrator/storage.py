@@ -212,17 +212,6 @@ def seal_checkpoint(directory: str | Path) -> None:
     (d / CHECKPOINT_MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
-
-
-
-
-
-
-
-
-
-
-
 def campaign_events(directory: str) -> list[dict]:
     """The campaign-level events (lockstep rounds, budget, adaptive-seed looks), oldest first."""
     return read_jsonl(join(directory, EVENTS_FILE))
