@@ -130,7 +130,8 @@ def cycle(step: Step, engines: int, learners: int, k: int) -> Cycle:
     lw = -(-k // learners) * lrn
     own = gen_s * generate_factor(1 / engines, batch, kv_sequences, rate) + load_s + lrn + other_s
     # on CPU the engines and learners share the cores: a cycle's thread-seconds of both over the cores
-    cores = (engines * g * step.engine_threads + k * lrn * step.learner_threads) / step.cores
+    cores = (engines * g * step.engine_threads + k * lrn * step.learner_threads) / step.cores if step.cores > 0 \
+        else math.inf
     c = max(g, lw, own, cores)
     if c <= 0:
         return Cycle(0.0, g, lw, own, 0.0, 0.0)

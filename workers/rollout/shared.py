@@ -26,8 +26,7 @@ differs is that calls from several trial drivers arrive at once and share the ru
 - Order: each slot's calls run in arrival order: a load or drop of slot s waits until s's requests in flight have
   finished, and s's later calls wait behind it; other slots are not held up. A call of no slot (`hold`, the debug
   views) waits for every call queued before it to start.
-- `SharedRolloutActor`: the Ray actor, threaded (max_concurrency = slots + 2: every slot's call, health and
-  one spare), so concurrent calls from the trial drivers reach `generate` together.
+- `SharedRolloutActor`: the Ray actor, threaded (max_concurrency = slots + 2: every slot's call, health, a spare).
 """
 
 from __future__ import annotations
@@ -214,7 +213,8 @@ class SharedRolloutWorker:
         shutil.rmtree(self._root, ignore_errors=True)
 
     def __del__(self):
-        shutil.rmtree(getattr(self, "_root", None) or "/nonexistent", ignore_errors=True)
+        if hasattr(self, "_root"):  # a failed __init__ made none
+            shutil.rmtree(self._root, ignore_errors=True)
 
     # ------------------------------------------------------------------------------------- the engine thread
     def _check(self, slot: int | SlotLease) -> int:
