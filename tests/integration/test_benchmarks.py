@@ -40,8 +40,10 @@ SCRIPTS = {  # name: (script, smallest flags that still reach every part of it)
     # one pool of 1 slot vs 1 separate trial, one step: two processes of ~10 CPU-s each, no Ray
     "shared": ("shared.py", ["--ks", "1", "--steps", "1", "--prompts", "2", "--n", "2", "--max-tokens", "4"]),
     "shared_learner": ("shared_learner.py", ["--k", "2", *LEARNER]),
-    # a trial's worker and learner actors: 1, 2, 4 sequences decoding, a 2 x 2 learner batch, one trial step
-    "calibrate": ("calibrate.py", ["--quick", "--out", "calibration.yaml"]),
+    # the demo's first trial's worker and learner actors (its model, task and CPUs: --campaign): 1, 2, 4 sequences
+    # decoding, a 2 x 2 learner batch, one trial step, the lengths recorded (the --model path's trial: a unit test)
+    "calibrate": ("calibrate.py", ["--quick", "--campaign", str(ROOT / "campaigns/demo.yaml"), "--out",
+                                   "calibration.yaml"]),
 }
 
 
@@ -49,6 +51,8 @@ CLAIMS = {  # lines a script prints that the suite holds it to
     # vLLM in the actor's process and vLLM in its own processes sample the same tokens with the same log-probs (a
     # one_step_off trial's CPU default is the second: orchestrator/trial/actors/start.py:rollout_engine)
     "engine_start": ["same tokens from both engines: True, their log-probs within 1e-05: True"],
+    # the demo's trial measured as the demo runs it: its lengths go into the file plan reads
+    "calibrate": ["lengths (tiny-reasoner on chain): ", "wrote calibration.yaml"],
 }
 
 

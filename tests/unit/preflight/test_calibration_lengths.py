@@ -105,3 +105,31 @@ def test_a_gpu_free_pool_shares_the_cores_between_its_engines_and_learners():
     assert (cpu.step(1.0, 2.0).cores, cpu.step(1.0, 2.0).engine_threads, cpu.step(1.0, 2.0).learner_threads) == (
         2.0, 1, 2)
     assert gpu.step(1.0, 2.0).cores == float("inf")
+
+
+@pytest.mark.parametrize("argv", [["--quick"], ["--campaign", str(ROOT / "campaigns/demo.yaml")],
+                                  ["--campaign", str(ROOT / "campaigns/demo.yaml"), "--prompts", "3"]])
+def test_calibrate_measures_the_trial_it_is_given(monkeypatch, argv):
+    """benchmarks/calibrate.py's measured trial (the suite's smoke run takes the --campaign path): the campaign's
+    first trial on actors of its own (no shared base), no evaluation, its batch unless --prompts / --n /
+    --max-tokens (or --quick) say otherwise; without --campaign a LoRA trial of --model on arithmetic."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import calibrate
+
+    monkeypatch.setattr(sys, "argv", ["calibrate.py", *argv])
+    args = calibrate._args()
+    cfg = calibrate._trial(args)
+    r = cfg.rollout
+    assert (r.prompts_per_step, r.n, r.max_tokens) == (args.prompts, args.n, args.max_tokens)
+    assert cfg.eval.every == 0 and cfg.resources.shared_base is None and cfg.learner.mode == "lora"
+    if "--campaign" not in argv:
+        assert (cfg.model.name, cfg.task.name, args.prompts, args.n, args.max_tokens) == ("tiny", "arithmetic", 2, 2, 4)
+        return
+    demo = load_campaign(ROOT / "campaigns/demo.yaml").trials[0].trial
+    assert (cfg.model.name, cfg.task.name, cfg.resources.worker_cpus) == ("tiny-reasoner", "chain",
+                                                                          demo.resources.worker_cpus)
+    want = (3 if "--prompts" in argv else demo.rollout.prompts_per_step, demo.rollout.n, demo.rollout.max_tokens)
+    assert (args.prompts, args.n, args.max_tokens) == want
+    assert cfg.credit == demo.credit and cfg.learner == demo.learner
