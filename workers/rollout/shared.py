@@ -291,16 +291,15 @@ class SharedRolloutWorker:
             except (StaleLease, SlotNotOpen) as e:
                 c.future.set_exception(e)
                 continue
-            why = f"slot {c.slot} unusable since a failed adapter load: {sl.broken}" if sl.broken is not None else (
-                "the starting policy is not loaded yet (made from the first adapter a slot loads)"
-                if c.request.base and self._start.lora_request() is None else None)
-            if why is not None:
-                c.future.set_exception(RuntimeError(why))
+            base = c.request.base  # under the starting policy's zero adapter (None: not made yet, refused)
+            lora, added = self._start.lora_request() if base else sl.sync.lora_request(), []
+            if sl.broken is not None or (base and lora is None):
+                c.future.set_exception(RuntimeError(f"slot {c.slot} unusable since a failed adapter load: {sl.broken}"
+                                                    if sl.broken is not None else "the starting policy is not loaded "
+                                                    "yet (made from the first adapter a slot loads)"))
                 continue
-            base = c.request.base  # the starting policy's zero adapter (None: not made yet, refused)
             c.outputs, c.left, c.version, c.started = [None] * len(c.prompts), len(c.prompts), \
                 None if base else sl.version, time.perf_counter()
-            lora, added = self._start.lora_request() if base else sl.sync.lora_request(), []
             try:
                 for i, (prompt, params) in enumerate(zip(c.prompts, c.params, strict=True)):
                     rid = f"r{next(self._request_ids)}"
