@@ -150,7 +150,7 @@ def test_trials_pack_onto_logical_gpus_and_colocated_trials_match_separate_ones(
         assert p["placement"] == "colocated"
         assert [w["gpu_ids"] for w in p["workers"]] == [r["gpu_ids"] for r in p["learner_ranks"]], name
         assert len(p["learner"]["gpu_ids"]) == 1, name
-    _no_gpu_shared_while_overlapping(spans, placements)
+    _no_gpu_shared_while_overlapping(together, {"A_s0": [killed[0][2]]})
     assert placements["A_s0"]["learner"]["pid"] != killed[0][0]  # the retry's learner rank
 
     for t in together.trials:
@@ -185,15 +185,24 @@ def _phases(tdir: Path) -> list[list[dict]]:
     return [a for a in attempts if a]
 
 
-def _no_gpu_shared_while_overlapping(spans: dict, placements: dict) -> None:
-    """Two trials that ran at the same time never had a GPU in common."""
-    for a in placements:
-        for b in placements:
-            overlap = spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]
-            if a < b and overlap:
-                ga = {g for x in [*placements[a]["workers"], placements[a]["learner"]] for g in x["gpu_ids"]}
-                gb = {g for x in [*placements[b]["workers"], placements[b]["learner"]] for g in x["gpu_ids"]}
-                assert not ga & gb, (a, b)
+def _no_gpu_shared_while_overlapping(campaign, killed_placements: dict[str, list[dict]]) -> None:
+    """No two attempts of different trials that ran at the same time had a GPU in common. An attempt runs from its
+    `start` event to the next one's (a retry's placement group is made after the killed one's is gone) or to the
+    trial's last event; a killed attempt's placement is the record it wrote (`killed_placements`), since its retry
+    overwrites placement.json and may take a GPU another trial let go of meanwhile."""
+    attempts = []  # (trial, start, end, gpu ids)
+    for t in campaign.trials:
+        events = _jsonl(_trial_dir(campaign, t.name) / "events.jsonl")
+        starts = [e["time"] for e in events if e["event"] == "start"]
+        records = [*killed_placements.get(t.name, []),
+                   json.loads((_trial_dir(campaign, t.name) / "placement.json").read_text())]
+        assert len(records) == len(starts), (t.name, len(starts))
+        for begin, end, p in zip(starts, [*starts[1:], events[-1]["time"]], records):
+            attempts.append((t.name, begin, end, {g for x in [*p["workers"], p["learner"]] for g in x["gpu_ids"]}))
+    for a, a0, a1, ga in attempts:
+        for b, b0, b1, gb in attempts:
+            if a < b and a0 < b1 and b0 < a1:
+                assert not ga & gb, (a, b, ga & gb)
 
 
 def _wandb_runs(campaign_dir: Path) -> dict[str, list[dict]]:
