@@ -33,6 +33,7 @@ REPORT_DIR = "report"
 METRICS_FILE = "metrics.jsonl"
 STATE_FILE = "trial_state.json"  # inside a checkpoint: step, policy version, task cursor, SEPA controller
 PLACEMENT_FILE = "placement.json"
+ISOLATION_FILE = "isolation.json"  # a pool trial's isolation probe at step 0 (trial/artifacts/isolation.py)
 UNCERTAINTY_DIR = "uncertainty"  # trials/<trial>/uncertainty/step_<k>.npz
 SAMPLES_DIR = "samples"  # trials/<trial>/samples/{step,eval_step}_<k>.jsonl.gz
 BATCHES_DIR = "batches"  # trials/<trial>/batches/step_<k>.npz (logging.batches; `trial --replay` reads them)

@@ -107,6 +107,7 @@ class Run:
     config: dict[str, Any]
     group: str = ""
     data: dict[str, np.ndarray] | None = None  # column -> float array over the rows (sorted by "step")
+    isolation: dict[str, Any] | None = None  # a pool trial's isolation probe (trials/<t>/isolation.json)
     _cache: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
 
     @property
@@ -247,6 +248,8 @@ def load(campaign_dir: str | Path | CampaignFiles) -> tuple[dict[str, Any], list
             issues.append(TrialIssue(run.name, "no metrics.jsonl"))
             continue
         run.data, bad = _parse_metrics(files.read_text(mpath))
+        if files.is_file(ipath := f"{tdir}/{store.ISOLATION_FILE}"):
+            run.isolation = json.loads(files.read_text(ipath))
         note = f"; {bad} unreadable line(s) skipped" if bad else ""
         if run.data is None:
             issues.append(TrialIssue(run.name, f"metrics.jsonl has no rows{note}"))

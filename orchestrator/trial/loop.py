@@ -31,6 +31,7 @@ from orchestrator.trial.actors.phases import Phases
 from orchestrator.trial.actors.ports import EnginesPort, LearnerPort, LearnerRestarted
 from orchestrator.trial.actors.start import shutdown_actors, trial_scratch_root
 from orchestrator.trial.artifacts.batches import TrialBatches
+from orchestrator.trial.artifacts.isolation import record_isolation
 from orchestrator.trial.artifacts.restore import restore_checkpoint
 from orchestrator.trial.artifacts.samples import TrialSamples
 from orchestrator.trial.artifacts.uncertainty import write_uncertainty
@@ -273,6 +274,8 @@ def _loop(run: TrialRun, resume: Resume, parts: _StepParts, version: int, rows: 
             held = source.evaluate(step)
             held.metrics.update(parts.eval_sets.evaluate(step))
         outcome = training.run(step, sepa, version)
+        if step == 0:  # a pool slot: is what its engines computed for it independent of its batch neighbours?
+            record_isolation(cfg, engines, outcome.rollouts, out_dir)
         outcome.row, outcome.eval_samples = {**outcome.row, **held.metrics}, held.samples
         row, version = outcome.row, outcome.version
         if outcome.uncertainty is not None:

@@ -25,7 +25,8 @@ differs is that calls from several trial drivers arrive at once and share the ru
   it to end, and a slot's adapter load runs between two steps while other slots decode.
 - Order: each slot's calls run in arrival order: a load or drop of slot s waits until s's requests in flight have
   finished, and s's later calls wait behind it; other slots are not held up. A call of no slot (`hold`, the debug
-  views) waits for every call queued before it to start.
+  views) waits for every call queued before it to start; the isolation probe (isolation.py) also for the engine
+  to drain (admission.py).
 - `SharedRolloutActor`: the Ray actor, threaded (max_concurrency = slots + 2: every slot's call, health, a spare).
 """
 
@@ -47,6 +48,8 @@ from typing import Any
 import ray
 
 from workers.fence import Fence, SlotLease, SlotNotOpen, StaleLease, slot_index
+from workers.rollout.admission import admissible
+from workers.rollout.isolation import probe
 from workers.rollout.output import Generation
 from workers.rollout.sampling import SamplingRequest, completions, sampling_params
 from workers.rollout.worker import RolloutWorkerSettings, open_engine, process_health
@@ -69,6 +72,7 @@ class _Call:
     future: Future = field(default_factory=Future)
     run: Callable[[], Any] | None = None
     slot: int | None = None
+    drain: bool = False  # a call of no slot that runs only when no request is in flight (the isolation probe)
     lease: int | SlotLease | None = None  # how the caller named the slot (a lease is fenced: workers/fence.py)
     prompts: list = field(default_factory=list)
     params: list = field(default_factory=list)
@@ -145,6 +149,20 @@ class SharedRolloutWorker:
         (older leases refused from then on)."""
         i = self._check(slot)
         self._call(lambda: self._drop(slot), i)
+
+    def isolation(self, slot: int | SlotLease, sequences: list[list[int]]) -> dict:
+        """`slot`'s teacher-forced log-probs of `sequences` alone vs in a batch mixed with every other adapter the
+        engine holds (isolation.py), once no request is in flight: the `IsolationProbe` record."""
+        i, cap = self._check(slot), self._llm.llm_engine.model_config.max_model_len - 1  # + the greedy token
+        seqs = [list(s)[:cap] for s in sequences if len(s) >= 2]
+
+        def run() -> dict:
+            self.fence.require(slot)
+            own = self._slots[i].sync.lora_request()
+            others = [sl.sync.lora_request() for j, sl in enumerate(self._slots) if j != i]
+            others += [self._start.lora_request()] if self._start is not None else []
+            return probe(self._llm.llm_engine, seqs, own, [lo for lo in others if lo is not None]).record()
+        return self._submit(_Call(run=run, drain=True))
 
     def adapter_version(self, slot: int | SlotLease) -> int | None:
         """The version `slot` samples with (None: the base model, or nothing after a failed load)."""
@@ -258,28 +276,10 @@ class SharedRolloutWorker:
                 self._step()
 
     def _admissible(self) -> tuple[list[_Call], bool]:
-        """Take from the queue, in order, the calls that may start now (module docstring, Order); (them, whether the
-        engine thread should stop). Called under the lock."""
-        busy = {c.slot for c, _ in self._running.values()}
-        taken, held, left = [], set(), deque()
-        for i, c in enumerate(self._queue):
-            if c is None or (c.run is not None and c.slot is None):  # close, or a call of no slot: in order
-                if i == 0 and c is None and not self._running:
-                    return [], True
-                if i == 0 and c is not None:
-                    taken.append(c)
-                    i += 1
-                left.extend(list(self._queue)[i:])
-                break
-            if c.slot in held or (c.run is not None and c.slot in busy):
-                held.add(c.slot)
-                left.append(c)
-                continue
-            taken.append(c)
-            if c.run is None:  # a later load or drop of this slot waits for this generate's requests
-                busy.add(c.slot)
-        self._queue = left
-        return taken, False
+        """The calls that may start now (admission.py), taken from the queue; called under the lock."""
+        taken, self._queue, stop = admissible(self._queue, {c.slot for c, _ in self._running.values()},
+                                              bool(self._running))
+        return taken, stop
 
     def _admit(self, calls: list[_Call]) -> None:
         """Add each generate call's prompts to the engine under its slot's adapter (a broken slot's call refused)."""

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.report.load import Group
+from orchestrator.report.sections import isolation
 
 COLUMNS = ["group", "baseline", "metric", "step", "n_pairs", "mean_diff", "min_diff", "max_diff", "mean_abs_diff"]
 CSV_FILES = ("trajectory_distance",)
@@ -126,6 +127,7 @@ def markdown(table: pd.DataFrame, groups: Sequence[Group], base: Group | None, m
                + (f"; within the stated tolerance {STEP0_TOLERANCE:g} (engines not batch-invariant) for {within}"
                   if within else "")
                + ("." if not bad else "; differing: " + "; ".join(bad) + ".")]
+    md += isolation.markdown(groups)
     if base is None or not len(table):
         return md + ["", "No paired trajectories (a single group or no shared seeds)."]
     md += ["", f"Paired difference to `{base.label}` (same seed), mean over seeds, at selected steps "

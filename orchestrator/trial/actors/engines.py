@@ -62,6 +62,9 @@ class RolloutEngines:
             return update.version
         return push(self.workers, update, wait=lambda refs: self.calls.get(refs, "sync", self.names))
 
+    def isolation(self, sequences: list[list[int]]) -> list[dict]:
+        return []  # the trial's own engines: no other trial's request shares their batch
+
     def health(self) -> None:
         check_health(self.calls, self.names)
 

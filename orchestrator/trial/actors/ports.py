@@ -59,6 +59,12 @@ class EnginesPort(Protocol):
         """`update` on every engine; its version once every engine holds it."""
         ...
 
+    def isolation(self, sequences: list[list[int]]) -> list[dict]:
+        """Each engine's isolation probe of the trial's slot on `sequences` (workers/rollout/isolation.py: the
+        same teacher-forced log-probs alone and in a batch mixed with other slots' adapters); [] for the trial's
+        own engines, whose batch no other trial shares."""
+        ...
+
     def health(self) -> None:
         """Every engine answers its health check in time and is well; a frozen or sick one fails the trial here
         (calls.py: PhaseTimeout, the trial retried)."""

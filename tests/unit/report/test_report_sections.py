@@ -199,3 +199,34 @@ def test_noise_share_is_a_pooled_ratio_near_the_truth_and_nan_below_the_token_fl
     # seed 3's 20 planning tokens in all give no share (below the 30-token floor), so it does not drag the mean
     assert math.isnan(pooled(np.ones(20), {"noise_part": np.ones(20), "surprisal_var": np.ones(20)})["noise_share"])
     assert pooled(np.ones(30), {"noise_part": np.ones(30), "surprisal_var": np.full(30, 2.0)})["noise_share"] == 0.5
+
+
+def _isolation_line(camp: Path, records: dict[str, dict]) -> str:
+    for name, rec in records.items():
+        (camp / "trials" / name / "isolation.json").write_text(json.dumps(rec))
+    md = build_report(camp, ReportOptions(figures=False)).markdown
+    return next((line for line in md.splitlines() if line.startswith("Isolation (")), "")
+
+
+def _probe(diff: float, gpus: float = 1.0, invariant: bool = False) -> dict:
+    return {"identical": diff == 0.0, "max_abs_diff": diff, "tokens": 40, "batch_invariant": invariant,
+            "worker_gpus": gpus}
+
+
+def test_isolation_says_which_held_per_trial(tmp_path):
+    """The pool trials' probes (isolation.json): the same bits, within the stated tolerance on GPU engines without
+    batch-invariant kernels, or beyond it; batch-invariant or CPU engines must give the same bits. No probe: no
+    line."""
+    from orchestrator.report.sections.isolation import ISOLATION_TOLERANCE
+
+    assert _isolation_line(write_campaign(tmp_path / "none", seeds=(0,)), {}) == ""
+    line = _isolation_line(write_campaign(tmp_path / "a", seeds=(0,)),
+                           {"C1_s0": _probe(0.0), "C4_s0": _probe(0.01)})
+    assert line.endswith(f"the same bits for 1 of 2 trials; within the stated tolerance {ISOLATION_TOLERANCE:g} "
+                         "nats (engines not batch-invariant) for 1, largest 0.01."), line
+    line = _isolation_line(write_campaign(tmp_path / "b", seeds=(0,)),
+                           {"C1_s0": _probe(0.01, invariant=True), "C4_s0": _probe(0.2)})
+    assert "the same bits for 0 of 2 trials; beyond: C1_s0: max |delta| 0.01 where batch-invariant kernels must " \
+           "give the same bits; C4_s0: max |delta| 0.2, beyond the stated tolerance 0.05." in line, line
+    line = _isolation_line(write_campaign(tmp_path / "c", seeds=(0,)), {"C1_s0": _probe(1e-7, gpus=0.0)})
+    assert line.endswith("beyond: C1_s0: max |delta| 1e-07 where CPU engines must give the same bits."), line
