@@ -275,7 +275,7 @@ def _loop(run: TrialRun, resume: Resume, parts: _StepParts, version: int, rows: 
             held.metrics.update(parts.eval_sets.evaluate(step))
         outcome = training.run(step, sepa, version)
         if step == 0:  # a pool slot: is what its engines computed for it independent of its batch neighbours?
-            record_isolation(cfg, engines, outcome.rollouts, out_dir)
+            record_isolation(engines, outcome.rollouts, out_dir)
         outcome.row, outcome.eval_samples = {**outcome.row, **held.metrics}, held.samples
         row, version = outcome.row, outcome.version
         if outcome.uncertainty is not None:

@@ -12,7 +12,8 @@ or read here."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, replace
 
 _IDS = itertools.count()
 
@@ -21,14 +22,16 @@ _IDS = itertools.count()
 class IsolationProbe:
     """One engine's probe of one slot: `tokens` log-probs compared, the largest absolute difference between the
     alone and mixed scores (nats), whether every one was identical, how many requests (prefixes) shared the mixed
-    batch, and
-    the mean log-prob alone (which adapter scored them: tests check it against the PEFT model)."""
+    batch, the mean log-prob alone (which adapter scored them: tests check it against the PEFT model), and the
+    engine process's own facts: whether it runs vLLM's batch-invariant kernels, and on a GPU."""
 
     tokens: int
     max_abs_diff: float
     identical: bool
     batch: int
     mean_logprob: float
+    batch_invariant: bool = False
+    gpu: bool = False
 
     def record(self) -> dict:
         return asdict(self)
@@ -57,9 +60,10 @@ def score_params(token: int, seed: int):
                           output_kind=RequestOutputKind.FINAL_ONLY)
 
 
-def teacher_forced(engine, sequences: list[list[int]], loras: list) -> list[list[float]]:
+def teacher_forced(engine, sequences: list[list[int]], loras: list, on_step=None) -> list[list[float]]:
     """log p(s[t] | s[:t]) at `positions(len(s))` of each sequence under its LoRA request (None: the base), every
-    prefix added to `engine` (a vLLM `LLMEngine`, idle) at once and stepped until each finished."""
+    prefix added to `engine` (a vLLM `LLMEngine`, idle) at once and stepped until each finished (`on_step()` after
+    each step: the engine's liveness counts them)."""
     rids: list[list[tuple[str, int]]] = []
     for seq, lora in zip(sequences, loras, strict=True):
         rids.append([])
@@ -72,6 +76,8 @@ def teacher_forced(engine, sequences: list[list[int]], loras: list) -> list[list
         for out in engine.step():
             if out.finished:
                 done[out.request_id] = out
+        if on_step is not None:
+            on_step()
     return [[done[rid].outputs[0].logprobs[0][tok].logprob for rid, tok in seq] for seq in rids]
 
 
@@ -83,11 +89,20 @@ def compare(alone: list[list[float]], mixed: list[list[float]], batch: int) -> I
     return IsolationProbe(len(pairs), max(diffs, default=0.0), all(a == m for a, m in pairs), batch, mean)
 
 
-def probe(engine, sequences: list[list[int]], own, others: list) -> IsolationProbe:
+def probe(engine, sequences: list[list[int]], own, others: list, on_step=None) -> IsolationProbe:
     """`sequences` scored under `own` alone, then first in one batch with the reversed sequences under each of
     `others` (the engine's other adapters; `own` again when there is none)."""
-    alone = teacher_forced(engine, sequences, [own] * len(sequences))
+    alone = teacher_forced(engine, sequences, [own] * len(sequences), on_step)
     neighbours = [(seq, lora) for lora in (others or [own]) for seq in reversed(sequences)]
     seqs = [*sequences, *(s for s, _ in neighbours)]
-    mixed = teacher_forced(engine, seqs, [*([own] * len(sequences)), *(lo for _, lo in neighbours)])
-    return compare(alone, mixed[:len(sequences)], sum(len(positions(len(s))) for s in seqs))
+    mixed = teacher_forced(engine, seqs, [*([own] * len(sequences)), *(lo for _, lo in neighbours)], on_step)
+    out = compare(alone, mixed[:len(sequences)], sum(len(positions(len(s))) for s in seqs))
+    return replace(out, **engine_facts())
+
+
+def engine_facts() -> dict[str, bool]:
+    """This engine process's kernels: batch-invariant (VLLM_BATCH_INVARIANT, set in its environment before vLLM
+    was imported: orchestrator/config/pool_key.py:engine_env) and on a GPU (a CPU engine has no device visible)."""
+    import torch
+
+    return {"batch_invariant": os.environ.get("VLLM_BATCH_INVARIANT") == "1", "gpu": torch.cuda.is_available()}

@@ -49,7 +49,7 @@ import ray
 
 from workers.fence import Fence, SlotLease, SlotNotOpen, StaleLease, slot_index
 from workers.rollout.admission import admissible
-from workers.rollout.isolation import probe
+from workers.rollout.isolation import IsolationProbe, probe
 from workers.rollout.output import Generation
 from workers.rollout.sampling import SamplingRequest, completions, sampling_params
 from workers.rollout.worker import RolloutWorkerSettings, open_engine, process_health
@@ -150,18 +150,19 @@ class SharedRolloutWorker:
         i = self._check(slot)
         self._call(lambda: self._drop(slot), i)
 
-    def isolation(self, slot: int | SlotLease, sequences: list[list[int]]) -> dict:
+    def isolation(self, slot: int | SlotLease, sequences: list[list[int]]) -> IsolationProbe:
         """`slot`'s teacher-forced log-probs of `sequences` alone vs in a batch mixed with every other adapter the
-        engine holds (isolation.py), once no request is in flight: the `IsolationProbe` record."""
+        engine holds (isolation.py), once no request is in flight."""
         i, cap = self._check(slot), self._llm.llm_engine.model_config.max_model_len - 1  # + the greedy token
         seqs = [list(s)[:cap] for s in sequences if len(s) >= 2]
 
-        def run() -> dict:
+        def run() -> IsolationProbe:
             self.fence.require(slot)
             own = self._slots[i].sync.lora_request()
             others = [sl.sync.lora_request() for j, sl in enumerate(self._slots) if j != i]
             others += [self._start.lora_request()] if self._start is not None else []
-            return probe(self._llm.llm_engine, seqs, own, [lo for lo in others if lo is not None]).record()
+            return probe(self._llm.llm_engine, seqs, own, [lo for lo in others if lo is not None],
+                         on_step=lambda: self._count("engine_steps", 1))
         return self._submit(_Call(run=run, drain=True))
 
     def adapter_version(self, slot: int | SlotLease) -> int | None:

@@ -37,7 +37,7 @@ def isolation_check(groups: Sequence[Group]) -> IsolationCheck:
             diff = float(rec.get("max_abs_diff", float("nan")))
             if rec.get("identical"):
                 identical += 1
-            elif rec.get("batch_invariant") or not float(rec.get("worker_gpus") or 0.0) > 0.0:
+            elif rec.get("batch_invariant") or not rec.get("gpu"):
                 why = "batch-invariant kernels" if rec.get("batch_invariant") else "CPU engines"
                 bad.append(f"{r.name}: max |delta| {diff:.3g} where {why} must give the same bits")
             elif diff <= ISOLATION_TOLERANCE:

@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Callable
 
 from orchestrator.trial.actors.calls import Calls, check_health
+from workers.rollout.isolation import IsolationProbe
 from workers.rollout.output import Generation
 from workers.rollout.worker import SamplingRequest, shard
 from workers.sync.policy import PolicyUpdate, push
@@ -62,7 +63,7 @@ class RolloutEngines:
             return update.version
         return push(self.workers, update, wait=lambda refs: self.calls.get(refs, "sync", self.names))
 
-    def isolation(self, sequences: list[list[int]]) -> list[dict]:
+    def isolation(self, sequences: list[list[int]]) -> list[IsolationProbe]:
         return []  # the trial's own engines: no other trial's request shares their batch
 
     def health(self) -> None:

@@ -12,6 +12,7 @@ import time
 from typing import Protocol
 
 from workers.learner.inputs import LearnerBatch, StepResult
+from workers.rollout.isolation import IsolationProbe
 from workers.rollout.output import Generation
 from workers.rollout.worker import SamplingRequest
 from workers.sync.policy import PolicyUpdate
@@ -59,7 +60,7 @@ class EnginesPort(Protocol):
         """`update` on every engine; its version once every engine holds it."""
         ...
 
-    def isolation(self, sequences: list[list[int]]) -> list[dict]:
+    def isolation(self, sequences: list[list[int]]) -> list[IsolationProbe]:
         """Each engine's isolation probe of the trial's slot on `sequences` (workers/rollout/isolation.py: the
         same teacher-forced log-probs alone and in a batch mixed with other slots' adapters); [] for the trial's
         own engines, whose batch no other trial shares."""

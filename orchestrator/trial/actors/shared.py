@@ -46,6 +46,7 @@ from orchestrator.trial.actors.restart import await_learner, first_line, learner
 from orchestrator.trial.actors.start import placement_record
 from workers.fence import SlotLease
 from workers.learner.inputs import LearnerBatch, RunSettings, StepResult
+from workers.rollout.isolation import IsolationProbe
 from workers.rollout.output import Generation
 from workers.rollout.worker import SamplingRequest
 from workers.sync.policy import PolicyUpdate
@@ -100,7 +101,7 @@ class PoolEnginesClient:
         return self.recovery.gather([Job(name, e, lambda e: e.placement.remote()) for name, e in self.names],
                                     "setup")
 
-    def isolation(self, sequences: list[list[int]]) -> list[dict]:
+    def isolation(self, sequences: list[list[int]]) -> list[IsolationProbe]:
         """Every engine's isolation probe of the slot (workers/rollout/shared.py:isolation), through the recovery."""
         return self.recovery.gather([Job(name, e, lambda e: e.isolation.remote(self.lease, sequences))
                                      for name, e in self.names], "generate")

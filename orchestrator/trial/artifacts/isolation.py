@@ -9,7 +9,6 @@ import json
 import time
 
 from orchestrator import storage as store
-from orchestrator.config.trial import TrialConfig
 from orchestrator.storage import ISOLATION_FILE
 from orchestrator.trial.actors.ports import EnginesPort
 from orchestrator.trial.collect.rollouts import Rollouts
@@ -23,16 +22,16 @@ def probe_sequences(roll: Rollouts, limit: int = PROBE_SEQUENCES) -> list[list[i
             if p and r][:limit]
 
 
-def record_isolation(cfg: TrialConfig, engines: EnginesPort, roll: Rollouts, out_dir: str) -> dict | None:
+def record_isolation(engines: EnginesPort, roll: Rollouts, out_dir: str) -> dict[str, object] | None:
     """Probe every engine of the trial's pool slot on `roll`'s sequences and write the record (None and nothing
     written for a trial's own engines, which no other trial shares)."""
-    probes = engines.isolation(probe_sequences(roll))
+    probes = [p.record() for p in engines.isolation(probe_sequences(roll))]
     if not probes:
         return None
-    shared = cfg.resources.shared_base
     record = {"engines": probes, "identical": all(p["identical"] for p in probes),
               "max_abs_diff": max(p["max_abs_diff"] for p in probes), "tokens": sum(p["tokens"] for p in probes),
-              "batch_invariant": bool(shared is not None and shared.batch_invariant),
-              "worker_gpus": float(cfg.resources.worker_gpus), "time": time.time()}
+              # as each engine process reports itself (workers/rollout/isolation.py:engine_facts)
+              "batch_invariant": all(p["batch_invariant"] for p in probes), "gpu": any(p["gpu"] for p in probes),
+              "time": time.time()}
     store.write_text(store.join(out_dir, ISOLATION_FILE), json.dumps(record, indent=1))
     return record

@@ -197,7 +197,7 @@ def _no_gpu_shared_while_overlapping(campaign, killed_placements: dict[str, list
         records = [*killed_placements.get(t.name, []),
                    json.loads((_trial_dir(campaign, t.name) / "placement.json").read_text())]
         assert len(records) == len(starts), (t.name, len(starts))
-        for begin, end, p in zip(starts, [*starts[1:], events[-1]["time"]], records):
+        for begin, end, p in zip(starts, [*starts[1:], events[-1]["time"]], records, strict=True):
             attempts.append((t.name, begin, end, {g for x in [*p["workers"], p["learner"]] for g in x["gpu_ids"]}))
     for a, a0, a1, ga in attempts:
         for b, b0, b1, gb in attempts:

@@ -198,7 +198,7 @@ def test_the_isolation_probe_waits_for_the_engine_and_finds_a_cpu_slot_independe
         gen = ex.submit(_gen, pool, 1, prompt_ids)
         while ray.get(pool.waiting.remote()) < 1:
             time.sleep(0.02)
-        probe = ex.submit(lambda: ray.get(pool.isolation.remote(0, seqs), timeout=300))
+        probe = ex.submit(lambda: ray.get(pool.isolation.remote(0, seqs), timeout=300).record())
         while ray.get(pool.waiting.remote()) < 2:
             time.sleep(0.02)
         ray.get(pool.release.remote())
@@ -207,6 +207,7 @@ def test_the_isolation_probe_waits_for_the_engine_and_finds_a_cpu_slot_independe
     at = [positions(len(s)) for s in seqs]
     tokens = sum(map(len, at))
     assert probe["identical"] and probe["max_abs_diff"] == 0.0, probe
+    assert not probe["gpu"] and not probe["batch_invariant"], probe  # what the engine process says of itself
     assert (probe["tokens"], probe["batch"]) == (tokens, tokens * 3), probe  # + slot 1's and the zero adapter
     ref = [hf_logprobs(adapters[1][0], s[:1], s[1:], 1.0)[[t - 1 for t in ts]] for s, ts in zip(seqs, at, strict=True)]
     assert abs(probe["mean_logprob"] - float(sum(r.sum() for r in ref)) / tokens) < TOL, probe

@@ -208,9 +208,8 @@ def _isolation_line(camp: Path, records: dict[str, dict]) -> str:
     return next((line for line in md.splitlines() if line.startswith("Isolation (")), "")
 
 
-def _probe(diff: float, gpus: float = 1.0, invariant: bool = False) -> dict:
-    return {"identical": diff == 0.0, "max_abs_diff": diff, "tokens": 40, "batch_invariant": invariant,
-            "worker_gpus": gpus}
+def _probe(diff: float, gpu: bool = True, invariant: bool = False) -> dict:
+    return {"identical": diff == 0.0, "max_abs_diff": diff, "tokens": 40, "batch_invariant": invariant, "gpu": gpu}
 
 
 def test_isolation_says_which_held_per_trial(tmp_path):
@@ -228,5 +227,5 @@ def test_isolation_says_which_held_per_trial(tmp_path):
                            {"C1_s0": _probe(0.01, invariant=True), "C4_s0": _probe(0.2)})
     assert "the same bits for 0 of 2 trials; beyond: C1_s0: max |delta| 0.01 where batch-invariant kernels must " \
            "give the same bits; C4_s0: max |delta| 0.2, beyond the stated tolerance 0.05." in line, line
-    line = _isolation_line(write_campaign(tmp_path / "c", seeds=(0,)), {"C1_s0": _probe(1e-7, gpus=0.0)})
+    line = _isolation_line(write_campaign(tmp_path / "c", seeds=(0,)), {"C1_s0": _probe(1e-7, gpu=False)})
     assert line.endswith("beyond: C1_s0: max |delta| 1e-07 where CPU engines must give the same bits."), line

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from workers.rollout.admission import admissible
-from workers.rollout.isolation import POSITIONS, compare, positions
+from workers.rollout.isolation import POSITIONS, compare, engine_facts, positions
 
 
 @given(st.integers(0, 5000))
@@ -48,3 +48,12 @@ def test_a_draining_call_waits_for_the_engine_to_be_idle_and_holds_what_comes_af
     assert admissible(deque([hold]), busy={0}, running=True)[0] == [hold]
     assert admissible(deque([None]), busy={0}, running=True)[2] is False  # close waits for requests in flight
     assert admissible(deque([None]), busy=set(), running=False)[2] is True
+
+
+def test_the_engine_says_whether_its_kernels_are_batch_invariant_from_its_own_environment(monkeypatch):
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    assert engine_facts()["batch_invariant"] is False
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")  # orchestrator/config/pool_key.py:engine_env sets it so
+    assert engine_facts()["batch_invariant"] is True
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "0")
+    assert engine_facts()["batch_invariant"] is False
