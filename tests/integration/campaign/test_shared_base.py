@@ -96,23 +96,27 @@ def _hold_freed_slot(campaign, name: str, slot: int, stop: threading.Event) -> N
     from orchestrator.config.pool_key import pool_id, slots_name
 
     registry = ray.get_actor(slots_name(pool_id(campaign.trials[0].trial)))
-    held, names = None, iter(f"blocker{i}" for i in range(1000))
-    others = []
+    held, others = None, []
     while held is None and not stop.is_set():
-        lease = ray.get(registry.try_acquire.remote(blocker := next(names)))
+        blocker = f"blocker{len(others)}"  # a new name only once this one holds a slot
+        lease = ray.get(registry.try_acquire.remote(blocker))
         if lease is not None and lease.slot == slot:
             held = blocker
         elif lease is not None:
             others.append(blocker)
         else:
             time.sleep(0.02)
-    slots = lambda: [e for e in _jsonl(_trial_dir(campaign, name) / "events.jsonl") if e["event"] == "slot"]  # noqa: E731
-    while len(slots()) < 2 and not stop.is_set():  # the retry's acquire
-        for blocker in others:
-            ray.get(registry.release.remote(blocker))
-        others = []
+    for blocker in others:
+        ray.get(registry.release.remote(blocker))
+    while _slot_events(campaign, name) < 2 and not stop.is_set():  # the retry's acquire
         time.sleep(0.05)
-    ray.get(registry.release.remote(held))
+    if held is not None:
+        ray.get(registry.release.remote(held))
+
+
+def _slot_events(campaign, name: str) -> int:
+    """How many slots trial `name`'s attempts have taken (one `slot` event each)."""
+    return sum(e["event"] == "slot" for e in _jsonl(_trial_dir(campaign, name) / "events.jsonl"))
 
 
 @pytest.fixture(scope="module")
