@@ -33,7 +33,7 @@ class IsolationProbe:
     batch_invariant: bool = False
     gpu: bool = False
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, float | int | bool]:
         return asdict(self)
 
 
