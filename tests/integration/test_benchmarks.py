@@ -70,7 +70,8 @@ def test_benchmark_runs_at_its_smallest_size(name, ray_local, tmp_path):
            "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0",
            "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address}
     proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / script), *flags], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                            start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=840)
         deadline = time.monotonic() + 30  # Ray's processes take a moment to exit after ray.shutdown()

@@ -22,7 +22,7 @@ def test_doctor_passes_on_this_machine(tmp_path):
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "doctor", "--storage", str(tmp_path / "store"),
                            "--campaign", str(ROOT / "campaigns" / "demo.yaml")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+                          cwd=ROOT, env=env, capture_output=True, text=True, errors="replace", timeout=900)
     lines = [ln for ln in proc.stdout.splitlines() if ln[:4] in ("ok  ", "FAIL", "skip")]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     names = {ln.split(":")[0][5:] for ln in lines}

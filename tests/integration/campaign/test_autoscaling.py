@@ -141,7 +141,7 @@ def _campaign(tmp: Path, name: str, steps: int) -> Path:
 def _run(env: dict, address: str, campaign: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(campaign)], cwd=ROOT,
                             env={**env, "RAY_ADDRESS": address}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, errors="replace")
 
 
 def _node_processes(node_id: str) -> list[psutil.Process]:

@@ -252,10 +252,10 @@ def test_sigkilled_campaign_resumes_with_the_same_command(ray_local, tmp_path):
     snapshot.write_bytes(snapshot.read_bytes()[: snapshot.stat().st_size // 2])
 
     status = subprocess.run([sys.executable, "-m", "orchestrator", "status", str(path)], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, errors="replace", timeout=120)
     assert status.returncode == 0 and "no driver running" in status.stdout, status.stdout + status.stderr
 
-    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, errors="replace", timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "resuming campaign resume" in again.stdout
     assert f"Tune's experiment snapshot {snapshot.name} is torn" in again.stdout, again.stdout[-3000:]
@@ -275,7 +275,7 @@ def test_sigkilled_campaign_resumes_with_the_same_command(ray_local, tmp_path):
             assert starts[1] % 3 == 0 and 3 <= lo <= starts[1] <= hi, (starts, done_at_kill)
 
     status = subprocess.run([sys.executable, "-m", "orchestrator", "status", str(path)], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, errors="replace", timeout=120)
     assert "2/2 trials finished" in status.stdout, status.stdout
 
     runs = _wandb_runs(cdir)
@@ -298,7 +298,8 @@ def test_sigkilled_campaign_resumes_with_the_same_command(ray_local, tmp_path):
 
     # the report reads the same storage (offline, no W&B needed) and can log itself as a W&B report run
     report = subprocess.run([sys.executable, "-m", "orchestrator", "report", str(path), "--window", "0-7",
-                             "--wandb"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                             "--wandb"], cwd=ROOT, env=env, capture_output=True, text=True, errors="replace",
+                            timeout=300)
     assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-2000:]
     out = cdir / "report"
     assert "C4" in report.stdout and (out / "report.md").is_file()

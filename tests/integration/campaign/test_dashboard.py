@@ -99,7 +99,7 @@ def test_view_references_only_what_the_offline_runs_hold(ray_local, tmp_path):
 
     # the command a user runs: the view's JSON next to the report, no network
     out = subprocess.run([sys.executable, "-m", "orchestrator", "dashboard", str(path), "--dry-run"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, errors="replace", timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "[Sweep: interventions.kl.coef]" in out.stdout and "KL to the reference" in out.stdout
     saved = json.loads((Path(campaign.directory) / "report" / VIEW_FILE).read_text())
@@ -109,7 +109,8 @@ def test_view_references_only_what_the_offline_runs_hold(ray_local, tmp_path):
 
     # the report as a W&B Report (offline: its run written for a sync, the Report for the next `dashboard`)
     out = subprocess.run([sys.executable, "-m", "orchestrator", "report", str(path), "--window", "0-2",
-                          "--publish", "wandb"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          "--publish", "wandb"], cwd=ROOT, capture_output=True, text=True, errors="replace",
+                          timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "wandb sync" in out.stdout and "orchestrator dashboard" in out.stdout
     recorded = json.loads((Path(campaign.directory) / "report" / "wandb_report.json").read_text())

@@ -95,7 +95,8 @@ def ray_head():
          f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={env_agent}",
          f"--metrics-export-port={metrics}", f"--temp-dir={tmp / 'ray'}", "--num-cpus=6", "--num-gpus=0",
          "--disable-usage-stats"],
-        env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+        start_new_session=True)
     try:
         out, _ = start.communicate(timeout=120)
         assert start.returncode == 0, out[-3000:]
@@ -109,7 +110,7 @@ def ray_head():
 
 def _submit(env: dict, address: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "orchestrator", "submit", CAMPAIGN, "--address", address],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+                          cwd=cwd, env=env, capture_output=True, text=True, errors="replace", timeout=180)
 
 
 def _snapshot(dest: Path) -> Path:

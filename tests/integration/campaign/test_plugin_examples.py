@@ -55,7 +55,7 @@ def test_plugin_examples_train_from_their_own_directories(ray_local, tmp_path):
     env = {**os.environ, "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address}
     env["PYTHONPATH"] = str(ROOT)  # the package; the plugins come only from plugins.paths
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "run", "campaign.yaml"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=1200)
+                          capture_output=True, text=True, errors="replace", timeout=1200)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     for name in conditions:
         rows = [json.loads(line) for line in

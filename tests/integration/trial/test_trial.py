@@ -119,8 +119,8 @@ def run_preempted(cfg: TrialConfig, storage: Path, *by_value):
 def test_config_user_error_is_one_line_exit_2(tmp_path, yaml_text, needle):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml_text)
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "trial", str(path)], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", "trial", str(path)], capture_output=True,
+                          text=True, errors="replace", timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and str(path) in lines[0], proc.stderr
