@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from pydantic import ValidationError
 
@@ -110,3 +112,17 @@ def test_rollout_old_logprobs_allowed_when_nothing_needs_the_scoring_pass():
 def test_cli_unknown_engine_key_exit_2(tmp_path):
     path, lines = trial_error(tmp_path, "rollout: {engine: {enforce_eagr: true}}\n")
     assert len(lines) == 1 and "rollout.engine.enforce_eagr: unknown key" in lines[0] and str(path) in lines[0]
+
+
+def test_an_engine_in_its_own_processes_is_not_pinned_unless_the_user_pins_it(monkeypatch):
+    from workers.rollout.engine import use_engine_processes
+
+    for key in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_ENABLE_V1_MULTIPROCESSING"):  # restored after the test
+        monkeypatch.delenv(key, raising=False)
+    use_engine_processes(True)  # in the actor's process: vLLM binds nothing there
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+    use_engine_processes(False)
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1" and os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1")  # a user's own binding stays
+    use_engine_processes(False)
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
