@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -119,3 +120,4 @@ class Stack:
 
         shutdown_actors(self.workers, self.learner)
         self.task.close()
+        shutil.rmtree(self.metrics_file.parent, ignore_errors=True)  # the rows were printed; nothing reads it after

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -54,8 +53,9 @@ def main() -> None:
     import ray
 
     from workers.models.loading import build_tiny_model, load_tokenizer
+    from workers.sync.scratch import node_temp_dir
 
-    model_dir = str(build_tiny_model(Path(tempfile.gettempdir()) / "credit-orchestrator-tiny-0", seed=0))
+    model_dir = str(build_tiny_model(Path(node_temp_dir()) / "credit-orchestrator-tiny-0", seed=0))
     tok = load_tokenizer(model_dir)
     prompts = [[tok.bos_token_id] + tok.encode(f"what is {i} + {i} ?", add_special_tokens=False)
                for i in range(args.prompts)]

@@ -85,8 +85,9 @@ def make_learner(args, old_logprobs: str, ranks=None, init: str | None = None):
     from workers.learner.learner import Learner
     from workers.learner.ranks import Ranks
     from workers.models.loading import build_tiny_model
+    from workers.sync.scratch import node_temp_dir
 
-    tiny = str(build_tiny_model(Path(tempfile.gettempdir()) / "credit-orchestrator-tiny-0", seed=0))
+    tiny = str(build_tiny_model(Path(node_temp_dir()) / "credit-orchestrator-tiny-0", seed=0))
     if args.shape:
         def load(_path, dtype=torch.float32, device="cpu"):
             return build_shape(args.shape, args.layers, args.vocab, dtype, device)

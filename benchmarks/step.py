@@ -19,6 +19,7 @@ trial / bare (target <= 1.05).
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -136,6 +137,7 @@ def main() -> None:
     finally:
         stack.close()
         ray.shutdown()
+        shutil.rmtree(adapters, ignore_errors=True)
     print(f"same sampled token count on both sides: {all(same)}")
     m_trial, m_gen, m_train = statistics.median(trial), statistics.median(gen), statistics.median(train)
     print(f"trial step median {m_trial:.3f} s; bare generate {m_gen:.3f} s + bare train {m_train:.3f} s = "

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
+import getpass
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 # Ray starts its worker processes at niceness 15 unless told otherwise. Beside the tests' own processes at 0 (the
 # other xdist worker's in-process learners, the Makefile's background model builds) a Ray actor then gets a few
@@ -24,6 +29,41 @@ os.environ.setdefault("RAY_enable_metrics_collection", "0")
 # 3.75 s of wall, CPU the other pytest worker needed. Measured on two workers: the unit suite 130 -> 91 s,
 # tests/integration/learner and rollout 217 -> 105 s (407 -> 167 CPU-s).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+SESSION_TMP, MARK = "CO_TEST_TMPDIR", ".co-test-session"
+
+
+def _session_temp_dir() -> None:
+    """Every temp file of the session in one folder of its own, removed when the session ends.
+
+    Actors a test kills leave what they made (a worker's policy folder, vLLM's file store and sockets): a run
+    left ~70 such entries in the temp dir, every run. Trials clean up through their scratch folders
+    (workers/sync/scratch.py), but a test's own actors have none. So the session's first process (xdist's workers
+    and whatever a test starts inherit TMPDIR) makes the session's folder the temp dir, keeping where they were
+    what outlives a session: the tiny models and compiled kernels (caches), pytest's tmp_path folders (its last
+    three sessions, for a look after a failure) and Ray's logs. A session killed before it could remove its folder
+    has it removed by the next one (its pid, in MARK, gone). The name is short: a trial's scratch folder and its
+    engine's sockets nest under it (SOCKET_ROOM there)."""
+    if os.environ.get(SESSION_TMP):
+        return
+    import psutil
+
+    node = tempfile.gettempdir()
+    os.environ.setdefault("CO_NODE_TMPDIR", node)  # workers/sync/scratch.py: the tiny models' cache
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(node) / f"torchinductor_{getpass.getuser()}"))
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", node)
+    os.environ.setdefault("RAY_TMPDIR", node)  # Ray's logs: <node>/ray/session_*
+    for mark in Path(node).glob(f"cot*/{MARK}"):
+        pid = mark.read_text().strip()
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(mark.parent, ignore_errors=True)
+    session = tempfile.mkdtemp(prefix="cot", dir=node)
+    Path(session, MARK).write_text(str(os.getpid()))
+    os.environ[SESSION_TMP] = os.environ["TMPDIR"] = tempfile.tempdir = session
+    atexit.register(shutil.rmtree, session, ignore_errors=True)
+
+
+_session_temp_dir()
 
 
 def pytest_collection_finish(session) -> None:

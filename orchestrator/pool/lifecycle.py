@@ -22,7 +22,6 @@ budget is spent its calls fail in one line."""
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -46,7 +45,7 @@ from orchestrator.config.pool_key import (
     slots_name,
 )
 from orchestrator.config.trial import TrialConfig
-from workers.sync.scratch import scratch_root
+from workers.sync.scratch import remove_scratch, scratch_root
 
 RESTARTS = 3  # per pool actor and campaign run: a pool that keeps dying is a bug to see, not to retry forever
 
@@ -84,7 +83,7 @@ class Pool:
             ray.kill(actor)
         remove_placement_group(self.group)
         if self.scratch:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            remove_scratch(self.scratch)
 
 
 def usage_line(pool: str, engines: list[dict], learners: list[dict]) -> str:

@@ -89,8 +89,13 @@ def trial_scratch(root: str) -> Iterator[Path]:
             os.environ.pop("TMPDIR", None)
         else:
             os.environ["TMPDIR"] = before[1]
-        shutil.rmtree(root, ignore_errors=True)
-        try:
-            Path(root).parent.rmdir()
-        except OSError:  # another trial's root is there, or it is gone
-            pass
+        remove_scratch(root)
+
+
+def remove_scratch(root: str) -> None:
+    """`root` and everything under it, then its parent folder (`FOLDER`) once no other root is in it."""
+    shutil.rmtree(root, ignore_errors=True)
+    try:
+        Path(root).parent.rmdir()
+    except OSError:  # another trial's or pool's root is there, or it is gone
+        pass

@@ -172,9 +172,9 @@ def _simulate(campaign: Campaign, plan, steps: int, rng: random.Random) -> list[
 @given(st.integers(1, 3), st.integers(1, 3), st.integers(0, 10**6), st.booleans())
 def test_no_pool_ever_runs_more_than_its_slots_and_every_trial_runs(slots, seeds, seed, lockstep):
     extra = {"schedule": {"mode": "lockstep", "round_steps": 2}} if lockstep else {}
-    campaign = _campaign(slots=slots, seeds=range(seeds), directory=tempfile.mkdtemp(), **extra)  # events.jsonl
-    plan = scheduling(campaign)
-    seen = _simulate(campaign, plan, steps=4, rng=random.Random(seed))
+    with tempfile.TemporaryDirectory() as directory:  # events.jsonl; tmp_path is one folder for every example
+        campaign = _campaign(slots=slots, seeds=range(seeds), directory=directory, **extra)
+        seen = _simulate(campaign, scheduling(campaign), steps=4, rng=random.Random(seed))
     assert max(max(p.values(), default=0) for p in seen) <= slots
     # both pools ran side by side whenever each had a trial to run (at the start: each fills its slots)
     assert any(len(p) == 2 for p in seen)

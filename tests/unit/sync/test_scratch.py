@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from workers.sync.scratch import FOLDER, SOCKET_ROOM, enter_scratch, scratch_root, trial_scratch
+from workers.sync.scratch import (
+    FOLDER,
+    SOCKET_ROOM,
+    enter_scratch,
+    remove_scratch,
+    scratch_root,
+    trial_scratch,
+)
 
 
 def test_the_root_is_the_same_for_every_attempt_and_apart_for_trials_of_one_name(tmp_path):
@@ -70,6 +77,17 @@ def test_the_driver_removes_the_trial_folder_when_it_ends_or_fails(tmp_path, fai
                 raise RuntimeError("step failed")
     assert list(tmp_path.iterdir()) == []  # the root and its parent folder are gone
     assert (tempfile.gettempdir(), os.environ.get("TMPDIR")) == before
+
+
+def test_a_pool_root_removed_beside_a_running_trial_keeps_the_trial_root_and_the_last_takes_the_folder(tmp_path):
+    pool, trial = scratch_root(str(tmp_path), "pool", "p"), scratch_root(str(tmp_path), "t", "k")
+    for root in (pool, trial):
+        (Path(root) / "pool-engine-1").mkdir(parents=True)
+    remove_scratch(pool)
+    assert [p.name for p in (tmp_path / FOLDER).iterdir()] == [Path(trial).name]
+    remove_scratch(trial)
+    assert list(tmp_path.iterdir()) == []
+    remove_scratch(trial)  # gone already: nothing to do
 
 
 def test_caches_every_trial_shares_stay_in_the_node_temp_dir(tmp_path):
