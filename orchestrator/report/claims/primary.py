@@ -56,7 +56,7 @@ def choose_primary(requested: str | None, reached: Sequence[tuple[int, int]], k:
         return None, f"report.primary: {requested}, but no run reaches both ends of steps {w[0]}-{w[1]}"
     w = window_of(DEFAULT_PRIMARY)
     if w in [tuple(x) for x in reached]:
-        return measure_label(DEFAULT_PRIMARY, k), f"the default ({DEFAULT_PRIMARY}; set report.primary to change it)"
+        return measure_label(DEFAULT_PRIMARY, k), f"the default, {DEFAULT_PRIMARY}; set report.primary to change it"
     if reached:
         lo, hi = max(reached, key=lambda x: (x[1] - x[0], -x[0]))
         return f"AUC {lo}-{hi}", (f"the default {DEFAULT_PRIMARY} is reached by no run, so the widest AUC window "

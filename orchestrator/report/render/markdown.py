@@ -144,9 +144,10 @@ def _family_text(deltas: pd.DataFrame, scope: Scope) -> str:
     if name is None:
         return f"No primary measure ({why}): no comparison carries a `*`; every delta is exploratory."
     n = int(deltas.loc[deltas["role"] == "primary", "family_size"].max()) if (deltas["role"] == "primary").any() else 0
-    return (f"Primary measure: **{name}** ({why}). The familywise {ALPHA:.0%} (Holm) covers its {n} "
-            f"comparison(s) only; every other measure is exploratory (its p (Holm) is within its own measure, never "
-            "a `*`).")
+    covers = (f"covers its {n} comparison{'s' if n > 1 else ''} only" if n else
+              f"covers no comparison: none has the {MIN_PAIRS} seed pairs a test needs, so none carries a `*`")
+    return (f"Primary measure: **{name}** ({why}). The familywise {ALPHA:.0%} (Holm) {covers}; every other measure "
+            "is exploratory (its p (Holm) is within its own measure, never a `*`).")
 
 
 def _deltas_section(deltas: pd.DataFrame, baseline: Group | None, rows: list[list[str]], scope: Scope) -> list[str]:

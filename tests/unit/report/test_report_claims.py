@@ -97,10 +97,18 @@ def test_mark_follows_the_holm_adjusted_p_within_the_measure_family(tmp_path):
     assert (d.mark == "").all()
     assert "Holm-adjusted p < 0.05 within the primary measure's family" in rep.markdown
     assert "Primary measure: **step 2**" in rep.markdown  # no AUC window: the default falls back to step k
+    assert "(Holm) covers its 4 comparisons only" in rep.markdown
     # a clear effect keeps its mark after the adjustment
     curves |= {("C2", s): np.full(3, base[s] + 0.05 + 0.002 * s) for s in range(5)}
     d = build_report(write_runs(tmp_path / "c2", curves), ReportOptions(windows=[], figures=False)).tables["deltas"]
     assert _row(d, group="C2").mark == "*" and _row(d, group="C2").p_holm < 0.05
+
+
+def test_below_three_seed_pairs_the_header_says_no_comparison_is_tested(tmp_path):
+    curves = {(c, s): np.full(3, 0.3 + 0.1 * s + 0.05 * (c == "C2")) for c in ("C1", "C2") for s in range(2)}
+    rep = build_report(write_runs(tmp_path / "c", curves), ReportOptions(windows=[], figures=False))
+    assert (rep.tables["deltas"].family_size == 0).all()
+    assert "(Holm) covers no comparison: none has the 3 seed pairs a test needs, so none carries a `*`" in rep.markdown
 
 
 # --- zero variance ----------------------------------------------------------------------------------------------
