@@ -128,5 +128,8 @@ def figure(groups: Sequence[Group], path: Path | str) -> Path | None:
         ax.set_ylabel(title)
         ax.set_title(f"{title} per step (mean over seeds, min-max shaded)", fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_lines():
+            ax.legend(fontsize=7)
+        else:  # e.g. a staleness arm's sync trials log no trained groups
+            ax.text(0.5, 0.5, "logged by no run", transform=ax.transAxes, ha="center", va="center", color="0.4")
     return save(fig, path)

@@ -224,8 +224,8 @@ def test_entropy_floor_gradient_equals_direct_penalty(tiny_model_dir, monkeypatc
 
     grads = _capture_grads(learner, monkeypatch)
     metrics = learner.train_step(batch).metrics
-    assert close_to_scale(metrics["entropy/all_mean"], float(mean_h), float(mean_h))
-    assert close_to_scale(metrics["entropy/all_floor_penalty"], float(penalty), float(penalty))
+    assert close_to_scale(metrics["entropy/all_mean"], float(mean_h.detach()), float(mean_h.detach()))
+    assert close_to_scale(metrics["entropy/all_floor_penalty"], float(penalty.detach()), float(penalty.detach()))
     assert metrics["loss/policy"] == 0.0
     assert sum(float(g.norm()) for g in direct.values()) > 1e-3  # a real gradient to compare
     _assert_same_sums(grads, direct)

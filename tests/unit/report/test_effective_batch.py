@@ -5,6 +5,7 @@ filled one, and the informative-groups figure."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,16 @@ def test_old_campaigns_without_the_keys_have_no_section(tmp_path):
         {"name": "A_s0", "condition": "A", "seed": 0, "sweep": {}, "config": {"steps": 1}}]}))
     rep = build_report(root, ReportOptions(out_dir=tmp_path / "out"))
     assert "## Effective batch" not in rep.markdown and not len(rep.tables["effective_batch"])
+
+
+def test_a_panel_no_run_logged_says_so_instead_of_an_empty_legend(tmp_path):
+    """Runs that log the informative groups but not the trained ones: that panel has no line to label."""
+    camp = _campaign(tmp_path / "c", {"A": [[6, 6]]}, filled=False)
+    path = camp / "trials" / "A_s0" / "metrics.jsonl"
+    rows = [{k: v for k, v in json.loads(line).items() if k != "train/groups_kept"}
+            for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "No artists with labels found to put in legend"
+        rep = build_report(camp, ReportOptions(out_dir=tmp_path / "out"))
+    assert (tmp_path / "out" / "informative_groups.png") in rep.figures
