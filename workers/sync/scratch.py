@@ -7,7 +7,7 @@ checkpoint staging). `<root>` is `<base>/co-scratch/<trial, 16 chars at most>-<h
 path for every attempt of the trial, so a crash leaves its files in one findable place, and the next process of
 the trial to start on that node removes the folders of processes that are gone (a killed attempt's). A process
 removes its own folder when it exits, and the driver the whole root when the trial ends or fails
-(orchestrator/trial/loop.py).
+(orchestrator/trial/loop.py); a shared pool's root goes when the campaign driver stops the pool.
 
 Caches that every trial on a node shares stay in the node's temp dir (`node_temp_dir`): the locally built models
 (workers/tiny/) and torch's compiled kernels. Following `TMPDIR` into a trial's folder, they would be rebuilt by

@@ -130,6 +130,6 @@ def figure(groups: Sequence[Group], path: Path | str) -> Path | None:
         ax.grid(alpha=0.3)
         if ax.get_lines():
             ax.legend(fontsize=7)
-        else:  # e.g. a staleness arm's sync trials log no trained groups
+        else:  # the runs log the other panel's metric only (hand-written or older metrics files)
             ax.text(0.5, 0.5, "logged by no run", transform=ax.transAxes, ha="center", va="center", color="0.4")
     return save(fig, path)
