@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import getpass
 import os
 import shutil
 import tempfile
@@ -48,9 +47,10 @@ def _session_temp_dir() -> None:
         return
     import psutil
 
+    from workers.sync.scratch import keep_node_caches
+
     node = tempfile.gettempdir()
-    os.environ.setdefault("CO_NODE_TMPDIR", node)  # workers/sync/scratch.py: the tiny models' cache
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(node) / f"torchinductor_{getpass.getuser()}"))
+    keep_node_caches()  # the tiny models and compiled kernels, as a trial's processes keep them
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", node)
     os.environ.setdefault("RAY_TMPDIR", node)  # Ray's logs: <node>/ray/session_*
     for mark in Path(node).glob(f"cot*/{MARK}"):

@@ -53,13 +53,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def keep_node_caches() -> None:
+    """Pin the caches every trial on the node shares (module docstring) to the node's temp dir, for this process
+    and what it starts; call before this process's temp dir moves."""
+    node = node_temp_dir()
+    os.environ.setdefault(NODE_TMP, node)
+    # torch's own default is <temp dir>/torchinductor_<user>
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(node) / f"torchinductor_{getpass.getuser()}"))
+
+
 def enter_scratch(root: str, role: str) -> Path:
     """This process's folder under `root`, made its temp dir (`TMPDIR` and `tempfile`); first the folders of
     this trial's processes that are gone are removed."""
-    node = node_temp_dir()
-    os.environ.setdefault(NODE_TMP, node)
-    # torch's own default is <temp dir>/torchinductor_<user>: pinned to the node's before the temp dir moves
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(node) / f"torchinductor_{getpass.getuser()}"))
+    keep_node_caches()
     here = Path(root)
     here.mkdir(parents=True, exist_ok=True)
     for old in here.iterdir():
