@@ -60,7 +60,7 @@ def choose_primary(requested: str | None, reached: Sequence[tuple[int, int]], k:
     if reached:
         lo, hi = max(reached, key=lambda x: (x[1] - x[0], -x[0]))
         return f"AUC {lo}-{hi}", (f"the default {DEFAULT_PRIMARY} is reached by no run, so the widest AUC window "
-                                  "(set report.primary to choose)")
+                                  "is; set report.primary to choose")
     if k is not None:
         return f"step {k}", f"the default {DEFAULT_PRIMARY} is reached by no run and no AUC window is: the step-k measure"
     return None, "no trial has data"
